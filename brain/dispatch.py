@@ -1,0 +1,59 @@
+"""Where runs execute: a Celery worker when a broker is configured (``REDIS_URL``),
+otherwise tasks on the web server's own event loop (the embedded default)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+
+from yimi_project.logs import log_event
+
+_tasks: set[asyncio.Task] = set()
+_sweeper: asyncio.Task | None = None
+SWEEP_SECONDS = 30.0
+
+
+def uses_broker() -> bool:
+    return bool(settings.CELERY_BROKER_URL)
+
+
+async def dispatch_run(run_id: Any) -> None:
+    if uses_broker():
+        from brain.tasks import execute_run_task
+
+        await sync_to_async(execute_run_task.delay, thread_sensitive=False)(str(run_id))
+        return
+    from brain.runner import execute_run
+
+    _keep(asyncio.ensure_future(execute_run(run_id)))
+
+
+def _keep(task: asyncio.Task) -> None:
+    _tasks.add(task)
+    task.add_done_callback(_tasks.discard)
+    task.add_done_callback(_log_failure)
+
+
+def _log_failure(task: asyncio.Task) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log_event("inprocess_task_failed", error=type(task.exception()).__name__)
+
+
+def ensure_embedded_sweeper() -> None:
+    """Embedded default only: recover runs left by a previous process, then sweep every
+    30 s, on the web server's event loop. Started by the first websocket connection."""
+    global _sweeper
+    if uses_broker() or not settings.YIMI_EMBEDDED_SWEEPER or (_sweeper is not None and not _sweeper.done()):
+        return
+    _sweeper = asyncio.ensure_future(_sweep_forever())
+
+
+async def _sweep_forever() -> None:
+    from brain.recovery import recover_runs
+
+    while True:
+        await recover_runs()
+        await asyncio.sleep(SWEEP_SECONDS)

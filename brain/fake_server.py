@@ -1,0 +1,161 @@
+"""The demo brain: a small OpenAI-compatible Chat Completions server with scripted,
+deterministic answers. Used by the tests, the benchmark, and the embedded default when
+no brain is configured. Every default answer says plainly that it is the demo brain.
+
+A script is a JSON list of rules, tried in order against the last user message:
+
+    [{"match": "weather", "reply": "Sunny.", "chunk_chars": 4, "delay_ms": 0},
+     {"match": "fail", "status": 500},
+     {"match": "slow", "hang_seconds": 30},
+     {"match": "cut", "reply": "half an ans", "truncate": true}]
+
+A rule without ``match`` matches everything. With no matching rule the demo reply is
+used. ``{text}`` in a reply is replaced by the user's message.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+DEMO_REPLY = "[demo brain] You said: “{text}”. I am Yimi's demo brain, not a real model: set YIMI_BRAIN_BASE_URL to use one."
+
+
+@dataclass
+class Rule:
+    match: str | None = None
+    reply: str = DEMO_REPLY
+    status: int = 200
+    chunk_chars: int = 8
+    delay_ms: int = 0
+    hang_seconds: float = 0.0
+    truncate: bool = False
+
+    def matches(self, text: str) -> bool:
+        return self.match is None or re.search(self.match, text, re.I) is not None
+
+
+@dataclass
+class Script:
+    rules: list[Rule] = field(default_factory=list)
+    requests: list[dict[str, Any]] = field(default_factory=list)  # what was asked, for tests
+
+    @classmethod
+    def load(cls, path: str | Path | None) -> Script:
+        if not path:
+            return cls()
+        raw = json.loads(Path(path).read_text(encoding="utf-8"))
+        return cls(rules=[Rule(**r) for r in raw])
+
+    def rule_for(self, text: str) -> Rule:
+        return next((r for r in self.rules if r.matches(text)), Rule())
+
+
+def _last_user_text(messages: list[dict[str, Any]]) -> str:
+    for message in reversed(messages):
+        if message.get("role") == "user" and isinstance(message.get("content"), str):
+            return message["content"]
+    return ""
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: FakeBrainServer
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+        pass
+
+    def do_GET(self) -> None:
+        if self.path.rstrip("/").endswith("/models"):
+            self._json(200, {"object": "list", "data": [{"id": "yimi-demo", "object": "model"}]})
+        else:
+            self._json(404, {"error": {"message": "not found"}})
+
+    def do_POST(self) -> None:
+        if not self.path.rstrip("/").endswith("/chat/completions"):
+            self._json(404, {"error": {"message": "not found"}})
+            return
+        length = int(self.headers.get("Content-Length", "0"))
+        try:
+            body = json.loads(self.rfile.read(length) or b"{}")
+            messages = body["messages"]
+        except (ValueError, KeyError):
+            self._json(400, {"error": {"message": "invalid request"}})
+            return
+        self.server.script.requests.append(body)
+        text = _last_user_text(messages)
+        rule = self.server.script.rule_for(text)
+        if rule.hang_seconds:
+            time.sleep(rule.hang_seconds)
+        if rule.status != 200:
+            self._json(rule.status, {"error": {"message": "scripted failure"}})
+            return
+        reply = rule.reply.replace("{text}", text)
+        if body.get("stream"):
+            self._stream(reply, rule)
+        else:
+            self._json(200, _completion(reply))
+
+    def _stream(self, reply: str, rule: Rule) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        ident = f"chatcmpl-{uuid.uuid4().hex[:12]}"
+        pieces = [reply[i : i + rule.chunk_chars] for i in range(0, len(reply), max(rule.chunk_chars, 1))]
+        for piece in pieces:
+            self._event({"id": ident, "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": piece}, "finish_reason": None}]})
+            if rule.delay_ms:
+                time.sleep(rule.delay_ms / 1000)
+        if not rule.truncate:
+            self._event({"id": ident, "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+            self.wfile.write(b"data: [DONE]\n\n")
+        self.wfile.flush()
+        self.close_connection = True
+
+    def _event(self, payload: dict[str, Any]) -> None:
+        self.wfile.write(b"data: " + json.dumps(payload, ensure_ascii=False).encode() + b"\n\n")
+        self.wfile.flush()
+
+    def _json(self, status: int, payload: dict[str, Any]) -> None:
+        data = json.dumps(payload, ensure_ascii=False).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+def _completion(reply: str) -> dict[str, Any]:
+    return {
+        "id": f"chatcmpl-{uuid.uuid4().hex[:12]}",
+        "object": "chat.completion",
+        "model": "yimi-demo",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": reply}, "finish_reason": "stop"}],
+    }
+
+
+class FakeBrainServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, script: Script | None = None) -> None:
+        super().__init__((host, port), _Handler)
+        self.script = script or Script()
+
+    @property
+    def base_url(self) -> str:
+        host, port = self.server_address[:2]
+        return f"http://{host}:{port}/v1"
+
+    def start_in_thread(self) -> threading.Thread:
+        thread = threading.Thread(target=self.serve_forever, name="fake-brain", daemon=True)
+        thread.start()
+        return thread

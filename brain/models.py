@@ -1,0 +1,42 @@
+from __future__ import annotations
+
+import uuid
+
+from django.conf import settings
+from django.db import models
+
+
+class Run(models.Model):
+    """One agent run: an inbound utterance answered by the brain.
+
+    Bound to its admission record (who spoke, in which scope). States move only forward,
+    by conditional UPDATEs in ``brain.services``:
+    queued → running → succeeded | failed | expired.
+    """
+
+    class State(models.TextChoices):
+        QUEUED = "queued"
+        RUNNING = "running"
+        SUCCEEDED = "succeeded"
+        FAILED = "failed"
+        EXPIRED = "expired"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="runs")
+    admission = models.OneToOneField("accounts.AdmissionRecord", on_delete=models.PROTECT, related_name="run")
+    inbound = models.OneToOneField("memory.TimelineEntry", on_delete=models.PROTECT, related_name="run")
+    origin_device = models.ForeignKey("devices.Device", on_delete=models.PROTECT, related_name="runs")
+    scope = models.CharField(max_length=16)
+    state = models.CharField(max_length=16, choices=State.choices, default=State.QUEUED, db_index=True)
+    attempts = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    result_entry = models.ForeignKey(
+        "memory.TimelineEntry", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    error_code = models.CharField(max_length=32, blank=True)
+
+    def __str__(self) -> str:
+        return f"run {self.id} ({self.state})"

@@ -1,0 +1,105 @@
+"""Executing one run: claim it, ask the brain, stream the reply to the device that spoke.
+
+Async so that the same code runs inside a Celery worker (``asyncio.run``) and, in the
+embedded default without a broker, on the web server's own event loop.
+
+Steps: 1. claim the run (compare-and-set; a run someone else holds is left alone);
+2. a run whose utterance is older than 3 minutes is expired with a notice, never
+answered late; 3. stream the completion, forwarding each delta to the origin device
+as a ``reply.chunk`` while a heartbeat task keeps the claim alive; 4. store the
+whole reply in the timeline and send ``reply.done`` with its sequence number, and
+tell the owner's other devices there is something new to sync. Any failure of the
+model call ends in an honest ``notice`` entry instead of a reply.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+from channels.db import database_sync_to_async
+from channels.layers import get_channel_layer
+
+from brain import services
+from brain.client import BrainError, stream_chat
+from brain.models import Run
+from brain.prompts import build_messages
+from devices.services import device_group, owner_group
+from memory.models import TimelineEntry
+from yimi_project.logs import log_event
+
+HEARTBEAT_SECONDS = 5.0
+
+
+async def execute_run(run_id: Any) -> str:
+    """Execute one run; returns the run's final state, or "skipped" if it was not ours."""
+    run = await database_sync_to_async(services.claim_run)(run_id)
+    if run is None:
+        return "skipped"
+    if services.is_stale(run):
+        expired = await database_sync_to_async(services.expire_claimed)(run)
+        if expired is None:
+            return "skipped"
+        await _announce(run, expired)
+        return Run.State.EXPIRED
+    history = await database_sync_to_async(services.history_for)(run)
+    messages = build_messages(run.scope, run.inbound.text, history)
+    beat = asyncio.ensure_future(_heartbeat(run))
+    layer = get_channel_layer()
+    parts: list[str] = []
+    try:
+        async for delta in stream_chat(messages):
+            parts.append(delta)
+            await layer.group_send(
+                device_group(run.origin_device_id),
+                {
+                    "type": "reply.chunk",
+                    "run_id": str(run.id),
+                    "reply_to_seq": run.inbound.seq,
+                    "index": len(parts) - 1,
+                    "text": delta,
+                },
+            )
+        if not "".join(parts).strip():
+            raise BrainError("brain_bad_response", "the brain's answer was empty")
+    except BrainError as exc:
+        state, kind, text, code = Run.State.FAILED, TimelineEntry.Kind.NOTICE, services.NOTICE_TEXT[exc.code], exc.code
+        log_event("run_failed", run_id=str(run.id), error_code=exc.code, detail=exc.detail)
+    else:
+        state, kind, text, code = Run.State.SUCCEEDED, TimelineEntry.Kind.REPLY, "".join(parts), ""
+    finally:
+        beat.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await beat
+    entry = await database_sync_to_async(services.finish_run)(run, state=state, text=text, kind=kind, error_code=code)
+    if entry is None:
+        log_event("run_lost_claim", run_id=str(run.id))
+        return "skipped"
+    await _announce(run, entry)
+    return state
+
+
+async def _heartbeat(run: Run) -> None:
+    while True:
+        await asyncio.sleep(HEARTBEAT_SECONDS)
+        if not await database_sync_to_async(services.heartbeat)(run):
+            return
+
+
+async def _announce(run: Run, entry: TimelineEntry) -> None:
+    """Deliver the outcome to the origin device and tell every device to sync."""
+    layer = get_channel_layer()
+    if entry.kind == TimelineEntry.Kind.REPLY:
+        frame = {"type": "reply.done", "run_id": str(run.id), "reply_to_seq": run.inbound.seq, "seq": entry.seq, "text": entry.text}
+    else:
+        frame = {
+            "type": "notice",
+            "run_id": str(run.id),
+            "reply_to_seq": run.inbound.seq,
+            "seq": entry.seq,
+            "code": entry.notice_code,
+            "text": entry.text,
+        }
+    await layer.group_send(device_group(run.origin_device_id), frame)
+    await layer.group_send(owner_group(run.owner_id), {"type": "timeline.new", "seq": entry.seq})

@@ -1,0 +1,183 @@
+"""Runs: the only code that writes ``Run``.
+
+State transitions are conditional UPDATEs (compare-and-set); a transition that finds
+the row in another state did not happen, and the caller backs off.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.models import F, Q
+from django.utils import timezone
+
+from accounts.services import admit_text
+from brain.models import Run
+from devices.models import Device
+from memory import services as timeline
+from memory.models import TimelineEntry
+
+NOTICE_TEXT = {
+    "brain_timeout": "I couldn't answer this: my brain did not respond in time. Nothing was answered; please ask again.",
+    "brain_unreachable": "I couldn't answer this: my brain could not be reached. Nothing was answered; please ask again.",
+    "brain_error": "I couldn't answer this: my brain returned an error. Nothing was answered; please ask again.",
+    "brain_bad_response": "I couldn't answer this: my brain's answer broke off or was unreadable. Nothing was answered; please ask again.",
+    "run_expired": "This message waited more than 3 minutes and was not answered in time, so I won't answer it late. Ask again if it still matters.",
+}
+
+
+@dataclass(frozen=True)
+class AcceptedUtterance:
+    entry: TimelineEntry
+    run_id: Any
+    duplicate: bool
+
+
+def accept_utterance(device: Device, client_id: str, text: str) -> AcceptedUtterance:
+    """Store an inbound utterance and create its run, in one transaction.
+
+    Steps: 1. a resend with a known (device, client id) returns the stored entry and
+    its run: nothing new; 2. admission decides the scope; 3. the entry is appended to
+    the timeline; 4. the run is created, bound to the admission record. The run is
+    dispatched by the caller after commit; a crash in between is healed by recovery.
+    """
+    existing = timeline.find_by_client_id(device.id, client_id)
+    if existing is not None:
+        return _duplicate(existing)
+    try:
+        with transaction.atomic():
+            admission = admit_text(device)
+            entry = timeline.append_entry(
+                owner_id=device.owner_id,
+                kind=TimelineEntry.Kind.UTTERANCE,
+                text=text,
+                device_id=device.id,
+                client_id=client_id,
+                scope=admission.scope,
+            )
+            run = Run.objects.create(
+                owner_id=device.owner_id, admission=admission, inbound=entry, origin_device=device, scope=admission.scope
+            )
+    except IntegrityError:
+        # The same frame raced itself (two sockets of one device): the other one won.
+        existing = timeline.find_by_client_id(device.id, client_id)
+        if existing is None:
+            raise
+        return _duplicate(existing)
+    return AcceptedUtterance(entry=entry, run_id=run.id, duplicate=False)
+
+
+def _duplicate(entry: TimelineEntry) -> AcceptedUtterance:
+    run_id = Run.objects.filter(inbound=entry).values_list("id", flat=True).first()
+    return AcceptedUtterance(entry=entry, run_id=run_id, duplicate=True)
+
+
+def claim_run(run_id: Any) -> Run | None:
+    """Take a run for execution: queued, or running with a stale heartbeat (its worker
+    died). Returns None when another worker holds it or it has finished."""
+    now = timezone.now()
+    stale = now - timedelta(seconds=settings.RUN_HEARTBEAT_STALE_SECONDS)
+    claimed = (
+        Run.objects.filter(id=run_id)
+        .filter(Q(state=Run.State.QUEUED) | Q(state=Run.State.RUNNING, heartbeat_at__lt=stale))
+        .update(state=Run.State.RUNNING, attempts=F("attempts") + 1, started_at=now, heartbeat_at=now)
+    )
+    if claimed != 1:
+        return None
+    return Run.objects.select_related("inbound", "origin_device").get(id=run_id)
+
+
+def heartbeat(run: Run) -> bool:
+    """Refresh the run's heartbeat; False if the run was taken over or finished."""
+    return bool(
+        Run.objects.filter(id=run.id, state=Run.State.RUNNING, attempts=run.attempts).update(
+            heartbeat_at=timezone.now()
+        )
+    )
+
+
+def is_stale(run: Run) -> bool:
+    return timezone.now() - run.inbound.created_at > timedelta(seconds=settings.RUN_STALE_SECONDS)
+
+
+def history_for(run: Run) -> list[TimelineEntry]:
+    if run.scope != "owner":
+        return []
+    return [
+        e
+        for e in timeline.recent_for_context(
+            owner_id=run.owner_id, before_seq=run.inbound.seq, limit=settings.BRAIN_HISTORY_ENTRIES
+        )
+        if e.scope == "owner"
+    ]
+
+
+@transaction.atomic
+def finish_run(run: Run, *, state: str, text: str, kind: str, error_code: str = "") -> TimelineEntry | None:
+    """Store the run's outcome (reply or notice) in the timeline and close the run.
+
+    Steps: 1. lock the run row; 2. if it is no longer ours (taken over after a stale
+    heartbeat, or already finished) store nothing and return None; 3. append the entry;
+    4. move the run to its final state.
+    """
+    locked = Run.objects.select_for_update().filter(id=run.id).first()
+    if locked is None or locked.state not in (Run.State.RUNNING, Run.State.QUEUED) or locked.attempts != run.attempts:
+        return None
+    entry = timeline.append_entry(
+        owner_id=run.owner_id,
+        kind=kind,
+        text=text,
+        device_id=run.origin_device_id,
+        scope=run.scope,
+        reply_to=run.inbound,
+        notice_code=error_code if kind == TimelineEntry.Kind.NOTICE else "",
+    )
+    Run.objects.filter(id=run.id).update(
+        state=state, finished_at=timezone.now(), result_entry=entry, error_code=error_code
+    )
+    return entry
+
+
+def expire_run(run_id: Any) -> tuple[Run, TimelineEntry] | None:
+    """Mark a run that is too old expired, with a notice; None if it is not ours to expire."""
+    now = timezone.now()
+    stale = now - timedelta(seconds=settings.RUN_HEARTBEAT_STALE_SECONDS)
+    with transaction.atomic():
+        run = (
+            Run.objects.select_for_update()
+            .filter(id=run_id)
+            .filter(Q(state=Run.State.QUEUED) | Q(state=Run.State.RUNNING, heartbeat_at__lt=stale))
+            .select_related("inbound")
+            .first()
+        )
+        if run is None:
+            return None
+        entry = expire_claimed(run)
+    return (run, entry) if entry is not None else None
+
+
+def expire_claimed(run: Run) -> TimelineEntry | None:
+    """Close a run we hold as expired, with the notice that says so."""
+    return finish_run(
+        run, state=Run.State.EXPIRED, text=NOTICE_TEXT["run_expired"], kind=TimelineEntry.Kind.NOTICE,
+        error_code="run_expired",
+    )
+
+
+def runs_to_recover() -> tuple[list[Any], list[Any]]:
+    """(ids to run again, ids to expire): queued runs, and running runs whose heartbeat
+    went stale because their worker died."""
+    now = timezone.now()
+    stale_heartbeat = now - timedelta(seconds=settings.RUN_HEARTBEAT_STALE_SECONDS)
+    too_old = now - timedelta(seconds=settings.RUN_STALE_SECONDS)
+    pending = Run.objects.filter(
+        Q(state=Run.State.QUEUED) | Q(state=Run.State.RUNNING, heartbeat_at__lt=stale_heartbeat)
+    ).values_list("id", "inbound__created_at")
+    again, expire = [], []
+    for run_id, created in pending:
+        (expire if created < too_old else again).append(run_id)
+    return again, expire

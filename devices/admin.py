@@ -1,0 +1,59 @@
+from __future__ import annotations
+
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest
+
+from devices.models import Delivery, Device, PairingCode
+from devices.services import issue_pairing_code, revoke_device
+
+
+@admin.register(Device)
+class DeviceAdmin(admin.ModelAdmin):
+    list_display = ("name", "kind", "is_guest", "capture_channels", "relay_via", "paired_at", "last_seen_at", "revoked_at")
+    list_filter = ("kind", "is_guest")
+    readonly_fields = ("id", "owner", "kind", "public_key", "capture_channels", "relay_via", "is_guest", "paired_at", "last_seen_at", "revoked_at")
+    fields = ("id", "name", *readonly_fields[1:])
+    actions = ["revoke"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Device | None = None) -> bool:
+        return False
+
+    @admin.action(description="Revoke selected devices (closes their connections at once)")
+    def revoke(self, request: HttpRequest, queryset: QuerySet[Device]) -> None:
+        revoked = sum(revoke_device(d) for d in queryset)
+        self.message_user(request, f"Revoked {revoked} device(s).", messages.SUCCESS)
+
+
+@admin.register(PairingCode)
+class PairingCodeAdmin(admin.ModelAdmin):
+    list_display = ("created_at", "for_guest", "expires_at", "used_at", "used_by")
+    fields = ("for_guest",)
+
+    def has_change_permission(self, request: HttpRequest, obj: PairingCode | None = None) -> bool:
+        return False
+
+    def save_model(self, request: HttpRequest, obj: PairingCode, form, change: bool) -> None:  # type: ignore[no-untyped-def]
+        issued, code = issue_pairing_code(request.user, for_guest=obj.for_guest)
+        obj.pk, obj.digest, obj.expires_at = issued.pk, issued.digest, issued.expires_at
+        self.message_user(request, f"New pairing code (valid 10 minutes, single use): {code}", messages.WARNING)
+
+    def response_add(self, request, obj, post_url_continue=None):  # type: ignore[no-untyped-def]
+        from django.http import HttpResponseRedirect
+        from django.urls import reverse
+
+        return HttpResponseRedirect(reverse("admin:devices_pairingcode_changelist"))
+
+
+@admin.register(Delivery)
+class DeliveryAdmin(admin.ModelAdmin):
+    list_display = ("entry", "device", "status", "at")
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Delivery | None = None) -> bool:
+        return False

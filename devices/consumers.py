@@ -1,0 +1,227 @@
+"""The device websocket, ``/ws/device/`` (protocol version 1, docs/protocol.md).
+
+Thin on purpose: it parses frames, authenticates, and calls services. The connection is
+a small state machine: ``challenge`` sent → ``auth`` received and verified → ready.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+from typing import Any
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncWebsocketConsumer
+from django.conf import settings
+
+from brain.dispatch import dispatch_run, ensure_embedded_sweeper
+from brain.services import accept_utterance
+from accounts.identity import instance_public_key_b64, sign_as_instance
+from devices import services as device_services
+from devices.models import Device
+from devices.signatures import challenge_message
+from memory import services as timeline
+from yimi_project.errors import YimiError
+from yimi_project.logs import log_event
+
+PROTOCOL_VERSION = 1
+
+# Close codes (documented in docs/protocol.md).
+CLOSE_AUTH_FAILED = 4401
+CLOSE_REVOKED = 4403
+CLOSE_AUTH_TIMEOUT = 4408
+
+
+class DeviceConsumer(AsyncWebsocketConsumer):
+    device: Device | None = None
+    nonce: str = ""
+    _auth_timer: asyncio.Task | None = None
+
+    # --- connection lifecycle -----------------------------------------------------------
+
+    async def connect(self) -> None:
+        ensure_embedded_sweeper()
+        await self.accept()
+        self.nonce = secrets.token_urlsafe(32)
+        await self._send(
+            {
+                "type": "challenge",
+                "protocol": PROTOCOL_VERSION,
+                "nonce": self.nonce,
+                "server_key": await database_sync_to_async(instance_public_key_b64)(),
+                "server_signature": await database_sync_to_async(sign_as_instance)(challenge_message(self.nonce)),
+            }
+        )
+        self._auth_timer = asyncio.ensure_future(self._auth_timeout())
+
+    async def _auth_timeout(self) -> None:
+        await asyncio.sleep(settings.WS_AUTH_TIMEOUT_SECONDS)
+        if self.device is None:
+            await self._error("auth_timeout", "no auth frame within the time limit")
+            await self.close(code=CLOSE_AUTH_TIMEOUT)
+
+    async def disconnect(self, code: int) -> None:
+        if self._auth_timer is not None:
+            self._auth_timer.cancel()
+        if self.device is not None:
+            await self.channel_layer.group_discard(device_services.device_group(self.device.id), self.channel_name)
+            await self.channel_layer.group_discard(device_services.owner_group(self.device.owner_id), self.channel_name)
+
+    # --- inbound frames -----------------------------------------------------------------
+
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        if text_data is None:
+            await self._error("binary_not_supported", "this socket takes JSON text frames only")
+            return
+        if len(text_data.encode("utf-8")) > settings.WS_MAX_FRAME_BYTES:
+            await self._error("frame_too_large", f"frames are limited to {settings.WS_MAX_FRAME_BYTES} bytes")
+            return
+        try:
+            frame = json.loads(text_data)
+        except ValueError:
+            await self._error("malformed_json", "the frame is not valid JSON")
+            return
+        if not isinstance(frame, dict) or not isinstance(frame.get("type"), str):
+            await self._error("invalid_frame", 'a frame is a JSON object with a string "type"')
+            return
+        frame_id = frame.get("id") if isinstance(frame.get("id"), str) else None
+
+        if self.device is None:
+            await self._handle_auth(frame)
+            return
+        handler = self.HANDLERS.get(frame["type"])
+        if handler is None:
+            await self._error("unknown_type", f"unknown frame type {frame['type'][:32]!r}", frame_id)
+            return
+        try:
+            # Every frame re-checks the device, so a revocation takes effect even if the
+            # group message that closes us were lost.
+            self.device = await database_sync_to_async(device_services.active_device)(self.device.id)
+            await handler(self, frame)
+        except YimiError as exc:
+            if exc.code == "device_revoked":
+                await self._close_revoked()
+                return
+            await self._error(exc.code, exc.message, frame_id)
+
+    async def _handle_auth(self, frame: dict[str, Any]) -> None:
+        if frame["type"] != "auth":
+            await self._error("not_authenticated", "the first frame must be auth")
+            await self.close(code=CLOSE_AUTH_FAILED)
+            return
+        try:
+            device = await database_sync_to_async(device_services.authenticate_challenge)(
+                frame.get("device_id"), self.nonce, frame.get("signature")
+            )
+        except YimiError as exc:
+            await self._error(exc.code, exc.message)
+            await self.close(code=CLOSE_REVOKED if exc.code == "device_revoked" else CLOSE_AUTH_FAILED)
+            log_event("ws_auth_failed", reason=exc.code)
+            return
+        self.device = device
+        if self._auth_timer is not None:
+            self._auth_timer.cancel()
+        await self.channel_layer.group_add(device_services.device_group(device.id), self.channel_name)
+        await self.channel_layer.group_add(device_services.owner_group(device.owner_id), self.channel_name)
+        await self._send(
+            {
+                "type": "ready",
+                "protocol": PROTOCOL_VERSION,
+                "device_id": str(device.id),
+                "scope": "guest" if device.is_guest else "owner",
+                "last_seq": await database_sync_to_async(timeline.last_seq)(device.owner_id),
+                "limits": {"max_frame_bytes": settings.WS_MAX_FRAME_BYTES, "max_text_chars": settings.WS_MAX_TEXT_CHARS},
+            }
+        )
+
+    async def _on_text(self, frame: dict[str, Any]) -> None:
+        client_id, text = frame.get("id"), frame.get("text")
+        if not isinstance(client_id, str) or not 1 <= len(client_id) <= 64:
+            raise YimiError("invalid_frame", "text frames need an id of 1 to 64 characters")
+        if not isinstance(text, str) or not text.strip():
+            raise YimiError("invalid_frame", "text must be a non-empty string")
+        if len(text) > settings.WS_MAX_TEXT_CHARS:
+            raise YimiError("text_too_long", f"text is limited to {settings.WS_MAX_TEXT_CHARS} characters")
+        assert self.device is not None
+        accepted = await database_sync_to_async(accept_utterance)(self.device, client_id, text)
+        await self._send(
+            {
+                "type": "text.ack",
+                "id": client_id,
+                "seq": accepted.entry.seq,
+                "run_id": str(accepted.run_id) if accepted.run_id else None,
+                "duplicate": accepted.duplicate,
+            }
+        )
+        if not accepted.duplicate:
+            await dispatch_run(accepted.run_id)
+            await self.channel_layer.group_send(
+                device_services.owner_group(self.device.owner_id), {"type": "timeline.new", "seq": accepted.entry.seq}
+            )
+
+    async def _on_ack(self, frame: dict[str, Any]) -> None:
+        assert self.device is not None
+        await database_sync_to_async(device_services.record_delivery)(self.device, frame.get("seq"), frame.get("status"))
+
+    async def _on_sync(self, frame: dict[str, Any]) -> None:
+        after, limit = frame.get("after", 0), frame.get("limit", 50)
+        if isinstance(after, bool) or isinstance(limit, bool) or not isinstance(after, int) or not isinstance(limit, int):
+            raise YimiError("invalid_frame", "after and limit must be integers")
+        assert self.device is not None
+        device = self.device
+        page = await database_sync_to_async(timeline.page_after)(
+            owner_id=device.owner_id,
+            after=after,
+            limit=min(limit, settings.TIMELINE_PAGE_MAX),
+            only_device_id=device.id if device.is_guest else None,
+        )
+        entries = await database_sync_to_async(lambda: [timeline.serialize_entry(e) for e in page.entries])()
+        await self._send(
+            {
+                "type": "sync.page",
+                "id": frame.get("id"),
+                "after": page.after,
+                "entries": entries,
+                "next_after": page.next_after,
+                "has_more": page.has_more,
+            }
+        )
+
+    async def _on_ping(self, frame: dict[str, Any]) -> None:
+        await self._send({"type": "pong", "id": frame.get("id")})
+
+    HANDLERS = {"text": _on_text, "ack": _on_ack, "sync": _on_sync, "ping": _on_ping}
+
+    # --- messages from the channel layer ------------------------------------------------
+
+    async def reply_chunk(self, event: dict[str, Any]) -> None:
+        await self._send({k: v for k, v in event.items()})
+
+    async def reply_done(self, event: dict[str, Any]) -> None:
+        await self._send(dict(event))
+
+    async def notice(self, event: dict[str, Any]) -> None:
+        await self._send(dict(event))
+
+    async def timeline_new(self, event: dict[str, Any]) -> None:
+        if self.device is not None and not self.device.is_guest:
+            await self._send(dict(event))
+
+    async def device_revoked(self, event: dict[str, Any]) -> None:
+        await self._close_revoked()
+
+    # --- helpers ------------------------------------------------------------------------
+
+    async def _close_revoked(self) -> None:
+        await self._error("device_revoked", "this device was revoked by its owner")
+        await self.close(code=CLOSE_REVOKED)
+
+    async def _error(self, code: str, message: str, frame_id: str | None = None) -> None:
+        body: dict[str, Any] = {"type": "error", "code": code, "message": message}
+        if frame_id is not None:
+            body["id"] = frame_id
+        await self._send(body)
+
+    async def _send(self, body: dict[str, Any]) -> None:
+        await self.send(text_data=json.dumps(body, ensure_ascii=False))

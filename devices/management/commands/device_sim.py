@@ -1,0 +1,101 @@
+"""``manage.py device_sim``: a simulated device speaking the real protocol.
+
+    device_sim pair CODE --key-file phone.json [--kind phone] [--name ...] [--server URL]
+    device_sim say "hello" --key-file phone.json     # prints reply chunks as they arrive, ACKs
+    device_sim sync --key-file phone.json [--after N]
+    device_sim chat --key-file phone.json            # one line in, one reply out
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError
+
+from devices.simulator import DeviceConnection, DeviceIdentity, SimulatorError, pair
+
+
+class Command(BaseCommand):
+    help = "Simulate a paired device: pair, say something, sync the timeline, or chat."
+
+    def add_arguments(self, parser: Any) -> None:
+        sub = parser.add_subparsers(dest="action", required=True)
+        p = sub.add_parser("pair", help="pair with a pairing code")
+        p.add_argument("code")
+        p.add_argument("--kind", default="phone", choices=["phone", "watch", "mac", "glasses"])
+        p.add_argument("--name", default=None)
+        p.add_argument("--channels", default=None, help="comma-separated capture channels")
+        p.add_argument("--relay-via", default=None, help="a watch's phone (device id)")
+        p.add_argument("--server", default="http://127.0.0.1:8000")
+        s = sub.add_parser("say", help="send one text and print the reply")
+        s.add_argument("text")
+        y = sub.add_parser("sync", help="print the timeline after a sequence number")
+        y.add_argument("--after", type=int, default=0)
+        sub.add_parser("chat", help="interactive: type lines, read replies")
+        for sp in (p, s, y, sub.choices["chat"]):
+            sp.add_argument("--key-file", required=True, help="where this device's identity and key are kept")
+
+    def handle(self, *args: Any, **opts: Any) -> None:
+        try:
+            asyncio.run(getattr(self, f"_{opts['action']}")(opts))
+        except (SimulatorError, OSError) as exc:
+            raise CommandError(str(exc)) from exc
+
+    async def _pair(self, opts: dict[str, Any]) -> None:
+        path = Path(opts["key_file"])
+        if path.exists():
+            raise CommandError(f"{path} exists: this device is already paired (use another --key-file)")
+        default_channels = {"phone": "phone_app", "watch": "watch", "mac": "mac", "glasses": "glasses"}
+        channels = (opts["channels"] or default_channels[opts["kind"]]).split(",")
+        identity = await pair(
+            opts["server"],
+            opts["code"],
+            kind=opts["kind"],
+            name=opts["name"] or f"simulated {opts['kind']}",
+            capture_channels=[c.strip() for c in channels if c.strip()],
+            relay_via=opts["relay_via"],
+        )
+        identity.save(path)
+        self.stdout.write(f"paired {identity.kind} {identity.device_id}; key kept in {path} (0600)")
+
+    async def _say(self, opts: dict[str, Any]) -> None:
+        async with DeviceConnection(DeviceIdentity.load(Path(opts["key_file"]))) as conn:
+            await self._exchange(conn, opts["text"])
+
+    async def _exchange(self, conn: DeviceConnection, text: str) -> None:
+        ack = await conn.say(text)
+        self.stdout.write(f"[#{ack['seq']}] you: {text}")
+        self.stdout.write("yimi: ", ending="")
+        self.stdout.flush()
+
+        def show(chunk: str) -> None:
+            self.stdout.write(chunk, ending="")
+            self.stdout.flush()
+
+        _, final = await conn.reply_to(ack["seq"], timeout=120, on_chunk=show)
+        if final["type"] == "notice":
+            self.stdout.write(f"\n[#{final['seq']}] notice ({final['code']}): {final['text']}")
+        else:
+            self.stdout.write(f"\n[#{final['seq']}] (rendered, ACK sent)")
+        await conn.ack(final["seq"], "rendered")
+        await asyncio.sleep(0.05)  # let the ACK frame leave before the socket closes
+
+    async def _sync(self, opts: dict[str, Any]) -> None:
+        async with DeviceConnection(DeviceIdentity.load(Path(opts["key_file"]))) as conn:
+            for entry in await conn.sync(after=opts["after"]):
+                who = {"utterance": "you", "reply": "yimi", "notice": "notice"}[entry["kind"]]
+                self.stdout.write(f"[#{entry['seq']}] {who}: {entry['text']}")
+
+    async def _chat(self, opts: dict[str, Any]) -> None:
+        async with DeviceConnection(DeviceIdentity.load(Path(opts["key_file"]))) as conn:
+            self.stdout.write(f"connected as {conn.identity.name}; type a line, Ctrl-D to quit")
+            loop = asyncio.get_running_loop()
+            while True:
+                line = await loop.run_in_executor(None, sys.stdin.readline)
+                if not line:
+                    return
+                if line.strip():
+                    await self._exchange(conn, line.strip())

@@ -1,0 +1,258 @@
+"""Devices: pairing, authentication, revocation and delivery ACKs.
+
+The only code that writes ``Device``, ``PairingCode``, ``PairingFailure`` and ``Delivery``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import secrets
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from devices import signatures
+from devices.models import Delivery, Device, PairingCode, PairingFailure
+from memory.models import TimelineEntry
+from yimi_project.errors import YimiError
+from yimi_project.logs import log_event
+
+# Crockford's base32 without I, L, O, U: easy to read aloud and to type.
+CODE_ALPHABET = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+CODE_LENGTH = 8
+CHANNEL_NAME = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
+MAX_CAPTURE_CHANNELS = 8
+
+
+def device_group(device_id: Any) -> str:
+    return f"device.{device_id}"
+
+
+def owner_group(owner_id: int) -> str:
+    return f"owner.{owner_id}"
+
+
+def _digest(code: str) -> str:
+    return hashlib.sha256(code.encode()).hexdigest()
+
+
+def normalize_code(code: str) -> str:
+    return re.sub(r"[\s-]", "", code).upper()
+
+
+def format_code(code: str) -> str:
+    return f"{code[:4]}-{code[4:]}"
+
+
+# --- pairing codes ----------------------------------------------------------------------
+
+
+def issue_pairing_code(owner, *, for_guest: bool = False) -> tuple[PairingCode, str]:  # type: ignore[no-untyped-def]
+    """Create a single-use pairing code valid for 10 minutes. Returns the stored row
+    (which keeps only a digest) and the code itself, formatted, to show once."""
+    code = "".join(secrets.choice(CODE_ALPHABET) for _ in range(CODE_LENGTH))
+    pairing = PairingCode.objects.create(
+        owner=owner,
+        digest=_digest(code),
+        for_guest=for_guest,
+        expires_at=timezone.now() + timedelta(seconds=settings.PAIRING_CODE_TTL_SECONDS),
+    )
+    return pairing, format_code(code)
+
+
+def _check_rate_limit(client_ip: str) -> None:
+    since = timezone.now() - timedelta(seconds=settings.PAIRING_FAILURE_WINDOW_SECONDS)
+    recent = PairingFailure.objects.filter(created_at__gte=since)
+    if recent.filter(client_ip=client_ip).count() >= settings.PAIRING_FAILURES_PER_IP:
+        raise YimiError("rate_limited", "too many wrong pairing codes from this address; wait 10 minutes")
+    if recent.count() >= settings.PAIRING_FAILURES_GLOBAL:
+        raise YimiError("rate_limited", "too many wrong pairing codes; pairing is paused for a few minutes")
+
+
+@dataclass(frozen=True)
+class PairingRequest:
+    code: str
+    kind: str
+    name: str
+    capture_channels: list[str]
+    public_key: str
+    signature: str
+    relay_via: str | None = None
+
+    @classmethod
+    def from_payload(cls, data: Any) -> PairingRequest:
+        if not isinstance(data, dict):
+            raise YimiError("invalid_request", "expected a JSON object")
+        missing = [f for f in ("code", "kind", "name", "public_key", "signature") if not isinstance(data.get(f), str)]
+        if missing:
+            raise YimiError("invalid_request", f"missing or non-string fields: {', '.join(missing)}")
+        channels = data.get("capture_channels", [])
+        if not isinstance(channels, list) or not all(isinstance(c, str) for c in channels):
+            raise YimiError("invalid_request", "capture_channels must be a list of strings")
+        relay = data.get("relay_via")
+        if relay is not None and not isinstance(relay, str):
+            raise YimiError("invalid_request", "relay_via must be a device id")
+        return cls(
+            code=data["code"],
+            kind=data["kind"],
+            name=data["name"].strip(),
+            capture_channels=channels,
+            public_key=data["public_key"],
+            signature=data["signature"],
+            relay_via=relay,
+        )
+
+    def validate(self) -> None:
+        if self.kind not in Device.Kind.values:
+            raise YimiError("invalid_request", f"kind must be one of {', '.join(Device.Kind.values)}")
+        if not 1 <= len(self.name) <= 64:
+            raise YimiError("invalid_request", "name must be 1 to 64 characters")
+        if len(self.capture_channels) > MAX_CAPTURE_CHANNELS or not all(
+            CHANNEL_NAME.match(c) for c in self.capture_channels
+        ):
+            raise YimiError("invalid_request", "capture_channels: at most 8 names like phone_app, glasses, mac")
+        if self.kind == Device.Kind.WATCH and not self.relay_via:
+            raise YimiError("invalid_request", "a watch must name the phone it relays through (relay_via)")
+        if self.kind != Device.Kind.WATCH and self.relay_via:
+            raise YimiError("invalid_request", "only a watch relays through a phone")
+        signatures.decode_public_key(self.public_key)
+
+
+def pair_device(request: PairingRequest, *, client_ip: str) -> Device:
+    """Pair a device with a single-use code.
+
+    Steps: 1. refuse if this address (or everyone) guessed wrong too often recently;
+    2. validate the request and the signature over (code, public key), proving the
+    device holds the key; 3. find the code by digest: unknown, used or expired codes
+    are failures that count towards the rate limit; 4. claim the code with a
+    conditional UPDATE (``used_at IS NULL``): losing that race means someone else
+    used it; 5. create the device in the same transaction.
+    """
+    _check_rate_limit(client_ip)
+    request.validate()
+    code = normalize_code(request.code)
+    if not signatures.verify(request.public_key, signatures.pairing_message(code, request.public_key), request.signature):
+        raise YimiError("bad_signature", "the signature over the pairing code does not match the public key")
+    try:
+        return _claim_code_and_create(request, code)
+    except YimiError as exc:
+        if exc.code in ("invalid_code", "code_used", "code_expired"):
+            PairingFailure.objects.create(client_ip=client_ip)
+            log_event("pairing_failed", reason=exc.code, client_ip=client_ip)
+        raise
+
+
+@transaction.atomic
+def _claim_code_and_create(request: PairingRequest, code: str) -> Device:
+    now = timezone.now()
+    pairing = PairingCode.objects.filter(digest=_digest(code)).first()
+    if pairing is None:
+        raise YimiError("invalid_code", "this pairing code is not valid")
+    if pairing.used_at is not None:
+        raise YimiError("code_used", "this pairing code was already used")
+    if pairing.expires_at <= now:
+        raise YimiError("code_expired", "this pairing code has expired; ask for a new one")
+    relay = None
+    if request.relay_via:
+        relay = Device.objects.filter(
+            id=_uuid_or_none(request.relay_via), owner_id=pairing.owner_id, kind=Device.Kind.PHONE, revoked_at=None
+        ).first()
+        if relay is None:
+            raise YimiError("invalid_request", "relay_via must be one of the owner's paired phones")
+    claimed = PairingCode.objects.filter(id=pairing.id, used_at=None).update(used_at=now)
+    if claimed != 1:
+        raise YimiError("code_used", "this pairing code was already used")
+    try:
+        with transaction.atomic():
+            device = Device.objects.create(
+                owner_id=pairing.owner_id,
+                name=request.name,
+                kind=request.kind,
+                capture_channels=request.capture_channels,
+                public_key=request.public_key,
+                relay_via=relay,
+                is_guest=pairing.for_guest,
+            )
+    except IntegrityError:
+        raise YimiError("invalid_public_key", "a device with this public key is already paired") from None
+    PairingCode.objects.filter(id=pairing.id).update(used_by=device)
+    log_event("device_paired", device_id=str(device.id), kind=device.kind, guest=device.is_guest)
+    return device
+
+
+def _uuid_or_none(value: str) -> str | None:
+    import uuid
+
+    try:
+        return str(uuid.UUID(value))
+    except ValueError:
+        return None
+
+
+# --- authentication and revocation ------------------------------------------------------
+
+
+def active_device(device_id: Any) -> Device:
+    """The device, if it exists and is not revoked; raises otherwise."""
+    device = Device.objects.filter(id=_uuid_or_none(str(device_id))).first()
+    if device is None:
+        raise YimiError("not_authenticated", "unknown device")
+    if device.revoked_at is not None:
+        raise YimiError("device_revoked", "this device was revoked by its owner")
+    return device
+
+
+def authenticate_challenge(device_id: Any, nonce: str, signature: Any) -> Device:
+    """Check a websocket auth frame: the device signed our nonce with its key."""
+    device = active_device(device_id)
+    if not signatures.verify(device.public_key, signatures.auth_message(nonce, str(device.id)), signature):
+        raise YimiError("bad_signature", "the signature over the challenge does not match this device's key")
+    Device.objects.filter(id=device.id).update(last_seen_at=timezone.now())
+    return device
+
+
+def revoke_device(device: Device) -> bool:
+    """Revoke a device and close its open connections at once.
+
+    Steps: 1. conditional UPDATE ``revoked_at IS NULL`` → now (a second revoke is a
+    no-op and returns False); 2. after commit, tell every consumer of this device to
+    close with code 4403. Consumers also re-check ``revoked_at`` on every frame, so a
+    lost group message still cannot keep a revoked device talking.
+    """
+    with transaction.atomic():
+        changed = Device.objects.filter(id=device.id, revoked_at=None).update(revoked_at=timezone.now())
+        if changed:
+            transaction.on_commit(lambda: send_to_group(device_group(device.id), {"type": "device.revoked"}))
+    if changed:
+        log_event("device_revoked", device_id=str(device.id))
+    return bool(changed)
+
+
+def send_to_group(group: str, message: dict[str, Any]) -> None:
+    """Send a channel-layer message from synchronous code (services, Celery tasks)."""
+    layer = get_channel_layer()
+    if layer is not None:
+        async_to_sync(layer.group_send)(group, message)
+
+
+# --- delivery ---------------------------------------------------------------------------
+
+
+def record_delivery(device: Device, seq: Any, status: Any) -> Delivery:
+    """Record a device's ACK for the timeline entry ``seq``. Idempotent per status."""
+    if status not in Delivery.Status.values:
+        raise YimiError("invalid_frame", "status must be rendered (text) or played (speech)")
+    if isinstance(seq, bool) or not isinstance(seq, int):
+        raise YimiError("invalid_frame", "seq must be an integer")
+    entry = TimelineEntry.objects.filter(owner_id=device.owner_id, seq=seq).first()
+    if entry is None:
+        raise YimiError("unknown_entry", f"there is no timeline entry {seq}")
+    delivery, _ = Delivery.objects.get_or_create(entry=entry, device=device, status=status)
+    return delivery

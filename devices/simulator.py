@@ -1,0 +1,226 @@
+"""A device simulator that speaks the real protocol (docs/protocol.md) to a running server.
+
+Used by ``manage.py device_sim``, the end-to-end tests and ``bench/roundtrip.py``. It
+depends only on ``websockets``, ``httpx`` and ``cryptography``, not on Django models.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import websockets
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from devices.signatures import auth_message, challenge_message, pairing_message
+
+
+class SimulatorError(Exception):
+    pass
+
+
+@dataclass
+class DeviceIdentity:
+    server: str
+    device_id: str
+    private_key: str  # raw Ed25519 private key, base64
+    instance_public_key: str
+    kind: str
+    name: str
+
+    @property
+    def key(self) -> Ed25519PrivateKey:
+        return Ed25519PrivateKey.from_private_bytes(base64.b64decode(self.private_key))
+
+    def sign(self, message: bytes) -> str:
+        return base64.b64encode(self.key.sign(message)).decode()
+
+    def save(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            json.dump(asdict(self), fh, indent=2)
+
+    @classmethod
+    def load(cls, path: Path) -> DeviceIdentity:
+        return cls(**json.loads(path.read_text()))
+
+
+def new_key() -> tuple[Ed25519PrivateKey, str]:
+    key = Ed25519PrivateKey.generate()
+    public = key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    return key, base64.b64encode(public).decode()
+
+
+def _raw_private(key: Ed25519PrivateKey) -> str:
+    raw = key.private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption())
+    return base64.b64encode(raw).decode()
+
+
+async def pair(
+    server: str,
+    code: str,
+    *,
+    kind: str = "phone",
+    name: str = "simulated phone",
+    capture_channels: list[str] | None = None,
+    relay_via: str | None = None,
+) -> DeviceIdentity:
+    """Pair a new simulated device with a pairing code; returns its identity."""
+    key, public = new_key()
+    normalized = code.replace("-", "").replace(" ", "").upper()
+    body: dict[str, Any] = {
+        "code": code,
+        "kind": kind,
+        "name": name,
+        "capture_channels": capture_channels if capture_channels is not None else ["phone_app"],
+        "public_key": public,
+        "signature": base64.b64encode(key.sign(pairing_message(normalized, public))).decode(),
+    }
+    if relay_via:
+        body["relay_via"] = relay_via
+    async with httpx.AsyncClient(timeout=10) as client:
+        response = await client.post(server.rstrip("/") + "/api/pair/", json=body)
+    if response.status_code != 201:
+        raise SimulatorError(f"pairing refused: HTTP {response.status_code} {response.text}")
+    data = response.json()
+    return DeviceIdentity(
+        server=server.rstrip("/"),
+        device_id=data["device_id"],
+        private_key=_raw_private(key),
+        instance_public_key=data["instance_public_key"],
+        kind=kind,
+        name=name,
+    )
+
+
+class DeviceConnection:
+    """One authenticated websocket. Frames are read by a background task into a queue."""
+
+    def __init__(self, identity: DeviceIdentity) -> None:
+        self.identity = identity
+        self.ws: Any = None
+        self.ready: dict[str, Any] = {}
+        self.frames: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self.closed: asyncio.Future[tuple[int | None, str]] | None = None
+        self._reader: asyncio.Task | None = None
+
+    @property
+    def ws_url(self) -> str:
+        return self.identity.server.replace("http://", "ws://", 1).replace("https://", "wss://", 1) + "/ws/device/"
+
+    async def __aenter__(self) -> DeviceConnection:
+        await self.connect()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def connect(self) -> dict[str, Any]:
+        self.ws = await websockets.connect(self.ws_url, max_size=2**20, open_timeout=10)
+        challenge = json.loads(await asyncio.wait_for(self.ws.recv(), 10))
+        if challenge.get("type") != "challenge":
+            raise SimulatorError(f"expected a challenge, got {challenge}")
+        server_key = Ed25519PublicKey.from_public_bytes(base64.b64decode(self.identity.instance_public_key))
+        try:
+            server_key.verify(base64.b64decode(challenge["server_signature"]), challenge_message(challenge["nonce"]))
+        except Exception as exc:  # noqa: BLE001 - any failure means the server is not ours
+            raise SimulatorError("the server's challenge signature does not match the paired instance") from exc
+        signature = self.identity.sign(auth_message(challenge["nonce"], self.identity.device_id))
+        await self.ws.send(json.dumps({"type": "auth", "device_id": self.identity.device_id, "signature": signature}))
+        ready = json.loads(await asyncio.wait_for(self.ws.recv(), 10))
+        if ready.get("type") != "ready":
+            raise SimulatorError(f"authentication refused: {ready}")
+        self.ready = ready
+        self.closed = asyncio.get_running_loop().create_future()
+        self._reader = asyncio.ensure_future(self._read())
+        return ready
+
+    async def _read(self) -> None:
+        try:
+            async for raw in self.ws:
+                await self.frames.put(json.loads(raw))
+        except websockets.ConnectionClosed:
+            pass
+        finally:
+            if self.closed is not None and not self.closed.done():
+                rcvd = self.ws.close_rcvd
+                self.closed.set_result((rcvd.code if rcvd else None, rcvd.reason if rcvd else ""))
+
+    async def close(self) -> None:
+        if self.ws is not None:
+            await self.ws.close()
+        if self._reader is not None:
+            await asyncio.gather(self._reader, return_exceptions=True)
+
+    async def send(self, frame: dict[str, Any]) -> None:
+        await self.ws.send(json.dumps(frame, ensure_ascii=False))
+
+    async def next_frame(self, *types: str, timeout: float = 10.0) -> dict[str, Any]:
+        """The next frame of one of ``types`` (any type if none given); others are dropped."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise SimulatorError(f"no {types or 'frame'} within {timeout} s")
+            try:
+                frame = await asyncio.wait_for(self.frames.get(), remaining)
+            except asyncio.TimeoutError:
+                raise SimulatorError(f"no {types or 'frame'} within {timeout} s") from None
+            if not types or frame.get("type") in types:
+                return frame
+
+    async def say(self, text: str, client_id: str | None = None) -> dict[str, Any]:
+        """Send a text frame and return the server's ``text.ack``."""
+        client_id = client_id or uuid.uuid4().hex
+        await self.send({"type": "text", "id": client_id, "text": text})
+        while True:
+            frame = await self.next_frame("text.ack", "error")
+            if frame.get("id") == client_id:
+                if frame["type"] == "error":
+                    raise SimulatorError(f"{frame['code']}: {frame['message']}")
+                return frame
+
+    async def reply_to(self, seq: int, *, timeout: float = 30.0, on_chunk: Any = None) -> tuple[list[str], dict[str, Any]]:
+        """Collect the reply chunks for the utterance ``seq`` until ``reply.done`` or a
+        ``notice``; returns (chunks, final frame)."""
+        chunks: list[str] = []
+        while True:
+            frame = await self.next_frame("reply.chunk", "reply.done", "notice", timeout=timeout)
+            if frame.get("reply_to_seq") != seq:
+                continue
+            if frame["type"] == "reply.chunk":
+                chunks.append(frame["text"])
+                if on_chunk is not None:
+                    on_chunk(frame["text"])
+            else:
+                return chunks, frame
+
+    async def ack(self, seq: int, status: str = "rendered") -> None:
+        await self.send({"type": "ack", "seq": seq, "status": status})
+
+    async def sync(self, after: int = 0, limit: int = 50) -> list[dict[str, Any]]:
+        """Pull every entry after ``after``, page by page."""
+        entries: list[dict[str, Any]] = []
+        while True:
+            request_id = uuid.uuid4().hex
+            await self.send({"type": "sync", "id": request_id, "after": after, "limit": limit})
+            while True:
+                page = await self.next_frame("sync.page", "error")
+                if page.get("id") == request_id:
+                    break
+            if page["type"] == "error":
+                raise SimulatorError(f"{page['code']}: {page['message']}")
+            entries.extend(page["entries"])
+            after = page["next_after"]
+            if not page["has_more"]:
+                return entries

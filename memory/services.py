@@ -1,0 +1,107 @@
+"""The timeline (L4): the only code that writes ``TimelineEntry``.
+
+Sequence numbers are per owner, strictly increasing and gapless. ``append_entry`` takes
+the owner's counter row with ``SELECT ... FOR UPDATE`` inside the transaction that
+stores the entry, so two devices appending at once queue on that row: neither can read
+the same ``last_seq``, and a rolled-back append rolls its number back too (no gap).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import transaction
+from django.db.models import Q
+
+from memory.models import TimelineCounter, TimelineEntry
+from yimi_project.errors import YimiError
+
+
+@transaction.atomic
+def append_entry(
+    *,
+    owner_id: int,
+    kind: str,
+    text: str,
+    device_id: Any = None,
+    client_id: str | None = None,
+    scope: str = "",
+    reply_to: TimelineEntry | None = None,
+    notice_code: str = "",
+) -> TimelineEntry:
+    """Store one entry with the owner's next sequence number.
+
+    Steps: 1. make sure the owner's counter row exists; 2. lock it; 3. increment it;
+    4. insert the entry with the new number. All four commit or none do.
+    """
+    TimelineCounter.objects.get_or_create(owner_id=owner_id)
+    counter = TimelineCounter.objects.select_for_update().get(owner_id=owner_id)
+    counter.last_seq += 1
+    counter.save(update_fields=["last_seq"])
+    return TimelineEntry.objects.create(
+        owner_id=owner_id,
+        seq=counter.last_seq,
+        kind=kind,
+        text=text,
+        device_id=device_id,
+        client_id=client_id,
+        scope=scope,
+        reply_to=reply_to,
+        notice_code=notice_code,
+    )
+
+
+def find_by_client_id(device_id: Any, client_id: str) -> TimelineEntry | None:
+    return TimelineEntry.objects.filter(device_id=device_id, client_id=client_id).first()
+
+
+def last_seq(owner_id: int) -> int:
+    return TimelineCounter.objects.filter(owner_id=owner_id).values_list("last_seq", flat=True).first() or 0
+
+
+@dataclass(frozen=True)
+class TimelinePage:
+    after: int
+    entries: list[TimelineEntry]
+    has_more: bool
+
+    @property
+    def next_after(self) -> int:
+        return self.entries[-1].seq if self.entries else self.after
+
+
+def page_after(*, owner_id: int, after: int, limit: int, only_device_id: Any = None) -> TimelinePage:
+    """Entries with ``seq > after`` in order, at most ``limit``.
+
+    ``only_device_id`` restricts the page to what one device said and what was said back
+    to it (a guest device never reads the owner's private timeline).
+    """
+    if after < 0 or limit < 1:
+        raise YimiError("invalid_request", "after must be >= 0 and limit >= 1")
+    qs = TimelineEntry.objects.filter(owner_id=owner_id, seq__gt=after)
+    if only_device_id is not None:
+        qs = qs.filter(Q(device_id=only_device_id) | Q(reply_to__device_id=only_device_id))
+    rows = list(qs.select_related("reply_to").order_by("seq")[: limit + 1])
+    return TimelinePage(after=after, entries=rows[:limit], has_more=len(rows) > limit)
+
+
+def recent_for_context(*, owner_id: int, before_seq: int, limit: int) -> list[TimelineEntry]:
+    """The last ``limit`` utterances and replies before ``before_seq``, oldest first."""
+    rows = TimelineEntry.objects.filter(
+        owner_id=owner_id, seq__lt=before_seq, kind__in=[TimelineEntry.Kind.UTTERANCE, TimelineEntry.Kind.REPLY]
+    ).order_by("-seq")[:limit]
+    return list(reversed(rows))
+
+
+def serialize_entry(entry: TimelineEntry) -> dict[str, Any]:
+    return {
+        "seq": entry.seq,
+        "kind": entry.kind,
+        "text": entry.text,
+        "device_id": str(entry.device_id) if entry.device_id else None,
+        "scope": entry.scope,
+        "reply_to_seq": entry.reply_to.seq if entry.reply_to_id and entry.reply_to else None,
+        "notice_code": entry.notice_code or None,
+        "created_at": entry.created_at.isoformat(),
+    }

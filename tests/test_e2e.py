@@ -1,0 +1,126 @@
+"""End to end: a real daphne process and a real Celery worker against PostgreSQL and
+Redis; two simulated devices speaking the real protocol over real websockets."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+import pytest
+from django.conf import settings as django_settings
+from django.db import connection
+
+from devices.models import Delivery
+from devices.services import issue_pairing_code
+from devices.simulator import DeviceConnection, pair
+from tests.conftest import need, script
+
+pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def database_url_for_subprocesses() -> str:
+    d = connection.settings_dict
+    auth = quote(d["USER"] or "")
+    if d.get("PASSWORD"):
+        auth += ":" + quote(d["PASSWORD"])
+    return f"postgres://{auth}@{d['HOST'] or '127.0.0.1'}:{d['PORT'] or 5432}/{d['NAME']}"
+
+
+@pytest.fixture
+def platform(owner: Any, brain: Any) -> Iterator[dict[str, Any]]:
+    """daphne + a Celery worker, as ``./yimi up`` starts them, on the test database."""
+    need(connection.vendor == "postgresql", "the end-to-end test runs on PostgreSQL (set DATABASE_URL)")
+    need(bool(django_settings.REDIS_URL), "the end-to-end test needs Redis (set REDIS_URL)")
+    port = free_port()
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "yimi_project.settings",
+        "DATABASE_URL": database_url_for_subprocesses(),
+        "REDIS_URL": django_settings.REDIS_URL,
+        "YIMI_CHANNEL_PREFIX": f"yimi-e2e-{uuid.uuid4().hex[:8]}",
+        "YIMI_DATA_DIR": str(django_settings.DATA_DIR),
+        "YIMI_BRAIN_BASE_URL": brain.base_url,
+        "PYTHONUNBUFFERED": "1",
+    }
+    bindir = Path(sys.executable).parent
+    logs = Path(django_settings.DATA_DIR)
+    procs = [
+        subprocess.Popen(
+            [str(bindir / "daphne"), "-b", "127.0.0.1", "-p", str(port), "yimi_project.asgi:application"],
+            cwd=ROOT, env=env, stdout=open(logs / "daphne.log", "w"), stderr=subprocess.STDOUT,
+        ),
+        subprocess.Popen(
+            [str(bindir / "celery"), "-A", "yimi_project", "worker", "--loglevel=INFO", "--concurrency=2"],
+            cwd=ROOT, env=env, stdout=open(logs / "celery.log", "w"), stderr=subprocess.STDOUT,
+        ),
+    ]
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(base + "/api/health/", timeout=1).json()["channel_layer"] == "redis":
+                    break
+            except (httpx.HTTPError, ValueError):
+                pass
+            if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
+                pytest.fail("daphne did not start:\n" + (logs / "daphne.log").read_text()[-3000:])
+            time.sleep(0.2)
+        yield {"base": base, "owner": owner, "logs": logs}
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+async def test_text_from_one_device_is_answered_there_and_synced_to_another(platform: dict[str, Any], brain: Any) -> None:
+    from tests.conftest import db_async
+
+    script(brain, match="plan", reply="Your plan for today: gym at 7, lunch with Lin at 12.", chunk_chars=6)
+    owner = platform["owner"]
+    (_, phone_code), (_, mac_code) = [await db_async(issue_pairing_code)(owner) for _ in range(2)]
+    phone = await pair(platform["base"], phone_code, kind="phone", name="e2e phone")
+    mac = await pair(platform["base"], mac_code, kind="mac", name="e2e mac", capture_channels=["mac"])
+
+    async with DeviceConnection(phone) as phone_ws, DeviceConnection(mac) as mac_ws:
+        ack = await phone_ws.say("What is my plan today?")
+        assert ack["seq"] == 1 and ack["duplicate"] is False
+        try:
+            chunks, done = await phone_ws.reply_to(ack["seq"], timeout=60)
+        except Exception:
+            print((platform["logs"] / "celery.log").read_text()[-3000:])
+            raise
+        assert done["type"] == "reply.done", done
+        assert len(chunks) > 1 and "".join(chunks) == done["text"] == "Your plan for today: gym at 7, lunch with Lin at 12."
+        await phone_ws.ack(done["seq"], "rendered")
+
+        entries = await mac_ws.sync(after=0, limit=1)  # one entry per page: paging is exercised
+        assert [(e["seq"], e["kind"]) for e in entries] == [(1, "utterance"), (2, "reply")]
+        assert entries[0]["device_id"] == phone.device_id and entries[1]["text"] == done["text"]
+        assert entries[0]["scope"] == "owner"
+
+    deadline = time.monotonic() + 5
+    while not await db_async(Delivery.objects.filter(entry__seq=done["seq"], status="rendered").exists)():
+        assert time.monotonic() < deadline, "the ACK was not recorded"
+        await asyncio.sleep(0.1)

@@ -1,0 +1,122 @@
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.test import Client
+from django.utils import timezone
+
+from devices.models import Device, PairingCode, PairingFailure
+from devices.services import issue_pairing_code
+from tests.conftest import new_keypair, pairing_payload
+
+pytestmark = pytest.mark.django_db
+
+
+def post_pair(body: dict[str, Any], ip: str = "10.0.0.1") -> Any:
+    return Client().post("/api/pair/", body, content_type="application/json", REMOTE_ADDR=ip)
+
+
+def test_pairing_with_a_fresh_code_creates_the_device(owner: Any) -> None:
+    _, code = issue_pairing_code(owner)
+    body, _ = pairing_payload(code, kind="phone", capture_channels=["phone_app"])
+    response = post_pair(body)
+    assert response.status_code == 201, response.content
+    data = response.json()
+    device = Device.objects.get(id=data["device_id"])
+    assert device.owner == owner and device.kind == "phone" and device.capture_channels == ["phone_app"]
+    assert device.public_key == body["public_key"] and not device.is_guest
+    assert data["instance_public_key"] and data["protocol"] == 1
+
+
+def test_pairing_code_is_single_use(owner: Any) -> None:
+    _, code = issue_pairing_code(owner)
+    assert post_pair(pairing_payload(code)[0]).status_code == 201
+    second = post_pair(pairing_payload(code)[0])
+    assert second.status_code == 400 and second.json()["error"]["code"] == "code_used"
+    assert Device.objects.count() == 1
+
+
+def test_expired_pairing_code_is_refused(owner: Any) -> None:
+    pairing, code = issue_pairing_code(owner)
+    PairingCode.objects.filter(id=pairing.id).update(expires_at=timezone.now() - timedelta(seconds=1))
+    response = post_pair(pairing_payload(code)[0])
+    assert response.json()["error"]["code"] == "code_expired"
+    assert Device.objects.count() == 0
+
+
+def test_pairing_code_expires_after_ten_minutes(owner: Any) -> None:
+    pairing, _ = issue_pairing_code(owner)
+    assert timedelta(seconds=599) < pairing.expires_at - pairing.created_at <= timedelta(seconds=601)
+
+
+def test_wrong_signature_is_refused_and_the_code_stays_usable(owner: Any) -> None:
+    _, code = issue_pairing_code(owner)
+    body, _ = pairing_payload(code)
+    _, other_public = new_keypair()
+    body["public_key"] = other_public  # signed with a different key than presented
+    response = post_pair(body)
+    assert response.status_code == 401 and response.json()["error"]["code"] == "bad_signature"
+    assert Device.objects.count() == 0
+    assert post_pair(pairing_payload(code)[0]).status_code == 201
+
+
+def test_guessing_codes_is_rate_limited_per_address(owner: Any, settings: Any) -> None:
+    for _ in range(settings.PAIRING_FAILURES_PER_IP):
+        assert post_pair(pairing_payload("AAAA-AAAA")[0]).json()["error"]["code"] == "invalid_code"
+    _, code = issue_pairing_code(owner)
+    blocked = post_pair(pairing_payload(code)[0])
+    assert blocked.status_code == 429 and blocked.json()["error"]["code"] == "rate_limited"
+    assert Device.objects.count() == 0
+    # another address is not blocked by this one's guesses
+    assert post_pair(pairing_payload(code)[0], ip="10.0.0.2").status_code == 201
+
+
+def test_guessing_codes_is_rate_limited_globally(owner: Any, settings: Any) -> None:
+    settings.PAIRING_FAILURES_GLOBAL = 3
+    for i in range(3):
+        post_pair(pairing_payload("AAAA-AAAA")[0], ip=f"10.1.0.{i}")
+    assert PairingFailure.objects.count() == 3
+    _, code = issue_pairing_code(owner)
+    assert post_pair(pairing_payload(code)[0], ip="10.2.0.1").json()["error"]["code"] == "rate_limited"
+
+
+def test_watch_must_relay_through_one_of_the_owners_phones(owner: Any, make_device: Any) -> None:
+    _, code = issue_pairing_code(owner)
+    missing = post_pair(pairing_payload(code, kind="watch")[0])
+    assert missing.json()["error"]["code"] == "invalid_request"
+    phone = make_device("phone")
+    ok = post_pair(pairing_payload(code, kind="watch", relay_via=str(phone.device.id))[0])
+    assert ok.status_code == 201
+    assert Device.objects.get(id=ok.json()["device_id"]).relay_via == phone.device
+
+
+@pytest.mark.parametrize(
+    "change, code",
+    [
+        ({"kind": "toaster"}, "invalid_request"),
+        ({"capture_channels": ["Bad Channel!"]}, "invalid_request"),
+        ({"public_key": "not base64!"}, "invalid_public_key"),
+        ({"name": ""}, "invalid_request"),
+    ],
+)
+def test_bad_pairing_input_changes_nothing(owner: Any, change: dict[str, Any], code: str) -> None:
+    _, pairing_code = issue_pairing_code(owner)
+    body, _ = pairing_payload(pairing_code)
+    body.update(change)
+    response = post_pair(body)
+    assert response.status_code in (400, 401) and response.json()["error"]["code"] == code
+    assert Device.objects.count() == 0
+    assert PairingCode.objects.get().used_at is None
+
+
+def test_malformed_json_gets_a_stable_error(owner: Any) -> None:
+    response = Client().post("/api/pair/", "{not json", content_type="application/json")
+    assert response.status_code == 400 and response.json()["error"]["code"] == "malformed_json"
+
+
+def test_guest_code_pairs_a_guest_device(owner: Any) -> None:
+    _, code = issue_pairing_code(owner, for_guest=True)
+    response = post_pair(pairing_payload(code)[0])
+    assert Device.objects.get(id=response.json()["device_id"]).is_guest

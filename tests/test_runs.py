@@ -1,0 +1,138 @@
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.utils import timezone
+
+from brain.models import Run
+from brain.recovery import recover_runs
+from brain.runner import execute_run
+from brain.services import accept_utterance, claim_run, finish_run
+from memory.models import TimelineEntry
+from tests.conftest import db_async, new_client_id, open_socket, receive_until, script
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def utter(sim: Any, text: str = "hello") -> Any:
+    return accept_utterance(sim.device, new_client_id(), text)
+
+
+def age_run(run_id: Any, seconds: int) -> None:
+    run = Run.objects.get(id=run_id)
+    TimelineEntry.objects.filter(id=run.inbound_id).update(created_at=timezone.now() - timedelta(seconds=seconds))
+
+
+@pytest.mark.parametrize(
+    "rule, code",
+    [
+        ({"status": 500}, "brain_error"),
+        ({"hang_seconds": 1.5}, "brain_timeout"),
+        ({"reply": "half an ans", "truncate": True}, "brain_bad_response"),
+        ({"reply": ""}, "brain_bad_response"),
+    ],
+)
+async def test_failed_model_call_produces_an_honest_notice_not_a_reply(make_device: Any, brain: Any, settings: Any, rule: dict[str, Any], code: str) -> None:
+    settings.BRAIN_TIMEOUT_SECONDS = 0.5
+    script(brain, **rule)
+    sim = await db_async(make_device)()
+    comm, _ = await open_socket(sim)
+    await comm.send_json_to({"type": "text", "id": "q", "text": "question"})
+    await receive_until(comm, "text.ack")
+    notice = await receive_until(comm, "notice", "reply.done", timeout=10)
+    assert notice["type"] == "notice" and notice["code"] == code and "Nothing was answered" in notice["text"]
+    entries = await db_async(lambda: list(TimelineEntry.objects.values_list("kind", "notice_code")))()
+    assert entries == [("utterance", ""), ("notice", code)]
+    run = await db_async(Run.objects.get)()
+    assert run.state == "failed" and run.error_code == code
+    await comm.disconnect()
+
+
+async def test_unreachable_brain_is_a_notice(make_device: Any, brain: Any, settings: Any) -> None:
+    settings.BRAIN_BASE_URL = "http://127.0.0.1:9/v1"  # discard port: nothing listens
+    sim = await db_async(make_device)()
+    accepted = await db_async(utter)(sim)
+    assert await execute_run(accepted.run_id) == "failed"
+    notice = await db_async(TimelineEntry.objects.get)(kind="notice")
+    assert notice.notice_code == "brain_unreachable" and notice.reply_to_id == accepted.entry.id
+
+
+async def test_run_older_than_three_minutes_is_expired_not_answered(make_device: Any, brain: Any) -> None:
+    sim = await db_async(make_device)()
+    accepted = await db_async(utter)(sim)
+    await db_async(age_run)(accepted.run_id, 181)
+    assert await execute_run(accepted.run_id) == "expired"
+    assert brain.script.requests == []  # the model was never asked
+    notice = await db_async(TimelineEntry.objects.get)(kind="notice")
+    assert notice.notice_code == "run_expired"
+
+
+async def test_run_just_under_three_minutes_is_still_answered(make_device: Any, brain: Any) -> None:
+    sim = await db_async(make_device)()
+    accepted = await db_async(utter)(sim)
+    await db_async(age_run)(accepted.run_id, 170)
+    assert await execute_run(accepted.run_id) == "succeeded"
+
+
+async def test_recovery_runs_queued_runs_left_by_a_dead_process(make_device: Any, brain: Any) -> None:
+    sim = await db_async(make_device)()
+    accepted = await db_async(utter)(sim, "were you there?")  # stored, never dispatched
+    recovered, expired = await recover_runs()
+    assert (recovered, expired) == (1, 0)
+    for _ in range(100):
+        run = await db_async(Run.objects.get)(id=accepted.run_id)
+        if run.state == "succeeded":
+            break
+        import asyncio
+
+        await asyncio.sleep(0.05)
+    assert run.state == "succeeded"
+    reply = await db_async(TimelineEntry.objects.get)(kind="reply")
+    assert "were you there?" in reply.text
+
+
+async def test_recovery_takes_over_a_running_run_whose_worker_died(make_device: Any, brain: Any, settings: Any) -> None:
+    sim = await db_async(make_device)()
+    accepted = await db_async(utter)(sim)
+    dead = await db_async(claim_run)(accepted.run_id)  # a worker claimed it, then died
+    assert dead is not None and await db_async(claim_run)(accepted.run_id) is None  # held while fresh
+    await db_async(Run.objects.filter(id=accepted.run_id).update)(
+        heartbeat_at=timezone.now() - timedelta(seconds=settings.RUN_HEARTBEAT_STALE_SECONDS + 1)
+    )
+    assert await execute_run(accepted.run_id) == "succeeded"
+    run = await db_async(Run.objects.get)(id=accepted.run_id)
+    assert run.attempts == 2
+    # the dead worker, were it to wake up, can no longer store its outcome
+    assert await db_async(finish_run)(dead, state="succeeded", text="late", kind="reply") is None
+    assert await db_async(TimelineEntry.objects.filter(kind="reply").count)() == 1
+
+
+async def test_recovery_expires_old_runs_instead_of_answering(make_device: Any, brain: Any) -> None:
+    sim = await db_async(make_device)()
+    accepted = await db_async(utter)(sim)
+    await db_async(age_run)(accepted.run_id, 600)
+    assert await recover_runs() == (0, 1)
+    run = await db_async(Run.objects.get)(id=accepted.run_id)
+    assert run.state == "expired" and brain.script.requests == []
+
+
+async def test_a_finished_run_is_never_executed_again(make_device: Any, brain: Any) -> None:
+    sim = await db_async(make_device)()
+    accepted = await db_async(utter)(sim)
+    assert await execute_run(accepted.run_id) == "succeeded"
+    assert await execute_run(accepted.run_id) == "skipped"
+    assert len(brain.script.requests) == 1
+
+
+async def test_owner_run_sees_recent_history_and_the_demo_brain_says_what_it_is(make_device: Any, brain: Any) -> None:
+    sim = await db_async(make_device)()
+    first = await db_async(utter)(sim, "my name is Lin")
+    await execute_run(first.run_id)
+    second = await db_async(utter)(sim, "what is my name?")
+    await execute_run(second.run_id)
+    contents = [m["content"] for m in brain.script.requests[-1]["messages"]]
+    assert "my name is Lin" in contents and contents[-1] == "what is my name?"
+    reply = await db_async(TimelineEntry.objects.filter(kind="reply").last)()
+    assert reply.text.startswith("[demo brain]")

@@ -1,0 +1,113 @@
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+from django.db import connection, connections
+
+from memory.models import TimelineEntry
+from memory.services import append_entry, page_after
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+PER_DEVICE = 40
+
+
+def test_two_devices_appending_at_once_get_distinct_gapless_numbers(make_device: Any) -> None:
+    """Two threads, two real database connections, writing at the same time."""
+    devices = [make_device("phone").device, make_device("mac").device]
+    start = threading.Barrier(len(devices))
+    errors: list[BaseException] = []
+
+    def writer(device: Any) -> None:
+        try:
+            start.wait()
+            for i in range(PER_DEVICE):
+                append_entry(owner_id=device.owner_id, kind="utterance", text=f"{device.kind} {i}", device_id=device.id, scope="owner")
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=writer, args=(d,)) for d in devices]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    seqs = list(TimelineEntry.objects.order_by("seq").values_list("seq", flat=True))
+    assert seqs == list(range(1, 2 * PER_DEVICE + 1))
+    # each device's own entries keep their order
+    for device in devices:
+        texts = list(TimelineEntry.objects.filter(device=device).order_by("seq").values_list("text", flat=True))
+        assert texts == [f"{device.kind} {i}" for i in range(PER_DEVICE)]
+
+
+def test_a_rolled_back_append_leaves_no_gap(owner: Any) -> None:
+    from django.db import transaction
+
+    append_entry(owner_id=owner.id, kind="notice", text="one")
+    with pytest.raises(RuntimeError), transaction.atomic():
+        append_entry(owner_id=owner.id, kind="notice", text="lost")
+        raise RuntimeError("crash before commit")
+    append_entry(owner_id=owner.id, kind="notice", text="two")
+    assert list(TimelineEntry.objects.values_list("seq", "text")) == [(1, "one"), (2, "two")]
+
+
+def test_second_writer_waits_for_the_first_writers_transaction(owner: Any) -> None:
+    """The counter row lock serializes appends: a writer holding it blocks the next."""
+    if connection.vendor != "postgresql":
+        pytest.skip("row locks are a PostgreSQL behaviour; SQLite serializes whole write transactions")
+    from django.db import transaction
+
+    append_entry(owner_id=owner.id, kind="notice", text="first")
+    inside, release = threading.Event(), threading.Event()
+    finished_at: dict[str, float] = {}
+
+    def slow_writer() -> None:
+        with transaction.atomic():
+            append_entry(owner_id=owner.id, kind="notice", text="slow")
+            inside.set()
+            release.wait(5)
+        finished_at["slow"] = time.monotonic()
+        connections.close_all()
+
+    def fast_writer() -> None:
+        inside.wait(5)
+        append_entry(owner_id=owner.id, kind="notice", text="fast")
+        finished_at["fast"] = time.monotonic()
+        connections.close_all()
+
+    slow, fast = threading.Thread(target=slow_writer), threading.Thread(target=fast_writer)
+    slow.start()
+    fast.start()
+    inside.wait(5)
+    time.sleep(0.3)
+    assert "fast" not in finished_at  # still waiting on the lock
+    release.set()
+    slow.join()
+    fast.join()
+    assert list(TimelineEntry.objects.values_list("seq", "text")) == [(1, "first"), (2, "slow"), (3, "fast")]
+
+
+def test_sequence_numbers_are_per_owner(owner: Any, django_user_model: Any) -> None:
+    other = django_user_model.objects.create_user("someone-else")
+    assert append_entry(owner_id=owner.id, kind="notice", text="a").seq == 1
+    assert append_entry(owner_id=other.id, kind="notice", text="b").seq == 1
+    assert append_entry(owner_id=owner.id, kind="notice", text="c").seq == 2
+
+
+def test_pages_walk_the_whole_timeline_in_order(owner: Any) -> None:
+    for i in range(7):
+        append_entry(owner_id=owner.id, kind="notice", text=str(i))
+    seen, after = [], 0
+    while True:
+        page = page_after(owner_id=owner.id, after=after, limit=3)
+        seen += [e.seq for e in page.entries]
+        after = page.next_after
+        if not page.has_more:
+            break
+    assert seen == list(range(1, 8))
+    assert page_after(owner_id=owner.id, after=7, limit=3).entries == []

@@ -1,0 +1,244 @@
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+
+from accounts.models import AdmissionRecord
+from brain.models import Run
+from devices.models import Delivery
+from devices.services import revoke_device
+from devices.signatures import auth_message, challenge_message, verify
+from memory.models import TimelineEntry
+from tests.conftest import db_async, new_client_id, open_socket, receive_until, script
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+async def test_challenge_is_signed_by_the_instance_key(owner: Any) -> None:
+    comm, challenge = await open_socket(authenticate=False)
+    assert challenge["protocol"] == 1
+    assert verify(challenge["server_key"], challenge_message(challenge["nonce"]), challenge["server_signature"])
+    await comm.disconnect()
+
+
+async def test_device_authenticates_by_signing_the_nonce(make_device: Any) -> None:
+    sim = await db_async(make_device)()
+    comm, ready = await open_socket(sim)
+    assert ready["device_id"] == str(sim.device.id) and ready["scope"] == "owner" and ready["last_seq"] == 0
+    await comm.disconnect()
+
+
+async def test_wrong_signature_closes_with_4401(make_device: Any) -> None:
+    sim, other = await db_async(make_device)(), await db_async(make_device)()
+    comm, challenge = await open_socket(authenticate=False)
+    forged = other.sign(auth_message(challenge["nonce"], str(sim.device.id)))
+    await comm.send_json_to({"type": "auth", "device_id": str(sim.device.id), "signature": forged})
+    error = await comm.receive_json_from()
+    assert error == {"type": "error", "code": "bad_signature", "message": error["message"]}
+    assert await comm.receive_output() == {"type": "websocket.close", "code": 4401}
+
+
+async def test_signature_over_another_nonce_is_refused(make_device: Any) -> None:
+    sim = await db_async(make_device)()
+    comm, _ = await open_socket(authenticate=False)
+    replayed = sim.sign(auth_message("an-old-nonce", str(sim.device.id)))
+    await comm.send_json_to({"type": "auth", "device_id": str(sim.device.id), "signature": replayed})
+    assert (await comm.receive_json_from())["code"] == "bad_signature"
+    assert (await comm.receive_output())["code"] == 4401
+
+
+async def test_unknown_device_closes_with_4401(owner: Any) -> None:
+    comm, _ = await open_socket(authenticate=False)
+    await comm.send_json_to({"type": "auth", "device_id": "00000000-0000-0000-0000-000000000000", "signature": "AAAA"})
+    assert (await comm.receive_json_from())["code"] == "not_authenticated"
+    assert (await comm.receive_output())["code"] == 4401
+
+
+async def test_frames_before_auth_close_with_4401(make_device: Any) -> None:
+    await db_async(make_device)()
+    comm, _ = await open_socket(authenticate=False)
+    await comm.send_json_to({"type": "text", "id": "x", "text": "hi"})
+    assert (await comm.receive_json_from())["code"] == "not_authenticated"
+    assert (await comm.receive_output())["code"] == 4401
+    assert await db_async(TimelineEntry.objects.count)() == 0
+
+
+async def test_no_auth_frame_in_time_closes_with_4408(owner: Any) -> None:
+    comm, _ = await open_socket(authenticate=False)
+    assert (await comm.receive_json_from(timeout=3))["code"] == "auth_timeout"
+    assert (await comm.receive_output(timeout=3))["code"] == 4408
+
+
+async def test_revoked_device_is_refused_at_handshake(make_device: Any) -> None:
+    sim = await db_async(make_device)()
+    await db_async(revoke_device)(sim.device)
+    comm, challenge = await open_socket(authenticate=False)
+    await comm.send_json_to({"type": "auth", "device_id": str(sim.device.id), "signature": sim.sign(auth_message(challenge["nonce"], str(sim.device.id)))})
+    assert (await comm.receive_json_from())["code"] == "device_revoked"
+    assert (await comm.receive_output())["code"] == 4403
+
+
+async def test_revoking_closes_an_open_socket_at_once(make_device: Any) -> None:
+    sim = await db_async(make_device)()
+    comm, _ = await open_socket(sim)
+    assert await db_async(revoke_device)(sim.device) is True
+    assert (await comm.receive_json_from())["code"] == "device_revoked"
+    assert (await comm.receive_output())["code"] == 4403
+
+
+async def test_revoked_device_cannot_send_even_if_the_close_message_is_lost(make_device: Any) -> None:
+    sim = await db_async(make_device)()
+    comm, _ = await open_socket(sim)
+    from devices.models import Device
+    from django.utils import timezone
+
+    # Revoke behind the consumer's back: no group message reaches it.
+    await db_async(Device.objects.filter(id=sim.device.id).update)(revoked_at=timezone.now())
+    await comm.send_json_to({"type": "text", "id": "x", "text": "still here?"})
+    assert (await comm.receive_json_from())["code"] == "device_revoked"
+    assert (await comm.receive_output())["code"] == 4403
+    assert await db_async(TimelineEntry.objects.count)() == 0
+
+
+@pytest.mark.parametrize(
+    "raw, code",
+    [
+        ("{not json", "malformed_json"),
+        ("[1, 2]", "invalid_frame"),
+        ('{"no_type": 1}', "invalid_frame"),
+        ('{"type": "teleport"}', "unknown_type"),
+        ('{"type": "text", "id": "a"}', "invalid_frame"),
+        ('{"type": "text", "text": "no id"}', "invalid_frame"),
+        ('{"type": "sync", "after": "zero"}', "invalid_frame"),
+        ('{"type": "ack", "seq": 999, "status": "rendered"}', "unknown_entry"),
+        ('{"type": "ack", "seq": 1, "status": "read"}', "invalid_frame"),
+    ],
+)
+async def test_bad_frames_get_an_error_and_change_nothing(make_device: Any, raw: str, code: str) -> None:
+    sim = await db_async(make_device)()
+    comm, _ = await open_socket(sim)
+    await comm.send_to(text_data=raw)
+    error = await comm.receive_json_from()
+    assert error["type"] == "error" and error["code"] == code
+    assert await db_async(TimelineEntry.objects.count)() == 0
+    # the socket stays usable
+    await comm.send_json_to({"type": "ping", "id": "p"})
+    assert (await comm.receive_json_from())["type"] == "pong"
+    await comm.disconnect()
+
+
+async def test_oversized_frame_is_refused(make_device: Any, settings: Any) -> None:
+    sim = await db_async(make_device)()
+    comm, _ = await open_socket(sim)
+    big = json.dumps({"type": "text", "id": "big", "text": "x" * settings.WS_MAX_FRAME_BYTES})
+    await comm.send_to(text_data=big)
+    assert (await comm.receive_json_from())["code"] == "frame_too_large"
+    too_long = json.dumps({"type": "text", "id": "long", "text": "y" * (settings.WS_MAX_TEXT_CHARS + 1)})
+    await comm.send_to(text_data=too_long)
+    assert (await comm.receive_json_from())["code"] == "text_too_long"
+    assert await db_async(TimelineEntry.objects.count)() == 0
+    await comm.disconnect()
+
+
+async def test_text_round_trip_with_chunks_ack_and_sync_on_another_device(make_device: Any, brain: Any) -> None:
+    script(brain, match="weather", reply="Sunny and 21 °C today.", chunk_chars=5)
+    phone, mac = await db_async(make_device)("phone"), await db_async(make_device)("mac")
+    phone_ws, _ = await open_socket(phone)
+    mac_ws, _ = await open_socket(mac)
+
+    await phone_ws.send_json_to({"type": "text", "id": "m1", "text": "How is the weather?"})
+    ack = await receive_until(phone_ws, "text.ack")
+    assert ack["id"] == "m1" and ack["seq"] == 1 and ack["run_id"] and ack["duplicate"] is False
+
+    chunks = []
+    while True:
+        frame = await receive_until(phone_ws, "reply.chunk", "reply.done")
+        if frame["type"] == "reply.done":
+            break
+        assert frame["reply_to_seq"] == 1 and frame["index"] == len(chunks)
+        chunks.append(frame["text"])
+    assert len(chunks) >= 2 and "".join(chunks) == "Sunny and 21 °C today." == frame["text"]
+    assert frame["seq"] == 2
+    await phone_ws.send_json_to({"type": "ack", "seq": 2, "status": "rendered"})
+    await phone_ws.send_json_to({"type": "ping", "id": "after-ack"})
+    await receive_until(phone_ws, "pong")
+    assert await db_async(lambda: list(Delivery.objects.values_list("entry__seq", "device_id", "status")))() == [
+        (2, phone.device.id, "rendered")
+    ]
+
+    # The mac got no chunks, only a hint to sync; the exchange is in its sync.
+    hint = await receive_until(mac_ws, "timeline.new", "reply.chunk")
+    assert hint["type"] == "timeline.new"
+    await mac_ws.send_json_to({"type": "sync", "id": "s", "after": 0, "limit": 1})
+    page = await receive_until(mac_ws, "sync.page")
+    assert [e["seq"] for e in page["entries"]] == [1] and page["has_more"] is True and page["next_after"] == 1
+    assert page["entries"][0] | {"created_at": None} == {
+        "seq": 1, "kind": "utterance", "text": "How is the weather?", "device_id": str(phone.device.id),
+        "scope": "owner", "reply_to_seq": None, "notice_code": None, "created_at": None,
+    }
+    await mac_ws.send_json_to({"type": "sync", "id": "s2", "after": 1, "limit": 50})
+    page = await receive_until(mac_ws, "sync.page")
+    assert [(e["seq"], e["kind"], e["reply_to_seq"]) for e in page["entries"]] == [(2, "reply", 1)]
+    assert page["has_more"] is False
+    run = await db_async(Run.objects.get)()
+    assert run.state == "succeeded" and run.scope == "owner"
+    await phone_ws.disconnect()
+    await mac_ws.disconnect()
+
+
+async def test_resending_the_same_frame_id_stores_nothing_new(make_device: Any, brain: Any) -> None:
+    sim = await db_async(make_device)()
+    comm, _ = await open_socket(sim)
+    await comm.send_json_to({"type": "text", "id": "same", "text": "once"})
+    first = await receive_until(comm, "text.ack")
+    await receive_until(comm, "reply.done")
+    await comm.send_json_to({"type": "text", "id": "same", "text": "once"})
+    second = await receive_until(comm, "text.ack")
+    assert second["seq"] == first["seq"] and second["run_id"] == first["run_id"] and second["duplicate"] is True
+    assert await db_async(Run.objects.count)() == 1
+    assert await db_async(TimelineEntry.objects.filter(kind="utterance").count)() == 1
+    await comm.disconnect()
+
+
+async def test_inbound_entry_records_scope_owner_and_guest(make_device: Any, brain: Any) -> None:
+    owner_dev, guest_dev = await db_async(make_device)(), await db_async(make_device)(guest=True)
+    for sim, expected in ((owner_dev, "owner"), (guest_dev, "guest")):
+        comm, ready = await open_socket(sim)
+        assert ready["scope"] == expected
+        await comm.send_json_to({"type": "text", "id": new_client_id(), "text": "hello"})
+        ack = await receive_until(comm, "text.ack")
+        await receive_until(comm, "reply.done")
+        entry = await db_async(TimelineEntry.objects.get)(seq=ack["seq"])
+        admission = await db_async(AdmissionRecord.objects.get)(run__inbound=entry)
+        assert entry.scope == expected == admission.scope
+        await comm.disconnect()
+
+
+async def test_guest_device_syncs_only_its_own_exchange(make_device: Any, brain: Any) -> None:
+    owner_dev, guest_dev = await db_async(make_device)(), await db_async(make_device)(guest=True)
+    owner_ws, _ = await open_socket(owner_dev)
+    await owner_ws.send_json_to({"type": "text", "id": "private", "text": "my bank PIN hint is..."})
+    await receive_until(owner_ws, "reply.done")
+    guest_ws, _ = await open_socket(guest_dev)
+    await guest_ws.send_json_to({"type": "text", "id": "g", "text": "what time is it?"})
+    await receive_until(guest_ws, "reply.done")
+    await guest_ws.send_json_to({"type": "sync", "after": 0})
+    page = await receive_until(guest_ws, "sync.page")
+    assert [e["text"] for e in page["entries"]][0] == "what time is it?"
+    assert all("PIN" not in e["text"] for e in page["entries"]) and len(page["entries"]) == 2
+    # and the guest's run was not shown the owner's history
+    assert all("PIN" not in m["content"] for m in brain.script.requests[-1]["messages"])
+    await owner_ws.disconnect()
+    await guest_ws.disconnect()
+
+
+async def test_binary_frames_are_refused_on_the_text_socket(make_device: Any) -> None:
+    sim = await db_async(make_device)()
+    comm, _ = await open_socket(sim)
+    await comm.send_to(bytes_data=b"\x00\x01")
+    assert (await comm.receive_json_from())["code"] == "binary_not_supported"
+    await comm.disconnect()
+    await asyncio.sleep(0)

@@ -1,0 +1,24 @@
+"""ASGI entry point: HTTP through Django, websockets through Channels (served by daphne)."""
+
+from __future__ import annotations
+
+import os
+
+from django.core.asgi import get_asgi_application
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "yimi_project.settings")
+django_asgi_app = get_asgi_application()
+
+from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+
+from devices.routing import websocket_urlpatterns  # noqa: E402
+
+application = ProtocolTypeRouter(
+    {
+        "http": django_asgi_app,
+        # Devices are native clients without a browser Origin; they authenticate by signing
+        # a server nonce with their device key (docs/protocol.md), not by cookie or Origin.
+        "websocket": URLRouter(websocket_urlpatterns),
+    }
+)
+

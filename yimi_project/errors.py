@@ -1,0 +1,44 @@
+"""Errors a caller can act on: one exception type with a stable ``code``.
+
+Services raise ``YimiError(code, message)``; the DRF exception handler and the websocket
+consumer map it once to their payloads. The codes are part of the protocol
+(docs/protocol.md) and never change meaning.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+HTTP_STATUS = {
+    "invalid_request": 400,
+    "malformed_json": 400,
+    "invalid_code": 400,
+    "code_expired": 400,
+    "code_used": 400,
+    "invalid_public_key": 400,
+    "bad_signature": 401,
+    "not_authenticated": 401,
+    "device_revoked": 403,
+    "forbidden": 403,
+    "not_found": 404,
+    "rate_limited": 429,
+    "payload_too_large": 413,
+}
+
+
+class YimiError(Exception):
+    def __init__(self, code: str, message: str, **details: Any) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.details = details
+
+    def payload(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"code": self.code, "message": self.message}
+        if self.details:
+            body["details"] = self.details
+        return body
+
+    @property
+    def http_status(self) -> int:
+        return HTTP_STATUS.get(self.code, 400)

@@ -1,0 +1,38 @@
+"""Secrets: read from files in the secrets directory, or generated into the data directory.
+
+Nothing secret lives in the repository. Generated files are created with mode 0600
+atomically (``O_EXCL``), so two processes starting at once agree on one value.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+
+
+def read_secret(secrets_dir: Path, name: str) -> str:
+    """Return the stripped content of ``secrets_dir/name``, or "" when it is absent."""
+    try:
+        return (secrets_dir / name).read_text(encoding="utf-8").strip()
+    except (FileNotFoundError, NotADirectoryError, PermissionError):
+        return ""
+
+
+def write_private_file(path: Path, data: bytes) -> bool:
+    """Create ``path`` with mode 0600 holding ``data``; False if it already exists."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    return True
+
+
+def load_or_create_secret_key(data_dir: Path) -> str:
+    path = data_dir / "django_secret_key"
+    write_private_file(path, secrets.token_urlsafe(50).encode())
+    return path.read_text(encoding="utf-8").strip()

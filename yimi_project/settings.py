@@ -1,0 +1,180 @@
+"""Settings for the Yimi platform.
+
+Everything comes from the environment (django-environ), with an embedded default
+that works on a fresh machine: a SQLite file in the data directory, the in-memory
+channel layer and in-process task execution. Secrets are read from files in the
+secrets directory (default ``/run/secrets``), never from the repository; the Django
+``SECRET_KEY`` is generated into the data directory on first start (0600) and kept.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import environ
+
+from yimi_project.secrets import load_or_create_secret_key, read_secret
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+env = environ.Env()
+
+DATA_DIR = Path(env.str("YIMI_DATA_DIR", default=str(BASE_DIR / "var"))).resolve()
+SECRETS_DIR = Path(env.str("YIMI_SECRETS_DIR", default="/run/secrets"))
+DATA_DIR.mkdir(parents=True, exist_ok=True, mode=0o700)
+
+SECRET_KEY = read_secret(SECRETS_DIR, "django_secret_key") or load_or_create_secret_key(DATA_DIR)
+DEBUG = env.bool("YIMI_DEBUG", default=False)
+ALLOWED_HOSTS = env.list("YIMI_ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "[::1]"])
+CSRF_TRUSTED_ORIGINS = env.list("YIMI_CSRF_TRUSTED_ORIGINS", default=[])
+
+INSTALLED_APPS = [
+    "daphne",
+    "channels",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "accounts",
+    "devices",
+    "memory",
+    "brain",
+    "consent",
+    "payments",
+    "capabilities",
+    "workshop",
+    "releases",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "yimi_project.urls"
+ASGI_APPLICATION = "yimi_project.asgi.application"
+WSGI_APPLICATION = None
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# --- database -------------------------------------------------------------------------
+DATABASES = {
+    "default": env.db("DATABASE_URL", default=f"sqlite:///{DATA_DIR / 'yimi.sqlite3'}"),
+}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # Writers take the lock at BEGIN, so two devices appending to the timeline queue up
+    # instead of failing with "database is locked" halfway through a transaction.
+    DATABASES["default"].setdefault("OPTIONS", {}).update(
+        {"transaction_mode": "IMMEDIATE", "timeout": 20}
+    )
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# --- redis: channel layer and Celery broker --------------------------------------------
+REDIS_URL = env.str("REDIS_URL", default="")
+CHANNEL_PREFIX = env.str("YIMI_CHANNEL_PREFIX", default="yimi")
+if REDIS_URL:
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [REDIS_URL], "prefix": CHANNEL_PREFIX, "capacity": 1000},
+        }
+    }
+else:
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+CELERY_BROKER_URL = REDIS_URL or None
+CELERY_TASK_DEFAULT_QUEUE = f"{CHANNEL_PREFIX}-tasks"
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_BEAT_SCHEDULE = {
+    "sweep-runs": {"task": "brain.tasks.sweep_runs", "schedule": 30.0},
+}
+# Without a broker, runs execute on the web server's event loop, and a sweeper there recovers runs.
+YIMI_EMBEDDED_SWEEPER = env.bool("YIMI_EMBEDDED_SWEEPER", default=True)
+
+# --- the brain (OpenAI-compatible Chat Completions) -----------------------------------
+FAKE_BRAIN_PORT = env.int("YIMI_FAKE_BRAIN_PORT", default=8765)
+BRAIN_API_KEY = read_secret(SECRETS_DIR, "brain_api_key") or env.str("YIMI_BRAIN_API_KEY", default="")
+_brain_base_url = env.str("YIMI_BRAIN_BASE_URL", default="")
+# No brain configured: the bundled deterministic demo brain (manage.py fake_brain) answers.
+BRAIN_IS_DEMO = not _brain_base_url
+BRAIN_BASE_URL = _brain_base_url or f"http://127.0.0.1:{FAKE_BRAIN_PORT}/v1"
+BRAIN_MODEL = env.str("YIMI_BRAIN_MODEL", default="yimi-demo")
+BRAIN_TIMEOUT_SECONDS = env.float("YIMI_BRAIN_TIMEOUT_SECONDS", default=60.0)
+BRAIN_CONNECT_TIMEOUT_SECONDS = env.float("YIMI_BRAIN_CONNECT_TIMEOUT_SECONDS", default=5.0)
+BRAIN_HISTORY_ENTRIES = env.int("YIMI_BRAIN_HISTORY_ENTRIES", default=20)
+# A run whose utterance is older than this is marked expired instead of answered late.
+RUN_STALE_SECONDS = 180
+# A running run whose worker has not sent a heartbeat for this long is taken over.
+RUN_HEARTBEAT_STALE_SECONDS = env.int("YIMI_RUN_HEARTBEAT_STALE_SECONDS", default=30)
+
+# --- devices and protocol ---------------------------------------------------------------
+PAIRING_CODE_TTL_SECONDS = 600
+PAIRING_FAILURES_PER_IP = env.int("YIMI_PAIRING_FAILURES_PER_IP", default=5)
+PAIRING_FAILURES_GLOBAL = env.int("YIMI_PAIRING_FAILURES_GLOBAL", default=30)
+PAIRING_FAILURE_WINDOW_SECONDS = 600
+WS_MAX_FRAME_BYTES = 64 * 1024
+WS_MAX_TEXT_CHARS = 8000
+WS_AUTH_TIMEOUT_SECONDS = env.float("YIMI_WS_AUTH_TIMEOUT_SECONDS", default=10.0)
+HTTP_SIGNATURE_MAX_SKEW_SECONDS = 300
+TIMELINE_PAGE_MAX = 200
+
+# --- web admin, static, i18n ------------------------------------------------------------
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = env.str("YIMI_TIME_ZONE", default="UTC")
+USE_I18N = True
+USE_TZ = True
+STATIC_URL = "static/"
+STATIC_ROOT = DATA_DIR / "static"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "devices.authentication.DeviceSignatureAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "EXCEPTION_HANDLER": "yimi_project.api.drf_exception_handler",
+    "UNAUTHENTICATED_USER": None,
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"json": {"()": "yimi_project.logs.JsonFormatter"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "json"}},
+    "loggers": {
+        "yimi": {"handlers": ["console"], "level": env.str("YIMI_LOG_LEVEL", default="INFO")},
+        # httpx logs every request URL at INFO; URLs may carry secrets.
+        "httpx": {"level": "WARNING"},
+    },
+}
+AUTH_USER_MODEL = "accounts.User"
+
+EMAIL_BACKEND = "django.core.mail.backends.console.EmailBackend"

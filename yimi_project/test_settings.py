@@ -1,0 +1,20 @@
+"""Settings for the test suite: the same as production settings, except that runs
+execute in-process (a Celery worker is started only by the end-to-end test), the
+data directory is a temporary one, and channel names get their own prefix."""
+
+import tempfile
+from pathlib import Path
+
+from yimi_project.settings import *  # noqa: F403
+
+DATA_DIR = Path(tempfile.mkdtemp(prefix="yimi-test-data-"))
+CELERY_BROKER_URL = None
+YIMI_EMBEDDED_SWEEPER = False
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+if REDIS_URL:  # noqa: F405
+    CHANNEL_LAYERS["default"]["CONFIG"]["prefix"] = "yimi-test"  # noqa: F405
+WS_AUTH_TIMEOUT_SECONDS = 1.0
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":  # noqa: F405
+    # A file, not shared-cache memory: concurrent writers then wait on the lock
+    # (busy timeout) as they do in the embedded default, instead of failing at once.
+    DATABASES["default"]["TEST"] = {"NAME": str(DATA_DIR / "test.sqlite3")}  # noqa: F405

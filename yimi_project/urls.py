@@ -1,0 +1,16 @@
+from __future__ import annotations
+
+from django.contrib import admin
+from django.urls import include, path
+
+from yimi_project.views import health
+
+admin.site.site_header = "Yimi"
+admin.site.site_title = "Yimi admin"
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("api/health/", health),
+    path("api/", include("devices.urls")),
+    path("api/", include("memory.urls")),
+]
