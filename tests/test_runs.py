@@ -23,6 +23,7 @@ def utter(sim: Any, text: str = "hello") -> Any:
 def age_run(run_id: Any, seconds: int) -> None:
     run = Run.objects.get(id=run_id)
     TimelineEntry.objects.filter(id=run.inbound_id).update(created_at=timezone.now() - timedelta(seconds=seconds))
+    Run.objects.filter(id=run_id).update(created_at=timezone.now() - timedelta(seconds=seconds))
 
 
 @pytest.mark.parametrize(
@@ -79,6 +80,8 @@ async def test_run_just_under_three_minutes_is_still_answered(make_device: Any, 
 async def test_recovery_runs_queued_runs_left_by_a_dead_process(make_device: Any, brain: Any) -> None:
     sim = await db_async(make_device)()
     accepted = await db_async(utter)(sim, "were you there?")  # stored, never dispatched
+    assert await recover_runs() == (0, 0)  # just queued: probably still in the broker
+    await db_async(Run.objects.filter(id=accepted.run_id).update)(created_at=timezone.now() - timedelta(seconds=11))
     recovered, expired = await recover_runs()
     assert (recovered, expired) == (1, 0)
     for _ in range(100):

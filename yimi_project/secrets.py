@@ -36,3 +36,13 @@ def load_or_create_secret_key(data_dir: Path) -> str:
     path = data_dir / "django_secret_key"
     write_private_file(path, secrets.token_urlsafe(50).encode())
     return path.read_text(encoding="utf-8").strip()
+
+
+def load_or_create_internal_token(secrets_dir: Path, data_dir: Path) -> str:
+    """The token that loopback-only internal endpoints (gateway, pack callbacks) require."""
+    configured = read_secret(secrets_dir, "internal_token")
+    if configured:
+        return configured
+    path = data_dir / "internal_token"
+    write_private_file(path, secrets.token_urlsafe(32).encode())
+    return path.read_text(encoding="utf-8").strip()

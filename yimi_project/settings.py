@@ -13,7 +13,7 @@ from pathlib import Path
 
 import environ
 
-from yimi_project.secrets import load_or_create_secret_key, read_secret
+from yimi_project.secrets import load_or_create_internal_token, load_or_create_secret_key, read_secret
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -24,6 +24,8 @@ SECRETS_DIR = Path(env.str("YIMI_SECRETS_DIR", default="/run/secrets"))
 DATA_DIR.mkdir(parents=True, exist_ok=True, mode=0o700)
 
 SECRET_KEY = read_secret(SECRETS_DIR, "django_secret_key") or load_or_create_secret_key(DATA_DIR)
+# Loopback-only internal endpoints (the capability gateway, pack callbacks) require it.
+INTERNAL_TOKEN = load_or_create_internal_token(SECRETS_DIR, DATA_DIR)
 DEBUG = env.bool("YIMI_DEBUG", default=False)
 ALLOWED_HOSTS = env.list("YIMI_ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "[::1]"])
 CSRF_TRUSTED_ORIGINS = env.list("YIMI_CSRF_TRUSTED_ORIGINS", default=[])
@@ -130,6 +132,8 @@ BRAIN_HISTORY_ENTRIES = env.int("YIMI_BRAIN_HISTORY_ENTRIES", default=20)
 RUN_STALE_SECONDS = 180
 # A running run whose worker has not sent a heartbeat for this long is taken over.
 RUN_HEARTBEAT_STALE_SECONDS = env.int("YIMI_RUN_HEARTBEAT_STALE_SECONDS", default=30)
+# A queued run younger than this is assumed to be on its way to a worker.
+RUN_QUEUED_GRACE_SECONDS = 10
 
 # --- devices and protocol ---------------------------------------------------------------
 PAIRING_CODE_TTL_SECONDS = 600
@@ -178,3 +182,10 @@ LOGGING = {
 AUTH_USER_MODEL = "accounts.User"
 
 EMAIL_BACKEND = "django.core.mail.backends.console.EmailBackend"
+
+# --- capabilities -------------------------------------------------------------------------
+YIMI_PACKS_DIR = Path(env.str("YIMI_PACKS_DIR", default=str(BASE_DIR / "packs")))
+YIMI_WORKSPACE_DIR = Path(env.str("YIMI_WORKSPACE_DIR", default=str(DATA_DIR / "workspace")))
+YIMI_MAIL_DIR = Path(env.str("YIMI_MAIL_DIR", default=str(DATA_DIR / "mail")))
+# Where packs reach the platform's loopback internal API (daphne's address).
+YIMI_PLATFORM_URL = env.str("YIMI_PLATFORM_URL", default="http://127.0.0.1:8000")

@@ -13,4 +13,5 @@ urlpatterns = [
     path("api/health/", health),
     path("api/", include("devices.urls")),
     path("api/", include("memory.urls")),
+    path("internal/gateway/", include("capabilities.urls")),
 ]

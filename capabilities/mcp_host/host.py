@@ -1,0 +1,143 @@
+"""The pack host: an MCP server over stdio that serves the tools of one or more packs.
+
+    python -m capabilities.mcp_host.host --packs-dir DIR --select shared [--fake]
+    python -m capabilities.mcp_host.host --packs-dir DIR --select PACK     # a dedicated host
+
+``shared`` serves every valid pack whose manifest says ``runtime.host: shared``; a pack
+name serves that pack alone. Each pack's tools come from ``server/tools.py`` (or, with
+``--fake``, from the module named by ``staging.fake``), a module with a
+``TOOLS = ToolRegistry()`` whose names must equal the manifest's. Tools are exposed as
+``{pack}__{tool}`` with the receipt in ``structured_content``.
+
+The host polls the packs directory; when the set of tools it serves changes it sends
+``notifications/tools/list_changed``, so clients refresh without a restart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import anyio
+import mcp_types as types
+from mcp.server.lowlevel.server import NotificationOptions, Server
+from mcp.server.stdio import stdio_server
+
+from capabilities.manifest import SEPARATOR, ManifestError, Pack, _signature, load_pack
+from capabilities.packkit import ToolRegistry, ToolSpec
+
+
+def load_tools_module(pack: Pack, fake: bool) -> ToolRegistry:
+    rel = pack.ext["staging"]["fake"] if fake else "server/tools.py"
+    path = pack.path / rel
+    spec = importlib.util.spec_from_file_location(f"yimi_pack_{pack.name}_{'fake' if fake else 'real'}", path)
+    if spec is None or spec.loader is None:
+        raise ManifestError(f"cannot import {rel}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    registry = getattr(module, "TOOLS", None)
+    if not isinstance(registry, ToolRegistry):
+        raise ManifestError(f"{rel} defines no TOOLS = ToolRegistry()")
+    declared, served = set(pack.tools), set(registry.tools)
+    if declared != served:
+        raise ManifestError(f"{rel} serves {sorted(served)} but the manifest declares {sorted(declared)}")
+    return registry
+
+
+class PackHost:
+    def __init__(self, packs_dir: Path, select: str, fake: bool) -> None:
+        self.packs_dir, self.select, self.fake = packs_dir, select, fake
+        self.tools: dict[str, ToolSpec] = {}
+        self.refused: dict[str, str] = {}
+        self.signature: tuple = ()
+        self.session: Any = None
+
+    def reload(self) -> bool:
+        """Re-read the packs this host serves; True if the set of tools changed."""
+        self.signature = _signature(self.packs_dir)
+        tools: dict[str, ToolSpec] = {}
+        refused: dict[str, str] = {}
+        names = [n for n, _ in self.signature] if self.select == "shared" else [self.select]
+        for name in names:
+            path = self.packs_dir / name
+            if not (path / "plugin.json").exists():
+                continue
+            try:
+                pack = load_pack(path)
+                if self.select == "shared" and pack.host != "shared":
+                    continue
+                registry = load_tools_module(pack, self.fake)
+            except Exception as exc:  # noqa: BLE001 - a broken pack must not take the host down
+                refused[name] = str(exc)
+                continue
+            for tool_name, spec in registry.tools.items():
+                tools[f"{pack.name}{SEPARATOR}{tool_name}"] = spec
+        changed = set(tools) != set(self.tools)
+        self.tools, self.refused = tools, refused
+        for name, reason in refused.items():
+            print(json.dumps({"event": "pack_refused", "pack": name, "reason": reason}), file=sys.stderr)
+        return changed
+
+    async def list_tools(self, ctx: Any, params: Any) -> types.ListToolsResult:
+        self.session = ctx.session
+        return types.ListToolsResult(
+            tools=[
+                types.Tool(name=name, description=spec.description, input_schema=spec.input_schema)
+                for name, spec in sorted(self.tools.items())
+            ]
+        )
+
+    async def call_tool(self, ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
+        self.session = ctx.session
+        spec = self.tools.get(params.name)
+        if spec is None:
+            return _error(f"unknown tool {params.name}")
+        try:
+            result = await anyio.to_thread.run_sync(spec.handler, dict(params.arguments or {}))
+        except Exception as exc:  # noqa: BLE001 - reported to the caller, never a success
+            return _error(f"{type(exc).__name__}: {exc}")
+        if not isinstance(result, dict):
+            return _error("the tool returned no receipt")
+        return types.CallToolResult(
+            content=[types.TextContent(type="text", text=json.dumps(result, ensure_ascii=False))],
+            structured_content=result,
+        )
+
+    async def watch(self, interval: float) -> None:
+        while True:
+            await anyio.sleep(interval)
+            if _signature(self.packs_dir) != self.signature and self.reload() and self.session is not None:
+                await self.session.send_tool_list_changed()
+
+
+def _error(message: str) -> types.CallToolResult:
+    return types.CallToolResult(content=[types.TextContent(type="text", text=message)], is_error=True)
+
+
+async def serve(host: PackHost, interval: float) -> None:
+    server = Server("yimi-pack-host", on_list_tools=host.list_tools, on_call_tool=host.call_tool)
+    options = server.create_initialization_options(notification_options=NotificationOptions(tools_changed=True))
+    async with stdio_server() as (read, write), anyio.create_task_group() as tg:
+        tg.start_soon(host.watch, interval)
+        await server.run(read, write, options)
+        tg.cancel_scope.cancel()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--packs-dir", required=True, type=Path)
+    parser.add_argument("--select", required=True, help="'shared' or a pack name (dedicated)")
+    parser.add_argument("--fake", action="store_true", help="serve each pack's fake implementation")
+    parser.add_argument("--watch-interval", type=float, default=1.0)
+    args = parser.parse_args(argv)
+    host = PackHost(args.packs_dir.resolve(), args.select, args.fake)
+    host.reload()
+    anyio.run(serve, host, args.watch_interval)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,330 @@
+"""The capability gateway: ``decide``, ``receipt`` and ``observe`` (F2).
+
+The only code that writes ``ToolCall``, ``ReceiptRecord`` and ``ToldFact``. The same
+functions serve the agent loop in-process and the loopback HTTP endpoints.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from brain.services import run_binding
+from capabilities.manifest import SEPARATOR, ToolDecl, load_packs
+from capabilities.models import ReceiptRecord, ToldFact, ToolCall
+from capabilities.receipts import needs_check, normalize
+from yimi_project.errors import YimiError
+
+TRUSTED_FIELDS = ("session_id", "run_id", "call_id", "idempotency_key")
+OWNER_REQUESTED = "owner_requested"
+# The authority each category's gate belongs to; None means "scope check only".
+GATE_AUTHORITY: dict[str, str | None] = {
+    "observe": None,
+    "workspace": None,
+    "owner_data": "consent",
+    "send": "consent",
+    "account": "consent",
+    "delete": "consent",
+    "physical": "consent",
+    "spend": "payments",
+    "self_change": "releases",
+}
+
+
+def canonical(data: Any) -> str:
+    return json.dumps(data, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
+
+
+def sha256(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+@dataclass
+class CallRequest:
+    run_id: str
+    tool: str
+    arguments: Any
+    agent_id: str = ""
+
+    @classmethod
+    def from_payload(cls, data: Any) -> CallRequest:
+        if not isinstance(data, dict) or not isinstance(data.get("run_id"), str) or not isinstance(data.get("tool"), str):
+            raise YimiError("invalid_request", "decide needs run_id, tool and arguments")
+        return cls(data["run_id"], data["tool"], data.get("arguments", {}), str(data.get("agent_id", ""))[:64])
+
+
+@dataclass
+class Decision:
+    decision: str
+    code: str
+    reason: str
+    call_id: str | None = None
+    category: str | None = None
+    arguments: dict[str, Any] | None = None  # what to execute, for allow and rewrite
+    overridden: list[str] = field(default_factory=list)
+
+    @property
+    def executes(self) -> bool:
+        return self.decision in (ToolCall.Decision.ALLOW, ToolCall.Decision.REWRITE)
+
+    def payload(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _blocked(code: str, reason: str, **extra: Any) -> Decision:
+    return Decision(ToolCall.Decision.BLOCK, code, reason, **extra)
+
+
+def decide(request: CallRequest) -> Decision:
+    """Decide one capability call.
+
+    Steps: 1. bind the call to its run through the admission record (no run, or an
+    ended run: block); 2. take the reserved ``owner_requested`` out of the arguments
+    and drop any model-supplied trusted field; 3. scope: the pack must list the run's
+    scope; 4. duplicates and unknowns: a call whose fingerprint already succeeded with
+    ``retry=forbidden`` is blocked, and one whose last result is unknown/partial and
+    needs a check is blocked until the ``check_with`` tool ran; 5. category: resolve
+    ``effect``/``effect_by_arg`` (unresolvable: block, no default); 6. gate: observe and
+    workspace go ahead, every other category goes to its authority (until those land,
+    blocked with a code naming the missing authority). Allowed calls get the trusted
+    fields the tool declared in ``context_inject``; if that changed the arguments the
+    result is ``rewrite``. Every decision on a bound run is recorded; a block also
+    writes a ``rejected`` receipt, which only the gateway may write.
+    """
+    binding = run_binding(request.run_id)
+    if binding is None:
+        return _blocked("no_run", "this call is not bound to any run")
+    if not binding.active:
+        return _blocked("run_ended", "the run this call belongs to has ended")
+    if not isinstance(request.arguments, dict):
+        return _record(binding, request, {}, False, _blocked("invalid_arguments", "arguments must be a JSON object"), None)
+
+    model_args = dict(request.arguments)
+    owner_requested = model_args.pop(OWNER_REQUESTED, False) is True
+    overridden = [f for f in TRUSTED_FIELDS if f in model_args]
+    for name in overridden:
+        model_args.pop(name)
+
+    packs = load_packs()
+    tool = packs.tool(request.tool)
+    if tool is None:
+        return _record(binding, request, model_args, owner_requested, _blocked("unknown_tool", f"there is no tool {request.tool!r}"), None)
+    pack = packs.packs[tool.pack]
+    if binding.scope not in pack.scopes:
+        decision = _blocked("scope", f"{request.tool} is not available in scope {binding.scope}")
+        return _record(binding, request, model_args, owner_requested, decision, tool)
+
+    fingerprint = sha256(canonical({"tool": request.tool, "args": model_args}))
+    repeat = _duplicate_or_unchecked(binding.owner_id, fingerprint, tool)
+    if repeat is not None:
+        return _record(binding, request, model_args, owner_requested, repeat, tool, fingerprint)
+
+    category = tool.resolve_category(model_args)
+    if category is None:
+        decision = _blocked("category_unresolved", f"{request.tool}: the arguments map to no effect category; nothing is guessed")
+        return _record(binding, request, model_args, owner_requested, decision, tool, fingerprint)
+
+    authority = GATE_AUTHORITY[category]
+    if authority is not None:
+        decision = _blocked(
+            f"{authority}_authority_missing",
+            f"{category} actions need the {authority} authority, which this platform version does not have yet; not executed",
+            category=category,
+        )
+        return _record(binding, request, model_args, owner_requested, decision, tool, fingerprint)
+
+    decision = Decision(ToolCall.Decision.ALLOW, "ok", "allowed", category=category, overridden=overridden)
+    return _record(binding, request, model_args, owner_requested, decision, tool, fingerprint)
+
+
+def _duplicate_or_unchecked(owner_id: int, fingerprint: str, tool: ToolDecl) -> Decision | None:
+    last = (
+        ReceiptRecord.objects.filter(owner_id=owner_id, call__fingerprint=fingerprint, written_by_gateway=False)
+        .order_by("-created_at", "-revision")
+        .first()
+    )
+    if last is None:
+        return None
+    if last.status == "succeeded" and tool.retry == "forbidden":
+        return _blocked("already_succeeded", "this already succeeded; it must not be done again")
+    if needs_check(last.receipt):
+        check_tool = last.receipt.get("next", {}).get("check_with") or tool.check_with
+        if not check_tool:
+            return _blocked("check_first", "the last result is unknown and there is no tool to check it; ask the owner")
+        checked = ReceiptRecord.objects.filter(
+            owner_id=owner_id,
+            call__tool=f"{tool.pack}{SEPARATOR}{check_tool}",
+            created_at__gt=last.created_at,
+            written_by_gateway=False,
+        ).exists()
+        if not checked:
+            return _blocked("check_first", f"the last result is {last.status}; run {tool.pack}{SEPARATOR}{check_tool} to check before trying again")
+    return None
+
+
+def _record(
+    binding: Any,
+    request: CallRequest,
+    model_args: dict[str, Any],
+    owner_requested: bool,
+    decision: Decision,
+    tool: ToolDecl | None,
+    fingerprint: str | None = None,
+) -> Decision:
+    fingerprint = fingerprint or sha256(canonical({"tool": request.tool, "args": model_args}))
+    call = ToolCall(
+        owner_id=binding.owner_id,
+        run_id=binding.run_id,
+        agent_id=request.agent_id,
+        tool=request.tool[:128],
+        category=decision.category or "",
+        owner_requested=owner_requested,
+        fingerprint=fingerprint,
+        idempotency_key=sha256(f"{binding.owner_id}:{fingerprint}")[:32],
+        decision=decision.decision,
+        decision_code=decision.code,
+        decision_reason=decision.reason[:300],
+    )
+    decision.call_id = str(call.id)
+    if decision.executes and tool is not None:
+        trusted = {
+            "session_id": str(binding.admission_id),
+            "run_id": str(binding.run_id),
+            "call_id": str(call.id),
+            "idempotency_key": call.idempotency_key,
+        }
+        final = dict(model_args)
+        final.update({name: trusted[name] for name in tool.context_inject})
+        decision.arguments = final
+        if final != request.arguments:
+            decision.decision = ToolCall.Decision.REWRITE
+            call.decision = decision.decision
+        call.arguments = final
+    with transaction.atomic():
+        call.save(force_insert=True)
+        if decision.decision == ToolCall.Decision.BLOCK:
+            receipt = {"receipt_schema": 1, "status": "rejected", "summary": decision.reason, "error": {"code": decision.code}}
+            ReceiptRecord.objects.create(
+                owner_id=binding.owner_id, call=call, task_id=str(call.id), status="rejected", receipt=receipt,
+                content_fingerprint=sha256(canonical(receipt)), written_by_gateway=True,
+            )
+    return decision
+
+
+@dataclass
+class ReceiptOutcome:
+    record: ReceiptRecord
+    replayed: bool
+
+    def payload(self) -> dict[str, Any]:
+        r = self.record
+        return {
+            "task_id": r.task_id,
+            "call_id": str(r.call_id),
+            "revision": r.revision,
+            "status": r.status,
+            "receipt": r.receipt,
+            "violations": r.violations,
+            "contradictions": r.contradictions,
+            "replayed": self.replayed,
+        }
+
+
+def record_receipt(call_id: Any, result: Any, *, transport_error: str | None = None) -> ReceiptOutcome:
+    """Validate a tool's result at the trust boundary and store it in the ledger.
+
+    Steps: 1. the call must be one the gateway allowed; 2. ``normalize`` applies the
+    schema and the five invariants (only downgrading); 3. the record is keyed by
+    (task id, call id, revision): a replay with the same content returns the stored
+    record, different content is a ``conflict``; 4. a task's revisions strictly
+    increase (``stale_revision`` otherwise) and earlier ones are kept as history.
+    """
+    call = ToolCall.objects.filter(id=_uuid(call_id)).first()
+    if call is None:
+        raise YimiError("unknown_call", "there is no decided call with this id")
+    if call.decision not in (ToolCall.Decision.ALLOW, ToolCall.Decision.REWRITE):
+        raise YimiError("call_not_executed", "this call was not allowed, so it has no tool result")
+    tool = load_packs().tool(call.tool)
+    normalized = normalize(result, tool=tool, category=call.category or None, transport_error=transport_error)
+    receipt = normalized.receipt
+    task_id = str(receipt.get("task_id") or call.id)
+    revision = int(receipt.get("revision") or 1)
+    content_fp = sha256(canonical({"result": result, "transport_error": transport_error}))
+    try:
+        with transaction.atomic():
+            same = ReceiptRecord.objects.select_for_update().filter(task_id=task_id, call=call, revision=revision).first()
+            if same is not None:
+                return _replay(same, content_fp)
+            latest = ReceiptRecord.objects.filter(task_id=task_id).order_by("-revision").first()
+            if latest is not None and revision <= latest.revision:
+                raise YimiError("stale_revision", f"task {task_id} is already at revision {latest.revision}", latest=latest.revision)
+            record = ReceiptRecord.objects.create(
+                owner_id=call.owner_id, call=call, task_id=task_id, revision=revision, status=receipt["status"],
+                receipt=receipt, content_fingerprint=content_fp,
+                violations=normalized.violations, contradictions=normalized.contradictions,
+            )
+    except IntegrityError:
+        same = ReceiptRecord.objects.filter(task_id=task_id, call=call, revision=revision).first()
+        if same is None:
+            raise YimiError("stale_revision", f"task {task_id} revision {revision} was recorded by another call") from None
+        return _replay(same, content_fp)
+    return ReceiptOutcome(record, replayed=False)
+
+
+def _replay(existing: ReceiptRecord, content_fp: str) -> ReceiptOutcome:
+    if existing.content_fingerprint != content_fp:
+        raise YimiError("conflict", "a different result was already recorded for this call")
+    return ReceiptOutcome(existing, replayed=True)
+
+
+def observe(call_id: Any, *, duration_ms: Any, error: Any = "") -> None:
+    """Record how long a call took and its error, if any. Never touches a receipt."""
+    if isinstance(duration_ms, bool) or not isinstance(duration_ms, int) or duration_ms < 0:
+        raise YimiError("invalid_request", "duration_ms must be a non-negative integer")
+    updated = ToolCall.objects.filter(id=_uuid(call_id)).update(
+        duration_ms=duration_ms, observed_error=str(error or "")[:300], observed_at=timezone.now()
+    )
+    if not updated:
+        raise YimiError("unknown_call", "there is no decided call with this id")
+
+
+def current_receipts(task_ids: list[str]) -> dict[str, ReceiptRecord]:
+    """The current projection: the latest revision of each task."""
+    latest: dict[str, ReceiptRecord] = {}
+    for record in ReceiptRecord.objects.filter(task_id__in=task_ids).order_by("task_id", "revision"):
+        latest[record.task_id] = record
+    return latest
+
+
+def delivered_fact_ids(owner_id: int, fact_ids: list[str]) -> set[str]:
+    return set(
+        ToldFact.objects.filter(owner_id=owner_id, fact_id__in=fact_ids, acknowledged_at__isnull=False).values_list(
+            "fact_id", flat=True
+        )
+    )
+
+
+def facts_carried(owner_id: int, entry_id: int, fact_ids: list[str]) -> None:
+    """Remember which facts a stored reply carries; they count as told after an ACK."""
+    ToldFact.objects.bulk_create(
+        [ToldFact(owner_id=owner_id, entry_id=entry_id, fact_id=f) for f in fact_ids], ignore_conflicts=True
+    )
+
+
+def acknowledge_entry(entry_id: int) -> int:
+    """A device ACKed the reply ``entry_id``: the facts it carried are now told."""
+    return ToldFact.objects.filter(entry_id=entry_id, acknowledged_at__isnull=True).update(acknowledged_at=timezone.now())
+
+
+def _uuid(value: Any) -> str | None:
+    import uuid
+
+    try:
+        return str(uuid.UUID(str(value)))
+    except ValueError:
+        return None

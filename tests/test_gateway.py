@@ -1,0 +1,287 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.test import Client
+
+from brain.models import Run
+from brain.services import accept_utterance
+from capabilities import services
+from capabilities.models import ReceiptRecord, ToolCall
+from capabilities.services import CallRequest, decide, observe, record_receipt
+from tests.conftest import new_client_id
+from tests.gateway_support import manifest, write_pack
+from yimi_project.errors import YimiError
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def packs_dir(tmp_path: Path, settings: Any) -> Path:
+    directory = tmp_path / "packs"
+    directory.mkdir()
+    write_pack(directory, "demo")
+    write_pack(directory, "ownerly", manifest("ownerly", scopes=["owner"]))
+    settings.YIMI_PACKS_DIR = directory
+    return directory
+
+
+@pytest.fixture
+def run(make_device: Any, packs_dir: Path) -> Run:
+    accepted = accept_utterance(make_device().device, new_client_id(), "please do it")
+    return Run.objects.get(id=accepted.run_id)
+
+
+@pytest.fixture
+def guest_run(make_device: Any, packs_dir: Path) -> Run:
+    accepted = accept_utterance(make_device(guest=True).device, new_client_id(), "hi")
+    return Run.objects.get(id=accepted.run_id)
+
+
+def call(run: Run, tool: str, **args: Any) -> services.Decision:
+    return decide(CallRequest(str(run.id), tool, args))
+
+
+def succeed(decision: services.Decision, result: dict[str, Any] | None = None) -> Any:
+    return record_receipt(decision.call_id, result or {"receipt_schema": 1, "status": "succeeded", "effects": [{"target": "notes", "action": "write", "verification": "verified"}]})
+
+
+# --- binding ----------------------------------------------------------------------------
+
+
+def test_call_without_a_run_is_blocked(packs_dir: Path) -> None:
+    decision = decide(CallRequest("00000000-0000-0000-0000-000000000000", "demo__read", {}))
+    assert (decision.decision, decision.code) == ("block", "no_run")
+    assert ToolCall.objects.count() == 0
+
+
+def test_call_on_an_ended_run_is_blocked(run: Run) -> None:
+    Run.objects.filter(id=run.id).update(state=Run.State.SUCCEEDED)
+    assert call(run, "demo__read").code == "run_ended"
+
+
+# --- trusted fields and owner_requested ----------------------------------------------------
+
+
+def test_trusted_fields_override_model_supplied_ones(run: Run) -> None:
+    decision = call(run, "demo__note", text="hi", run_id="evil-run", idempotency_key="evil-key", call_id="evil")
+    assert decision.decision == "rewrite"
+    stored = ToolCall.objects.get(id=decision.call_id)
+    assert decision.arguments == {"text": "hi", "run_id": str(run.id), "idempotency_key": stored.idempotency_key}
+    assert set(decision.overridden) == {"run_id", "idempotency_key", "call_id"}
+    assert stored.arguments == decision.arguments
+
+
+def test_idempotency_key_is_stable_for_the_same_call(run: Run) -> None:
+    first = call(run, "demo__note", text="same")
+    second = call(run, "demo__note", text="same")
+    other = call(run, "demo__note", text="different")
+    assert first.arguments["idempotency_key"] == second.arguments["idempotency_key"] != other.arguments["idempotency_key"]
+
+
+def test_owner_requested_is_read_and_stripped_before_execution(run: Run) -> None:
+    decision = call(run, "demo__read", key="k", owner_requested=True)
+    assert decision.decision == "rewrite" and "owner_requested" not in decision.arguments
+    assert ToolCall.objects.get(id=decision.call_id).owner_requested is True
+    plain = call(run, "demo__read", key="k")
+    assert plain.decision == "allow" and plain.arguments == {"key": "k"}
+    assert ToolCall.objects.get(id=plain.call_id).owner_requested is False
+
+
+# --- scope ----------------------------------------------------------------------------------
+
+
+def test_tool_not_listed_for_the_runs_scope_is_blocked(guest_run: Run) -> None:
+    assert call(guest_run, "ownerly__read").code == "scope"
+    assert call(guest_run, "demo__read").decision == "allow"
+
+
+def test_unknown_tool_is_blocked(run: Run) -> None:
+    assert call(run, "demo__teleport").code == "unknown_tool"
+    assert call(run, "nopack__read").code == "unknown_tool"
+
+
+def test_scope_is_checked_before_category(guest_run: Run) -> None:
+    # An unresolvable category on an out-of-scope tool reports the scope.
+    assert call(guest_run, "ownerly__act").code == "scope"
+
+
+# --- duplicates and unknowns -----------------------------------------------------------------
+
+
+def test_repeating_a_succeeded_call_with_retry_forbidden_is_blocked(run: Run) -> None:
+    succeed(call(run, "demo__note", text="send once"))
+    again = call(run, "demo__note", text="send once")
+    assert (again.decision, again.code) == ("block", "already_succeeded")
+    assert "already succeeded" in again.reason
+    assert call(run, "demo__note", text="something else").decision == "rewrite"
+
+
+def test_repeating_a_call_whose_retry_is_allowed_goes_ahead(run: Run) -> None:
+    first = call(run, "demo__read", key="x")
+    record_receipt(first.call_id, {"receipt_schema": 1, "status": "succeeded"})
+    assert call(run, "demo__read", key="x").decision == "allow"
+
+
+def test_unknown_result_blocks_a_retry_until_the_check_tool_ran(run: Run) -> None:
+    first = call(run, "demo__note", text="maybe")
+    record_receipt(first.call_id, {"receipt_schema": 1, "status": "failed", "error": {"code": "TIMEOUT"}})
+    blocked = call(run, "demo__note", text="maybe")
+    assert (blocked.decision, blocked.code) == ("block", "check_first") and "demo__read" in blocked.reason
+    check = call(run, "demo__read")
+    record_receipt(check.call_id, {"receipt_schema": 1, "status": "succeeded"})
+    assert call(run, "demo__note", text="maybe").decision == "rewrite"
+
+
+# --- category and gate -------------------------------------------------------------------------
+
+
+def test_unresolvable_category_is_blocked_with_no_default(run: Run) -> None:
+    assert call(run, "demo__act").code == "category_unresolved"
+    assert call(run, "demo__act", action="dance").code == "category_unresolved"
+    assert call(run, "demo__act", action=["look"]).code == "category_unresolved"
+
+
+def test_observe_and_workspace_are_allowed(run: Run) -> None:
+    assert call(run, "demo__act", action="look").decision == "allow"
+    assert call(run, "demo__note", text="n").decision == "rewrite"  # allowed, with trusted fields
+
+
+@pytest.mark.parametrize(
+    "action, code",
+    [("post", "consent_authority_missing"), ("save", "consent_authority_missing"), ("pay", "payments_authority_missing"), ("fix", "releases_authority_missing")],
+)
+def test_categories_needing_an_authority_are_blocked_naming_it(run: Run, action: str, code: str) -> None:
+    decision = call(run, "demo__act", action=action)
+    assert (decision.decision, decision.code) == ("block", code)
+    assert decision.arguments is None
+
+
+def test_a_block_writes_a_rejected_receipt_from_the_gateway(run: Run) -> None:
+    decision = call(run, "demo__act", action="post")
+    record = ReceiptRecord.objects.get(call_id=decision.call_id)
+    assert record.status == "rejected" and record.written_by_gateway
+    with pytest.raises(YimiError) as err:
+        record_receipt(decision.call_id, {"receipt_schema": 1, "status": "succeeded"})
+    assert err.value.code == "call_not_executed"
+
+
+# --- receipts: invariants, idempotency, revisions --------------------------------------------------
+
+
+def test_success_with_unverified_effects_is_downgraded(run: Run) -> None:
+    effects = [
+        {"target": "a", "action": "write", "verification": "verified"},
+        {"target": "b", "action": "write", "verification": "not_verified"},
+    ]
+    partial = record_receipt(call(run, "demo__note", text="1").call_id, {"receipt_schema": 1, "status": "succeeded", "effects": effects})
+    assert partial.record.status == "partial" and partial.record.contradictions
+    none = record_receipt(call(run, "demo__note", text="2").call_id, {"receipt_schema": 1, "status": "succeeded", "effects": effects[1:]})
+    assert none.record.status == "unknown"
+    no_effect = record_receipt(call(run, "demo__note", text="3").call_id, {"receipt_schema": 1, "status": "succeeded"})
+    assert no_effect.record.status == "unknown"
+    assert all(e["category"] == "workspace" for e in partial.record.receipt["effects"])
+
+
+@pytest.mark.parametrize("code", ["TIMEOUT", "upstream_timeout", "DISCONNECTED"])
+def test_timeouts_and_disconnects_are_unknown_and_need_a_check(run: Run, code: str) -> None:
+    out = record_receipt(call(run, "demo__note", text=code).call_id, {"receipt_schema": 1, "status": "failed", "error": {"code": code}})
+    assert out.record.status == "unknown"
+    assert out.record.receipt["next"] == {"retry": "after_check", "check_with": "read"}
+
+
+def test_a_number_without_unit_is_a_contract_violation(run: Run) -> None:
+    result = {"receipt_schema": 1, "status": "succeeded", "values": [{"name": "count", "value": 3, "source": "x"}, {"name": "label", "value": "ok", "source": "x"}]}
+    out = record_receipt(call(run, "demo__read", key="1").call_id, result)
+    assert out.record.violations == ["value_without_unit: count"]
+    assert [v["name"] for v in out.record.receipt["values"]] == ["label"]
+
+
+def test_a_pack_may_not_write_rejected(run: Run) -> None:
+    out = record_receipt(call(run, "demo__read", key="2").call_id, {"receipt_schema": 1, "status": "rejected"})
+    assert out.record.status == "unknown" and out.record.violations[0].startswith("pack_wrote_rejected")
+
+
+@pytest.mark.parametrize("result", [None, "done!", {"status": "succeeded"}, {"receipt_schema": 1, "status": "great"}, {"receipt_schema": 1, "status": "succeeded", "diff": []}])
+def test_anything_that_is_not_a_valid_receipt_is_unknown(run: Run, result: Any) -> None:
+    out = record_receipt(call(run, "demo__read", key=json.dumps(result)).call_id, result)
+    assert out.record.status == "unknown" and out.record.violations[0].startswith("invalid_receipt")
+
+
+def test_lost_result_is_unknown(run: Run) -> None:
+    out = record_receipt(call(run, "demo__note", text="lost").call_id, None, transport_error="DISCONNECTED: host died")
+    assert out.record.status == "unknown"
+
+
+def test_replayed_receipt_returns_the_stored_record(run: Run) -> None:
+    decision = call(run, "demo__read", key="r")
+    first = record_receipt(decision.call_id, {"receipt_schema": 1, "status": "succeeded"})
+    again = record_receipt(decision.call_id, {"receipt_schema": 1, "status": "succeeded"})
+    assert again.replayed and again.record.pk == first.record.pk and ReceiptRecord.objects.count() == 1
+
+
+def test_replay_with_different_content_is_a_conflict(run: Run) -> None:
+    decision = call(run, "demo__read", key="c")
+    record_receipt(decision.call_id, {"receipt_schema": 1, "status": "succeeded"})
+    with pytest.raises(YimiError) as err:
+        record_receipt(decision.call_id, {"receipt_schema": 1, "status": "failed"})
+    assert err.value.code == "conflict"
+    assert ReceiptRecord.objects.get().status == "succeeded"
+
+
+def test_long_task_revisions_strictly_increase_and_history_is_kept(run: Run) -> None:
+    def report(revision: int, status: str) -> Any:
+        d = call(run, "demo__read", key=f"poll-{revision}-{status}")
+        return record_receipt(d.call_id, {"receipt_schema": 1, "status": status, "task_id": "phone-task-1", "revision": revision})
+
+    report(1, "running")
+    report(2, "running")
+    report(3, "succeeded")
+    with pytest.raises(YimiError) as err:
+        report(2, "failed")
+    assert err.value.code == "stale_revision"
+    current = services.current_receipts(["phone-task-1"])["phone-task-1"]
+    assert (current.revision, current.status) == (3, "succeeded")
+    assert list(ReceiptRecord.objects.filter(task_id="phone-task-1").order_by("revision").values_list("status", flat=True)) == ["running", "running", "succeeded"]
+
+
+def test_observe_records_duration_and_error_only(run: Run) -> None:
+    decision = call(run, "demo__read", key="o")
+    out = record_receipt(decision.call_id, {"receipt_schema": 1, "status": "succeeded"})
+    observe(decision.call_id, duration_ms=37, error="slow disk")
+    stored = ToolCall.objects.get(id=decision.call_id)
+    assert (stored.duration_ms, stored.observed_error) == (37, "slow disk")
+    assert ReceiptRecord.objects.get(pk=out.record.pk).receipt == out.record.receipt
+    with pytest.raises(YimiError):
+        observe(decision.call_id, duration_ms=-1)
+
+
+# --- loopback HTTP ------------------------------------------------------------------------------
+
+
+def post(path: str, body: dict[str, Any], *, token: str | None, ip: str = "127.0.0.1") -> Any:
+    headers = {"HTTP_X_YIMI_INTERNAL_TOKEN": token} if token is not None else {}
+    return Client(REMOTE_ADDR=ip).post(path, body, content_type="application/json", **headers)
+
+
+def test_gateway_over_loopback_http(run: Run, settings: Any) -> None:
+    token = settings.INTERNAL_TOKEN
+    decided = post("/internal/gateway/decide/", {"run_id": str(run.id), "tool": "demo__read", "arguments": {"key": "h"}}, token=token)
+    assert decided.status_code == 200 and decided.json()["decision"] == "allow"
+    call_id = decided.json()["call_id"]
+    stored = post("/internal/gateway/receipt/", {"call_id": call_id, "result": {"receipt_schema": 1, "status": "succeeded"}}, token=token)
+    assert stored.json()["status"] == "succeeded" and stored.json()["replayed"] is False
+    assert post("/internal/gateway/observe/", {"call_id": call_id, "duration_ms": 5}, token=token).json() == {"ok": True}
+    conflict = post("/internal/gateway/receipt/", {"call_id": call_id, "result": {"receipt_schema": 1, "status": "failed"}}, token=token)
+    assert conflict.status_code == 400 and conflict.json()["error"]["code"] == "conflict"
+
+
+def test_gateway_http_refuses_other_addresses_and_missing_tokens(run: Run, settings: Any) -> None:
+    body = {"run_id": str(run.id), "tool": "demo__read", "arguments": {}}
+    assert post("/internal/gateway/decide/", body, token=settings.INTERNAL_TOKEN, ip="192.0.2.7").status_code == 403
+    assert post("/internal/gateway/decide/", body, token=None).status_code == 403
+    assert post("/internal/gateway/decide/", body, token="wrong").status_code == 403
+    assert ToolCall.objects.count() == 0
