@@ -1,15 +1,18 @@
 """A streaming client for any OpenAI-compatible Chat Completions endpoint.
 
-``stream_chat`` yields the text deltas of one completion as they arrive (SSE,
-``stream: true``). Every way the call can go wrong ends in ``BrainError`` with a stable
-code; the caller turns it into an honest notice and never into a made-up reply.
+``complete`` sends one request with ``stream: true`` and returns the whole answer: its
+text (each delta also handed to ``on_text`` as it arrives) and any tool calls, whose
+streamed fragments are put back together by index. Every way the call can go wrong ends
+in ``BrainError`` with a stable code; callers turn it into an honest notice and never
+into a made-up reply.
 """
 
 from __future__ import annotations
 
 import json
 import ssl
-from collections.abc import AsyncIterator
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
@@ -24,17 +27,46 @@ class BrainError(Exception):
         self.detail = detail
 
 
+@dataclass
+class ToolCallRequest:
+    id: str
+    name: str
+    arguments: str  # JSON text, as the model wrote it (may be invalid)
+
+    def message(self) -> dict[str, Any]:
+        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+
+
+@dataclass
+class Completion:
+    text: str = ""
+    tool_calls: list[ToolCallRequest] = field(default_factory=list)
+
+    def assistant_message(self) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": self.text or None}
+        if self.tool_calls:
+            message["tool_calls"] = [c.message() for c in self.tool_calls]
+        return message
+
+
 @lru_cache(maxsize=1)
 def _tls_context() -> ssl.SSLContext:
     # Loading the trust store costs ~17 ms; do it once per process, not per request.
     return ssl.create_default_context()
 
 
-async def stream_chat(messages: list[dict[str, Any]]) -> AsyncIterator[str]:
+async def complete(
+    messages: list[dict[str, Any]],
+    *,
+    tools: list[dict[str, Any]] | None = None,
+    on_text: Callable[[str], Awaitable[None]] | None = None,
+) -> Completion:
     headers = {"Content-Type": "application/json"}
     if settings.BRAIN_API_KEY:
         headers["Authorization"] = f"Bearer {settings.BRAIN_API_KEY}"
-    body = {"model": settings.BRAIN_MODEL, "messages": messages, "stream": True}
+    body: dict[str, Any] = {"model": settings.BRAIN_MODEL, "messages": messages, "stream": True}
+    if tools:
+        body["tools"] = tools
     timeout = httpx.Timeout(settings.BRAIN_TIMEOUT_SECONDS, connect=settings.BRAIN_CONNECT_TIMEOUT_SECONDS)
     url = settings.BRAIN_BASE_URL.rstrip("/") + "/chat/completions"
     try:
@@ -42,15 +74,16 @@ async def stream_chat(messages: list[dict[str, Any]]) -> AsyncIterator[str]:
             async with client.stream("POST", url, json=body, headers=headers) as response:
                 if response.status_code != 200:
                     raise BrainError("brain_error", f"the brain answered HTTP {response.status_code}")
-                async for delta in _deltas(response):
-                    yield delta
+                return await _read_stream(response, on_text)
     except httpx.TimeoutException:
         raise BrainError("brain_timeout", "the brain did not answer in time") from None
     except httpx.TransportError as exc:
         raise BrainError("brain_unreachable", f"the brain could not be reached ({type(exc).__name__})") from None
 
 
-async def _deltas(response: httpx.Response) -> AsyncIterator[str]:
+async def _read_stream(response: httpx.Response, on_text: Callable[[str], Awaitable[None]] | None) -> Completion:
+    parts: list[str] = []
+    calls: dict[int, dict[str, str]] = {}
     finished = False
     async for line in response.aiter_lines():
         if not line.startswith("data:"):
@@ -62,12 +95,26 @@ async def _deltas(response: httpx.Response) -> AsyncIterator[str]:
         try:
             event = json.loads(data)
             choice = event["choices"][0]
-        except (ValueError, KeyError, IndexError, TypeError):
+            delta = choice.get("delta") or {}
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError):
             raise BrainError("brain_bad_response", "the brain sent a malformed stream event") from None
-        content = (choice.get("delta") or {}).get("content")
+        content = delta.get("content")
         if content:
-            yield content
+            parts.append(content)
+            if on_text is not None:
+                await on_text(content)
+        for fragment in delta.get("tool_calls") or []:
+            slot = calls.setdefault(int(fragment.get("index", 0)), {"id": "", "name": "", "arguments": ""})
+            function = fragment.get("function") or {}
+            slot["id"] = fragment.get("id") or slot["id"]
+            slot["name"] += function.get("name") or ""
+            slot["arguments"] += function.get("arguments") or ""
         if choice.get("finish_reason"):
             finished = True
     if not finished:
         raise BrainError("brain_bad_response", "the brain's stream ended before the answer was complete")
+    tool_calls = [
+        ToolCallRequest(slot["id"] or f"call_{index}", slot["name"], slot["arguments"] or "{}")
+        for index, slot in sorted(calls.items())
+    ]
+    return Completion("".join(parts), tool_calls)

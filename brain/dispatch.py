@@ -31,6 +31,18 @@ async def dispatch_run(run_id: Any) -> None:
     _keep(asyncio.ensure_future(execute_run(run_id)))
 
 
+async def dispatch_task(task_id: Any) -> None:
+    """Start a sub-agent task: on a Celery worker, or on this event loop."""
+    if uses_broker():
+        from brain.tasks import execute_agent_task_task
+
+        await sync_to_async(execute_agent_task_task.delay, thread_sensitive=False)(str(task_id))
+        return
+    from brain.agent_loop import execute_agent_task
+
+    _keep(asyncio.ensure_future(execute_agent_task(task_id)))
+
+
 def _keep(task: asyncio.Task) -> None:
     _tasks.add(task)
     task.add_done_callback(_tasks.discard)

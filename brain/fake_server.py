@@ -11,6 +11,13 @@ A script is a JSON list of rules, tried in order against the last user message:
 
 A rule without ``match`` matches everything. With no matching rule the demo reply is
 used. ``{text}`` in a reply is replaced by the user's message.
+
+Rules can script an agent loop: ``tool_calls`` ([{"name", "arguments"}]) are returned
+as streamed tool-call fragments; ``when`` says which message the rule looks at —
+``"user"`` (default: the last message is the user's), ``"tool"`` (the last message is a
+tool result; ``match`` is tried on its content) or ``"any"``; ``requires_tool`` /
+``forbids_tool`` make a rule apply only when the request offers (or does not offer) a
+tool of that name, which tells a main agent from a sub-agent.
 """
 
 from __future__ import annotations
@@ -37,8 +44,25 @@ class Rule:
     delay_ms: int = 0
     hang_seconds: float = 0.0
     truncate: bool = False
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    when: str = "user"
+    requires_tool: str | None = None
+    forbids_tool: str | None = None
 
-    def matches(self, text: str) -> bool:
+    def applies(self, body: dict[str, Any]) -> bool:
+        messages = body.get("messages") or []
+        offered = {t.get("function", {}).get("name") for t in body.get("tools") or []}
+        if self.requires_tool and self.requires_tool not in offered:
+            return False
+        if self.forbids_tool and self.forbids_tool in offered:
+            return False
+        last = messages[-1] if messages else {}
+        if self.when == "any":
+            text = _last_user_text(messages)
+        elif last.get("role") == self.when:
+            text = last.get("content") if isinstance(last.get("content"), str) else ""
+        else:
+            return False
         return self.match is None or re.search(self.match, text, re.I) is not None
 
 
@@ -54,8 +78,8 @@ class Script:
         raw = json.loads(Path(path).read_text(encoding="utf-8"))
         return cls(rules=[Rule(**r) for r in raw])
 
-    def rule_for(self, text: str) -> Rule:
-        return next((r for r in self.rules if r.matches(text)), Rule())
+    def rule_for(self, body: dict[str, Any]) -> Rule:
+        return next((r for r in self.rules if r.applies(body)), Rule(when="any"))
 
 
 def _last_user_text(messages: list[dict[str, Any]]) -> str:
@@ -91,7 +115,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         self.server.script.requests.append(body)
         text = _last_user_text(messages)
-        rule = self.server.script.rule_for(text)
+        rule = self.server.script.rule_for(body)
         if rule.hang_seconds:
             time.sleep(rule.hang_seconds)
         if rule.status != 200:
@@ -101,7 +125,7 @@ class _Handler(BaseHTTPRequestHandler):
         if body.get("stream"):
             self._stream(reply, rule)
         else:
-            self._json(200, _completion(reply))
+            self._json(200, _completion(reply, rule.tool_calls))
 
     def _stream(self, reply: str, rule: Rule) -> None:
         self.send_response(200)
@@ -115,8 +139,16 @@ class _Handler(BaseHTTPRequestHandler):
             self._event({"id": ident, "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": piece}, "finish_reason": None}]})
             if rule.delay_ms:
                 time.sleep(rule.delay_ms / 1000)
+        for index, call in enumerate(rule.tool_calls):
+            arguments = json.dumps(call.get("arguments", {}), ensure_ascii=False)
+            head = {"index": index, "id": f"call_{uuid.uuid4().hex[:8]}", "type": "function", "function": {"name": call["name"], "arguments": ""}}
+            self._event({"id": ident, "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"tool_calls": [head]}, "finish_reason": None}]})
+            for i in range(0, len(arguments), 16):  # arguments arrive in fragments, as from real servers
+                piece = {"index": index, "function": {"arguments": arguments[i : i + 16]}}
+                self._event({"id": ident, "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"tool_calls": [piece]}, "finish_reason": None}]})
         if not rule.truncate:
-            self._event({"id": ident, "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+            reason = "tool_calls" if rule.tool_calls else "stop"
+            self._event({"id": ident, "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {}, "finish_reason": reason}]})
             self.wfile.write(b"data: [DONE]\n\n")
         self.wfile.flush()
         self.close_connection = True
@@ -134,12 +166,19 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
 
-def _completion(reply: str) -> dict[str, Any]:
+def _completion(reply: str, tool_calls: list[dict[str, Any]]) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": reply}
+    if tool_calls:
+        message["tool_calls"] = [
+            {"id": f"call_{uuid.uuid4().hex[:8]}", "type": "function",
+             "function": {"name": c["name"], "arguments": json.dumps(c.get("arguments", {}), ensure_ascii=False)}}
+            for c in tool_calls
+        ]
     return {
         "id": f"chatcmpl-{uuid.uuid4().hex[:12]}",
         "object": "chat.completion",
         "model": "yimi-demo",
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": reply}, "finish_reason": "stop"}],
+        "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls" if tool_calls else "stop"}],
     }
 
 

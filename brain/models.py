@@ -37,9 +37,44 @@ class Run(models.Model):
         "memory.TimelineEntry", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
     error_code = models.CharField(max_length=32, blank=True)
+    # One tool-call budget for the whole delegation tree, counted by conditional UPDATE.
+    tool_calls_used = models.PositiveIntegerField(default=0)
 
     def __str__(self) -> str:
         return f"run {self.id} ({self.state})"
+
+
+class AgentTask(models.Model):
+    """A sub-agent's work, delegated from a run's main agent (depth 1) or from another
+    sub-agent (depth 2). States move forward only: queued → running → succeeded | failed.
+    """
+
+    class State(models.TextChoices):
+        QUEUED = "queued"
+        RUNNING = "running"
+        SUCCEEDED = "succeeded"
+        FAILED = "failed"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="agent_tasks")
+    parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.CASCADE, related_name="children")
+    depth = models.PositiveSmallIntegerField(default=1)
+    goal = models.TextField()
+    state = models.CharField(max_length=16, choices=State.choices, default=State.QUEUED, db_index=True)
+    result = models.TextField(blank=True)
+    error_code = models.CharField(max_length=32, blank=True)
+    # Owner additions waiting for the next tool-result boundary.
+    steer_pending = models.JSONField(default=list, blank=True)
+    steer_delivered = models.JSONField(default=list, blank=True)
+    attempts = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    # The follow-up turn that told the owner the result (at most one).
+    reported_entry = models.ForeignKey("memory.TimelineEntry", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+
+    def __str__(self) -> str:
+        return f"agent task {self.id} ({self.state})"
 
 
 from brain.reminders import Reminder  # noqa: E402,F401  (registered with the brain app)

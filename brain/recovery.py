@@ -6,7 +6,8 @@ from __future__ import annotations
 from channels.db import database_sync_to_async
 
 from brain import services
-from brain.dispatch import dispatch_run
+from brain.agents import tasks_to_recover
+from brain.dispatch import dispatch_run, dispatch_task
 from brain.runner import _announce
 from yimi_project.logs import log_event
 
@@ -21,6 +22,8 @@ async def recover_runs() -> tuple[int, int]:
             await _announce(*outcome)
     for run_id in again:
         await dispatch_run(run_id)
+    for task_id in await database_sync_to_async(tasks_to_recover)():
+        await dispatch_task(task_id)
     if again or expired:
         log_event("runs_recovered", recovered=len(again), expired=expired)
     return len(again), expired

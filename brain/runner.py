@@ -5,10 +5,11 @@ embedded default without a broker, on the web server's own event loop.
 
 Steps: 1. claim the run (compare-and-set; a run someone else holds is left alone);
 2. a run whose utterance is older than 3 minutes is expired with a notice, never
-answered late; 3. stream the completion, forwarding each delta to the origin device
-as a ``reply.chunk`` while a heartbeat task keeps the claim alive; 4. store the
-whole reply in the timeline and send ``reply.done`` with its sequence number, and
-tell the owner's other devices there is something new to sync. Any failure of the
+answered late; 3. the main agent's turn (``agent_loop.main_turn``): its text streams
+to the origin device as ``reply.chunk`` frames while a heartbeat task keeps the claim
+alive, and any delegation creates sub-agent tasks; 4. store the whole reply in the
+timeline, send ``reply.done`` with its sequence number, tell the owner's other devices
+there is something new to sync, then start the delegated tasks. Any failure of the
 model call ends in an honest ``notice`` entry instead of a reply.
 """
 
@@ -22,8 +23,10 @@ from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 
 from brain import services
-from brain.client import BrainError, stream_chat
+from brain.agent_loop import main_turn
+from brain.client import BrainError
 from brain.models import Run
+from brain.dispatch import dispatch_task
 from brain.prompts import build_messages
 from devices.services import device_group, owner_group
 from memory.models import TimelineEntry
@@ -47,27 +50,24 @@ async def execute_run(run_id: Any) -> str:
     messages = build_messages(run.scope, run.inbound.text, history)
     beat = asyncio.ensure_future(_heartbeat(run))
     layer = get_channel_layer()
-    parts: list[str] = []
+    sent = 0
+    delegated: list = []
+
+    async def forward(delta: str) -> None:
+        nonlocal sent
+        await layer.group_send(
+            device_group(run.origin_device_id),
+            {"type": "reply.chunk", "run_id": str(run.id), "reply_to_seq": run.inbound.seq, "index": sent, "text": delta},
+        )
+        sent += 1
+
     try:
-        async for delta in stream_chat(messages):
-            parts.append(delta)
-            await layer.group_send(
-                device_group(run.origin_device_id),
-                {
-                    "type": "reply.chunk",
-                    "run_id": str(run.id),
-                    "reply_to_seq": run.inbound.seq,
-                    "index": len(parts) - 1,
-                    "text": delta,
-                },
-            )
-        if not "".join(parts).strip():
-            raise BrainError("brain_bad_response", "the brain's answer was empty")
+        text, delegated = await main_turn(run, messages, forward)
     except BrainError as exc:
         state, kind, text, code = Run.State.FAILED, TimelineEntry.Kind.NOTICE, services.NOTICE_TEXT[exc.code], exc.code
         log_event("run_failed", run_id=str(run.id), error_code=exc.code, detail=exc.detail)
     else:
-        state, kind, text, code = Run.State.SUCCEEDED, TimelineEntry.Kind.REPLY, "".join(parts), ""
+        state, kind, code = Run.State.SUCCEEDED, TimelineEntry.Kind.REPLY, ""
     finally:
         beat.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -77,6 +77,8 @@ async def execute_run(run_id: Any) -> str:
         log_event("run_lost_claim", run_id=str(run.id))
         return "skipped"
     await _announce(run, entry)
+    for task in delegated:  # after the reply is stored, so the report comes after it
+        await dispatch_task(task.id)
     return state
 
 

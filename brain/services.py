@@ -97,12 +97,10 @@ def run_binding(run_id: Any) -> RunBinding | None:
     run = Run.objects.filter(id=key).first()
     if run is None:
         return None
+    from brain.agents import run_has_active_agents
+
     active = run.state in (Run.State.QUEUED, Run.State.RUNNING) or run_has_active_agents(run.id)
     return RunBinding(run.id, run.owner_id, run.admission_id, run.scope, active)
-
-
-def run_has_active_agents(run_id: Any) -> bool:
-    return False
 
 
 def claim_run(run_id: Any) -> Run | None:
@@ -212,3 +210,28 @@ def runs_to_recover() -> tuple[list[Any], list[Any]]:
     for run_id, created in pending:
         (expire if created < too_old else again).append(run_id)
     return again, expire
+
+
+def store_followup(task: Any, text: str) -> TimelineEntry | None:
+    """Store the reply that reports a finished task, at most once per task.
+
+    Steps: 1. append the reply to the timeline (a reply to the run's utterance, for the
+    device that spoke); 2. claim the task's ``reported_entry`` with a conditional UPDATE;
+    losing that race rolls the entry back, so a second report never exists.
+    """
+    from brain.agents import mark_reported
+
+    run = task.run
+    with transaction.atomic():
+        entry = timeline.append_entry(
+            owner_id=run.owner_id,
+            kind=TimelineEntry.Kind.REPLY,
+            text=text,
+            device_id=run.origin_device_id,
+            scope=run.scope,
+            reply_to=run.inbound,
+        )
+        if not mark_reported(task.id, entry.id):
+            transaction.set_rollback(True)
+            return None
+    return entry

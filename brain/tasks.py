@@ -12,6 +12,13 @@ def execute_run_task(run_id: str) -> str:
     return asyncio.run(execute_run(run_id))
 
 
+@shared_task(name="brain.tasks.execute_agent_task", acks_late=True)
+def execute_agent_task_task(task_id: str) -> str:
+    from brain.agent_loop import execute_agent_task
+
+    return asyncio.run(execute_agent_task(task_id))
+
+
 @shared_task(name="brain.tasks.sweep_runs")
 def sweep_runs() -> tuple[int, int]:
     from brain.recovery import recover_runs

@@ -204,6 +204,10 @@ class DeviceConsumer(AsyncWebsocketConsumer):
     async def notice(self, event: dict[str, Any]) -> None:
         await self._send(dict(event))
 
+    async def activity(self, event: dict[str, Any]) -> None:
+        if self.device is not None and not self.device.is_guest:
+            await self._send(dict(event))
+
     async def timeline_new(self, event: dict[str, Any]) -> None:
         if self.device is not None and not self.device.is_guest:
             await self._send(dict(event))

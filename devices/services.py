@@ -255,4 +255,8 @@ def record_delivery(device: Device, seq: Any, status: Any) -> Delivery:
     if entry is None:
         raise YimiError("unknown_entry", f"there is no timeline entry {seq}")
     delivery, _ = Delivery.objects.get_or_create(entry=entry, device=device, status=status)
+    # The facts this reply carried are now told (capabilities owns that ledger).
+    from capabilities.services import acknowledge_entry
+
+    acknowledge_entry(entry.id)
     return delivery

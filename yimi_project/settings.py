@@ -189,3 +189,16 @@ YIMI_WORKSPACE_DIR = Path(env.str("YIMI_WORKSPACE_DIR", default=str(DATA_DIR / "
 YIMI_MAIL_DIR = Path(env.str("YIMI_MAIL_DIR", default=str(DATA_DIR / "mail")))
 # Where packs reach the platform's loopback internal API (daphne's address).
 YIMI_PLATFORM_URL = env.str("YIMI_PLATFORM_URL", default="http://127.0.0.1:8000")
+YIMI_PACKS_FAKE = env.bool("YIMI_PACKS_FAKE", default=False)  # serve packs' fakes (staging)
+# The gateway's three interfaces: in-process by default, or over loopback HTTP at this URL
+# (e.g. http://127.0.0.1:8000/internal/gateway). decide answers within 3 s or the call
+# is not executed.
+YIMI_GATEWAY_URL = env.str("YIMI_GATEWAY_URL", default="")
+GATEWAY_DECIDE_TIMEOUT_SECONDS = 3.0
+PACK_CALL_TIMEOUT_SECONDS = env.float("YIMI_PACK_CALL_TIMEOUT_SECONDS", default=120.0)
+
+# --- the agent loop -------------------------------------------------------------------------
+RUN_TOOL_CALL_BUDGET = 120  # the whole delegation tree, failed validations included
+RUN_MILESTONE_EVERY = 20
+MAX_ACTIVE_SUBAGENTS = 3
+MAX_DELEGATION_DEPTH = 2

@@ -1,0 +1,217 @@
+"""The platform side of pack hosts: MCP clients over stdio, started lazily, reclaimed idle.
+
+Small packs (``runtime.host: shared``) share one host process, ``dedicated`` packs get
+their own. A host starts on first use (listing or calling its tools) and is stopped once
+it has been idle for its packs' ``idle_timeout_seconds`` (default 900). When a host sends
+``notifications/tools/list_changed`` its tool list is read again and ``on_tools_changed``
+is called, so runs see the new list without a restart.
+
+All of this lives on one event loop per process (``runtime.py``): MCP sessions are bound
+to the loop that opened them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import mcp_types as types
+from mcp import ClientSession, StdioServerParameters, stdio_client
+
+from capabilities.manifest import Pack, PackSet, load_packs
+from yimi_project.logs import log_event
+
+REPO_ROOT = Path(__file__).resolve().parent.parent.parent
+
+
+@dataclass
+class ToolResult:
+    structured: Any
+    is_error: bool
+    text: str
+    transport_error: str | None = None
+
+
+class HostProcess:
+    """One host process and its MCP session, owned by a single task."""
+
+    def __init__(self, key: str, params: StdioServerParameters, idle_timeout: float, on_changed: Callable[[str], None]) -> None:
+        self.key, self.params, self.idle_timeout = key, params, idle_timeout
+        self.session: ClientSession | None = None
+        self.tools: dict[str, types.Tool] = {}
+        self.last_used = time.monotonic()
+        self.error: BaseException | None = None
+        self._on_changed = on_changed
+        self._ready = asyncio.Event()
+        self._stop = asyncio.Event()
+        self._task: asyncio.Task | None = None
+
+    async def start(self, timeout: float = 20.0) -> None:
+        self._task = asyncio.ensure_future(self._serve())
+        await asyncio.wait_for(self._ready.wait(), timeout)
+        if self.session is None:
+            raise RuntimeError(f"pack host {self.key} did not start: {self.error!r}")
+        log_event("pack_host_started", host=self.key, tools=len(self.tools))
+
+    @property
+    def alive(self) -> bool:
+        return self.session is not None and self._task is not None and not self._task.done()
+
+    async def _serve(self) -> None:
+        try:
+            async with stdio_client(self.params) as (read, write):
+                async with ClientSession(read, write, message_handler=self._on_message) as session:
+                    await session.initialize()
+                    self.session = session
+                    await self.refresh_tools()
+                    self._ready.set()
+                    await self._stop.wait()
+        except BaseException as exc:  # noqa: BLE001 - recorded; callers see a dead host
+            self.error = exc
+        finally:
+            self.session = None
+            self._ready.set()
+
+    async def _on_message(self, message: Any) -> None:
+        if isinstance(message, types.ToolListChangedNotification):
+            # Not awaited here: this handler runs inside the session's receive loop.
+            asyncio.ensure_future(self._tools_changed())
+
+    async def _tools_changed(self) -> None:
+        await self.refresh_tools()
+        log_event("pack_tools_changed", host=self.key, tools=len(self.tools))
+        self._on_changed(self.key)
+
+    async def refresh_tools(self) -> None:
+        if self.session is not None:
+            listed = await self.session.list_tools()
+            self.tools = {t.name: t for t in listed.tools}
+
+    async def call(self, name: str, arguments: dict[str, Any], timeout: float) -> ToolResult:
+        self.last_used = time.monotonic()
+        if self.session is None:
+            return ToolResult(None, True, "", transport_error="DISCONNECTED: the pack host is not running")
+        try:
+            result = await asyncio.wait_for(self.session.call_tool(name, arguments), timeout)
+        except asyncio.TimeoutError:
+            return ToolResult(None, True, "", transport_error=f"TIMEOUT: no result within {timeout:g} s")
+        except Exception as exc:  # noqa: BLE001 - the host died or the session broke
+            return ToolResult(None, True, "", transport_error=f"DISCONNECTED: {type(exc).__name__}")
+        finally:
+            self.last_used = time.monotonic()
+        text = " ".join(c.text for c in result.content if isinstance(c, types.TextContent))
+        return ToolResult(result.structured_content, bool(result.is_error), text)
+
+    async def stop(self) -> None:
+        self._stop.set()
+        if self._task is not None:
+            await asyncio.gather(self._task, return_exceptions=True)
+        log_event("pack_host_stopped", host=self.key)
+
+
+class HostManager:
+    def __init__(
+        self,
+        packs_dir: Path,
+        *,
+        env: dict[str, str] | None = None,
+        fake: bool = False,
+        watch_interval: float = 1.0,
+        on_tools_changed: Callable[[str], None] | None = None,
+    ) -> None:
+        self.packs_dir = Path(packs_dir)
+        self.env = env or {}
+        self.fake = fake
+        self.watch_interval = watch_interval
+        self.hosts: dict[str, HostProcess] = {}
+        self.tools_version = 0
+        self._on_tools_changed = on_tools_changed
+        self._lock = asyncio.Lock()
+
+    def packs(self) -> PackSet:
+        return load_packs(self.packs_dir)
+
+    @staticmethod
+    def host_key(pack: Pack) -> str:
+        return "shared" if pack.host == "shared" else pack.name
+
+    def _params(self, key: str) -> StdioServerParameters:
+        args = ["-m", "capabilities.mcp_host.host", "--packs-dir", str(self.packs_dir), "--select", key,
+                "--watch-interval", str(self.watch_interval)]
+        if self.fake:
+            args.append("--fake")
+        env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL", "HOME", "TZ")}
+        env.update(self.env)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), self.env.get("PYTHONPATH", "")]))
+        return StdioServerParameters(command=sys.executable, args=args, env=env, cwd=str(REPO_ROOT))
+
+    def _idle_timeout(self, key: str) -> float:
+        packs = [p for p in self.packs().packs.values() if self.host_key(p) == key]
+        return float(max((p.idle_timeout_seconds for p in packs), default=900))
+
+    def _changed(self, key: str) -> None:
+        self.tools_version += 1
+        if self._on_tools_changed is not None:
+            self._on_tools_changed(key)
+
+    async def host(self, key: str) -> HostProcess:
+        """The running host for ``key``, started now if it is not (lazy start)."""
+        async with self._lock:
+            current = self.hosts.get(key)
+            if current is not None and current.alive:
+                return current
+            process = HostProcess(key, self._params(key), self._idle_timeout(key), self._changed)
+            await process.start()
+            self.hosts[key] = process
+            return process
+
+    async def list_tools(self, pack_names: list[str]) -> dict[str, types.Tool]:
+        """The MCP tool definitions of these packs, starting their hosts if needed."""
+        packs = self.packs()
+        keys = sorted({self.host_key(packs.packs[n]) for n in pack_names if n in packs.packs})
+        tools: dict[str, types.Tool] = {}
+        for key in keys:
+            host = await self.host(key)
+            host.last_used = time.monotonic()
+            tools.update({n: t for n, t in host.tools.items() if n.split("__", 1)[0] in pack_names})
+        return tools
+
+    async def call(self, full_name: str, arguments: dict[str, Any], *, timeout: float = 120.0) -> ToolResult:
+        pack_name = full_name.split("__", 1)[0]
+        pack = self.packs().packs.get(pack_name)
+        if pack is None:
+            return ToolResult(None, True, "", transport_error="DISCONNECTED: the pack is not installed")
+        try:
+            host = await self.host(self.host_key(pack))
+        except Exception as exc:  # noqa: BLE001
+            return ToolResult(None, True, "", transport_error=f"DISCONNECTED: the pack host failed to start ({exc})")
+        return await host.call(full_name, arguments, timeout)
+
+    async def reclaim_idle(self) -> list[str]:
+        """Stop hosts idle for longer than their timeout; returns the stopped keys."""
+        now = time.monotonic()
+        stopped = []
+        async with self._lock:
+            for key, host in list(self.hosts.items()):
+                if not host.alive or now - host.last_used >= host.idle_timeout:
+                    await host.stop()
+                    del self.hosts[key]
+                    stopped.append(key)
+        return stopped
+
+    async def reclaim_forever(self, interval: float = 5.0) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            await self.reclaim_idle()
+
+    async def close(self) -> None:
+        async with self._lock:
+            for host in self.hosts.values():
+                await host.stop()
+            self.hosts.clear()

@@ -1,0 +1,80 @@
+"""One pack-host event loop per process, on a background thread.
+
+Celery runs each task in its own ``asyncio.run`` loop and daphne has its own; MCP
+sessions must outlive both, so they live on this loop. Callers on any loop use
+``await on_host_loop(lambda m: m.call(...))``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from django.conf import settings
+
+from capabilities.mcp_host.manager import HostManager
+
+T = TypeVar("T")
+_lock = threading.Lock()
+_loop: asyncio.AbstractEventLoop | None = None
+_manager: HostManager | None = None
+
+
+def pack_env() -> dict[str, str]:
+    """What pack processes are told: where their data lives and how to reach the platform.
+    Declared pack secrets are read from the secrets directory by name."""
+    from capabilities.manifest import load_packs
+    from yimi_project.secrets import read_secret
+
+    env = {
+        "YIMI_WORKSPACE_DIR": str(settings.YIMI_WORKSPACE_DIR),
+        "YIMI_MAIL_DIR": str(settings.YIMI_MAIL_DIR),
+        "YIMI_PLATFORM_URL": settings.YIMI_PLATFORM_URL,
+        "YIMI_INTERNAL_TOKEN": settings.INTERNAL_TOKEN,
+        "YIMI_PACKS_DATA_DIR": str(settings.DATA_DIR / "packs"),
+    }
+    for pack in load_packs().packs.values():
+        for name in pack.ext["secrets"]:
+            value = read_secret(settings.SECRETS_DIR, name)
+            if value:
+                env[name] = value
+    return env
+
+
+def _start() -> tuple[asyncio.AbstractEventLoop, HostManager]:
+    global _loop, _manager
+    with _lock:
+        if _loop is None or _manager is None:
+            loop = asyncio.new_event_loop()
+            threading.Thread(target=loop.run_forever, name="pack-hosts", daemon=True).start()
+            manager = HostManager(settings.YIMI_PACKS_DIR, env=pack_env(), fake=settings.YIMI_PACKS_FAKE)
+            asyncio.run_coroutine_threadsafe(manager.reclaim_forever(), loop)
+            _loop, _manager = loop, manager
+        return _loop, _manager
+
+
+async def on_host_loop(work: Callable[[HostManager], Awaitable[T]]) -> T:
+    loop, manager = _start()
+    future = asyncio.run_coroutine_threadsafe(work(manager), loop)
+    return await asyncio.wrap_future(future)
+
+
+def reset_for_tests() -> None:
+    """Stop every host and the loop (tests change the packs directory between tests)."""
+    global _loop, _manager
+    with _lock:
+        if _loop is not None and _manager is not None:
+            asyncio.run_coroutine_threadsafe(_shutdown(_manager), _loop).result(30)
+            _loop.call_soon_threadsafe(_loop.stop)
+        _loop, _manager = None, None
+
+
+async def _shutdown(manager: HostManager) -> None:
+    await manager.close()
+    current = asyncio.current_task()
+    others = [t for t in asyncio.all_tasks() if t is not current]
+    for task in others:
+        task.cancel()
+    await asyncio.gather(*others, return_exceptions=True)

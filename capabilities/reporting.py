@@ -1,0 +1,124 @@
+"""Telling the truth about tool results: the three exits of one set of facts.
+
+1. activity cards, whose status comes straight from receipts (``unknown`` and
+   ``waiting`` included), pushed to the owner's devices;
+2. the text given back to the model after a call: the normalized receipt plus only the
+   facts not yet delivered to the owner;
+3. the follow-up reply: the model's draft checked by the deterministic checker against
+   the task's receipts, missing facts added from templates, stored once, delivered in
+   chunks; its facts count as told when a device ACKs the reply.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from channels.db import database_sync_to_async
+from channels.layers import get_channel_layer
+
+from brain.models import AgentTask
+from capabilities import services, truth
+from capabilities.client import ToolOutcome
+from capabilities.models import ReceiptRecord, ToolCall
+from devices.services import device_group, owner_group
+
+CHUNK_CHARS = 24
+
+
+def tool_label(tool: str) -> str:
+    return tool.replace("__", " ")
+
+
+async def _send(group: str, frame: dict[str, Any]) -> None:
+    await get_channel_layer().group_send(group, frame)
+
+
+async def push_receipt_card(owner_id: int, task: AgentTask, outcome: ToolOutcome) -> None:
+    card = truth.activity_card(str(task.id), task.goal[:120], outcome.receipt or {})
+    await _send(owner_group(owner_id), {"type": "activity", **card})
+
+
+async def push_task_card(owner_id: int, task: AgentTask, state: str) -> None:
+    """The final card of a task: its status is its last receipt's, if it has any."""
+    last = await database_sync_to_async(
+        lambda: ReceiptRecord.objects.filter(call__agent_id=str(task.id)).order_by("-created_at").first()
+    )()
+    if last is not None:
+        card = truth.activity_card(str(task.id), task.goal[:120], last.receipt)
+        await _send(owner_group(owner_id), {"type": "activity", **card})
+
+
+def _facts_for(records: list[ReceiptRecord]) -> list[truth.Fact]:
+    facts: list[truth.Fact] = []
+    for record in records:
+        facts.extend(truth.render_facts(record.receipt, tool_label=tool_label(record.call.tool), key=f"{record.task_id}:{record.revision}"))
+    return facts
+
+
+async def model_text(owner_id: int, outcome: ToolOutcome) -> str:
+    """The receipt and the facts about it the owner has not been told yet."""
+
+    def build() -> str:
+        record = ReceiptRecord.objects.select_related("call").filter(call_id=outcome.call_id).order_by("-revision").first()
+        facts = _facts_for([record]) if record is not None else []
+        delivered = services.delivered_fact_ids(owner_id, [f.id for f in facts])
+        new = [f.text for f in facts if f.id not in delivered]
+        return json.dumps({"receipt": outcome.receipt, "facts_not_yet_told": new}, ensure_ascii=False)
+
+    return await database_sync_to_async(build)()
+
+
+@dataclass
+class Report:
+    prompt: str
+    receipts: list[dict[str, Any]] = field(default_factory=list)
+    facts: list[truth.Fact] = field(default_factory=list)
+    delivered: set[str] = field(default_factory=set)
+
+
+def _task_records(task: AgentTask) -> list[ReceiptRecord]:
+    agent_ids = [str(task.id), *(str(i) for i in AgentTask.objects.filter(parent=task).values_list("id", flat=True))]
+    call_ids = list(ToolCall.objects.filter(agent_id__in=agent_ids).values_list("id", flat=True))
+    task_ids = list(ReceiptRecord.objects.filter(call_id__in=call_ids, written_by_gateway=False).values_list("task_id", flat=True))
+    current = services.current_receipts(task_ids)
+    return sorted(current.values(), key=lambda r: r.created_at)
+
+
+async def prepare_report(task: AgentTask) -> Report:
+    def build() -> Report:
+        fresh = AgentTask.objects.get(id=task.id)
+        records = [ReceiptRecord.objects.select_related("call").get(pk=r.pk) for r in _task_records(fresh)]
+        facts = _facts_for(records)
+        delivered = services.delivered_fact_ids(task.run.owner_id, [f.id for f in facts])
+        lines = [
+            "[Background task finished — report to the owner briefly.]",
+            f"Goal: {fresh.goal}",
+            f"Sub-agent state: {fresh.state}; its summary: {fresh.result}",
+        ]
+        if fresh.steer_pending:
+            lines.append("Owner additions that did not reach the task in time: " + "; ".join(fresh.steer_pending))
+        new = [f.text for f in facts if f.id not in delivered]
+        lines.append("Facts from receipts (only these may be stated; they will be checked): " + (" ".join(new) or "none"))
+        return Report("\n".join(lines), [r.receipt for r in records], facts, delivered)
+
+    return await database_sync_to_async(build)()
+
+
+async def deliver_report(task: AgentTask, report: Report, draft: str) -> None:
+    checked = truth.check_reply(draft, receipts=report.receipts, delivered_fact_ids=report.delivered, facts=report.facts)
+    text = checked.text.strip() or "后台任务结束了，但我没有可以确认的结果。"
+
+    from brain.services import store_followup
+
+    entry = await database_sync_to_async(store_followup)(task, text)
+    if entry is None:
+        return  # already reported
+    await database_sync_to_async(services.facts_carried)(task.run.owner_id, entry.id, list(checked.told))
+    run = task.run
+    pieces = [text[i : i + CHUNK_CHARS] for i in range(0, len(text), CHUNK_CHARS)]
+    for index, piece in enumerate(pieces):
+        await _send(device_group(run.origin_device_id), {"type": "reply.chunk", "run_id": str(run.id), "reply_to_seq": run.inbound.seq, "index": index, "text": piece})
+    await _send(device_group(run.origin_device_id), {"type": "reply.done", "run_id": str(run.id), "reply_to_seq": run.inbound.seq, "seq": entry.seq, "text": text})
+    await _send(owner_group(run.owner_id), {"type": "timeline.new", "seq": entry.seq})

@@ -1,0 +1,122 @@
+"""Pack hosts over real MCP stdio: lazy start, idle reclaim, shared vs dedicated, and
+tools/list_changed refreshing the tool list without a restart."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from capabilities.mcp_host.manager import HostManager
+from tests.gateway_support import copy_repo_pack, manifest, write_pack
+
+
+def host_processes(marker: Path) -> list[str]:
+    out = subprocess.run(["pgrep", "-af", "--", f"--packs-dir {marker}"], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if "capabilities.mcp_host.host" in line]
+
+
+@pytest.fixture
+def packs_dir(tmp_path: Path) -> Path:
+    directory = tmp_path / "packs"
+    directory.mkdir()
+    copy_repo_pack(directory, "workspace")
+    write_pack(directory, "demo")
+    write_pack(directory, "solo", manifest("solo", runtime={"server": "solo", "lazy": True, "idle_timeout_seconds": 1, "host": "dedicated"}))
+    return directory
+
+
+@pytest.fixture
+def manager(packs_dir: Path, tmp_path: Path) -> Any:
+    changes: list[str] = []
+    m = HostManager(packs_dir, env={"YIMI_WORKSPACE_DIR": str(tmp_path / "ws")}, watch_interval=0.2, on_tools_changed=changes.append)
+    m.changes = changes  # type: ignore[attr-defined]
+    yield m
+
+
+async def test_hosts_start_lazily_on_first_use(manager: HostManager, packs_dir: Path) -> None:
+    try:
+        assert host_processes(packs_dir) == []
+        result = await manager.call("workspace__write_file", {"path": "a.txt", "content": "hi"})
+        assert result.structured["status"] == "succeeded" and not result.is_error
+        assert len(host_processes(packs_dir)) == 1
+    finally:
+        await manager.close()
+    assert host_processes(packs_dir) == []
+
+
+async def test_small_packs_share_one_host_and_dedicated_packs_get_their_own(manager: HostManager, packs_dir: Path) -> None:
+    try:
+        await manager.call("workspace__list_files", {})
+        await manager.call("demo__read", {})
+        assert list(manager.hosts) == ["shared"]
+        assert len(host_processes(packs_dir)) == 1
+        await manager.call("solo__read", {})
+        assert sorted(manager.hosts) == ["shared", "solo"]
+        assert len(host_processes(packs_dir)) == 2
+        tools = await manager.list_tools(["workspace", "solo"])
+        assert "workspace__write_file" in tools and "solo__read" in tools and "demo__read" not in tools
+    finally:
+        await manager.close()
+
+
+async def test_idle_hosts_are_reclaimed_after_their_timeout(manager: HostManager, packs_dir: Path) -> None:
+    try:
+        await manager.call("solo__read", {})
+        await manager.call("workspace__list_files", {})
+        assert await manager.reclaim_idle() == []  # just used
+        await asyncio.sleep(1.2)  # solo's idle_timeout_seconds is 1; the shared host's is 900
+        assert await manager.reclaim_idle() == ["solo"]
+        assert list(manager.hosts) == ["shared"]
+        assert len(host_processes(packs_dir)) == 1
+        # used again: started again
+        assert (await manager.call("solo__read", {})).structured["status"] == "succeeded"
+    finally:
+        await manager.close()
+
+
+async def test_new_pack_in_the_shared_host_emits_tools_list_changed(manager: HostManager, packs_dir: Path) -> None:
+    try:
+        before = await manager.list_tools(["workspace", "demo", "later"])
+        assert not any(name.startswith("later__") for name in before)
+        write_pack(packs_dir, "later")
+        for _ in range(50):
+            await asyncio.sleep(0.1)
+            if manager.changes:  # type: ignore[attr-defined]
+                break
+        assert manager.changes == ["shared"]  # type: ignore[attr-defined]
+        after = await manager.list_tools(["workspace", "demo", "later"])
+        assert "later__read" in after
+        assert (await manager.call("later__read", {})).structured["status"] == "succeeded"
+        assert len(host_processes(packs_dir)) == 1  # no restart
+    finally:
+        await manager.close()
+
+
+async def test_a_crashing_tool_is_an_error_not_a_success(manager: HostManager, packs_dir: Path) -> None:
+    broken = "from capabilities.packkit import ToolRegistry\nTOOLS = ToolRegistry()\n\n@TOOLS('x')\ndef read(args):\n    raise RuntimeError('boom')\n\n@TOOLS('x')\ndef note(args):\n    return 'not a receipt'\n\n@TOOLS('x')\ndef act(args):\n    return {}\n"
+    shutil.rmtree(packs_dir / "demo")
+    write_pack(packs_dir, "demo", tools_py=broken)
+    try:
+        crashed = await manager.call("demo__read", {})
+        assert crashed.is_error and "boom" in crashed.text and crashed.structured is None
+        no_receipt = await manager.call("demo__note", {})
+        assert no_receipt.is_error
+        missing = await manager.call("nopack__read", {})
+        assert missing.transport_error and missing.transport_error.startswith("DISCONNECTED")
+    finally:
+        await manager.close()
+
+
+async def test_fake_host_serves_the_same_tools(packs_dir: Path, tmp_path: Path) -> None:
+    fake = HostManager(packs_dir, fake=True)
+    try:
+        result = await fake.call("workspace__write_file", {"path": "a.txt", "content": "hi"})
+        assert result.structured["status"] == "succeeded"
+        assert not (tmp_path / "ws" / "a.txt").exists()  # the fake touches no disk
+    finally:
+        await fake.close()

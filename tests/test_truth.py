@@ -1,0 +1,443 @@
+"""Facts are said by the system: templates, fact ids, the diff, and the reply checker.
+
+Pure functions: no database, no model, no network.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import socket
+from typing import Any
+
+import pytest
+
+from capabilities.truth import (
+    FACT_KINDS,
+    STATUSES,
+    TEMPLATES,
+    Fact,
+    activity_card,
+    check_reply,
+    chinese_to_arabic,
+    render_diff,
+    render_facts,
+    split_sentences,
+    units_compatible,
+)
+
+
+def receipt(status: str = "succeeded", **kw: Any) -> dict[str, Any]:
+    return {"receipt_schema": 1, "status": status, **kw}
+
+
+def write_receipt(n: int = 12, *, verification: str = "verified", category: str = "workspace") -> dict[str, Any]:
+    return receipt(
+        "succeeded",
+        effects=[{"target": "notes.md", "action": "write", "category": category, "verification": verification}],
+        values=[{"name": "写入大小", "value": n, "unit": "byte", "source": "workspace file system"}],
+    )
+
+
+def check(text: str, receipts: list[dict[str, Any]], delivered: set[str] | None = None,
+          facts: list[Fact] | None = None, **kw: Any):
+    if facts is None:
+        facts = [f for i, r in enumerate(receipts) for f in render_facts(r, tool_label="写文件", key=f"call-{i}")]
+    return check_reply(text, receipts=receipts, delivered_fact_ids=delivered or set(), facts=facts, **kw)
+
+
+def reasons(result) -> list[str]:
+    return [reason for _, reason in result.removed]
+
+
+# --- facts and templates -----------------------------------------------------------------
+
+
+def test_fact_id_is_sha256_of_key_kind_and_canonical_content() -> None:
+    fact = render_facts(receipt("succeeded"), tool_label="写文件", key="task-1:call-1")[0]
+    content = json.dumps({"template": "status.succeeded", "status": "succeeded"}, sort_keys=True,
+                         ensure_ascii=False, separators=(",", ":"))
+    expected = hashlib.sha256(f"task-1:call-1\x1fstatus\x1f{content}".encode()).hexdigest()[:16]
+    assert fact.id == expected
+    assert len(fact.id) == 16 and int(fact.id, 16) >= 0
+
+
+def test_fact_ids_are_stable_and_distinct_per_call() -> None:
+    r = write_receipt()
+    first = render_facts(r, tool_label="写文件", key="call-1")
+    again = render_facts(json.loads(json.dumps(r)), tool_label="写文件", key="call-1")
+    other_call = render_facts(r, tool_label="写文件", key="call-2")
+    assert [f.id for f in first] == [f.id for f in again]
+    assert not {f.id for f in first} & {f.id for f in other_call}
+    assert len({f.id for f in first}) == len(first)
+    # the label is presentation, not content: renaming a tool keeps the ids
+    assert [f.id for f in render_facts(r, tool_label="Write file", key="call-1")] == [f.id for f in first]
+    # a changed value is a new fact
+    changed = render_facts(write_receipt(13), tool_label="写文件", key="call-1")
+    assert {f.id for f in changed if f.kind == "values"}.isdisjoint({f.id for f in first if f.kind == "values"})
+
+
+@pytest.mark.parametrize(
+    ("status", "text", "voice"),
+    [
+        ("succeeded", "「写文件」已完成。", "办好了。"),
+        ("failed", "「写文件」没有成功。", "没办成。"),
+        ("unknown", "「写文件」结果还不清楚，要先核查。", "结果还不清楚。"),
+        ("waiting", "「写文件」在等你确认，本次未执行。", "在等你确认。"),
+        ("running", "「写文件」还在办。", "还在办。"),
+        ("queued", "「写文件」排上队了，还在办。", "还在办。"),
+        ("cancelled", "「写文件」已取消，没有执行。", "已取消。"),
+        ("partial", "「写文件」只完成了一部分。", "只办好了一部分。"),
+        ("rejected", "「写文件」被拦下了，没有执行。", "没有执行。"),
+    ],
+)
+def test_every_status_has_a_fixed_text_and_a_shorter_voice(status: str, text: str, voice: str) -> None:
+    fact = render_facts(receipt(status), tool_label="写文件", key="k")[0]
+    assert (fact.kind, fact.status, fact.text, fact.voice) == ("status", status, text, voice)
+    assert len(fact.voice) < len(fact.text)
+
+
+def test_all_nine_statuses_have_templates() -> None:
+    assert {f"status.{s}" for s in STATUSES} <= set(TEMPLATES)
+    assert len(STATUSES) == 9
+
+
+def test_templates_are_per_kind_not_per_tool() -> None:
+    # one small table, keyed by fact kind, no tool names in it
+    assert all(key.split(".")[0] in FACT_KINDS for key in TEMPLATES)
+    assert len(TEMPLATES) <= 30
+    r = receipt(
+        "succeeded",
+        effects=[{"target": "a.md", "action": "write", "verification": "verified"}],
+        values=[{"name": "大小", "value": 3, "unit": "byte", "source": "fs"}],
+        unknowns=["对方是否已读"],
+        next={"retry": "forbidden"},
+    )
+    a = render_facts(r, tool_label="写文件", key="k")
+    b = render_facts(r, tool_label="发消息", key="k")
+    assert [f.template for f in a] == [f.template for f in b]
+    assert [f.text.replace("写文件", "TOOL") for f in a] == [f.text.replace("发消息", "TOOL") for f in b]
+    for fact in a:
+        assert fact.template in TEMPLATES
+        assert fact.kind == fact.template.split(".")[0]
+
+
+def test_values_are_rendered_as_name_value_unit() -> None:
+    facts = render_facts(write_receipt(12), tool_label="写文件", key="k")
+    (value,) = [f for f in facts if f.kind == "values"]
+    assert value.text == "写入大小：12 byte。"
+    assert (value.number, value.unit) == (12.0, "byte")
+    floats = render_facts(receipt(values=[{"name": "温度", "value": 21.50, "unit": "°C", "source": "s"}]),
+                          tool_label="t", key="k")
+    assert floats[1].text == "温度：21.5 °C。"
+
+
+def test_a_number_without_a_unit_is_not_stated() -> None:
+    facts = render_facts(receipt(values=[{"name": "count", "value": 7, "unit": None, "source": "s"},
+                                         {"name": "replayed", "value": False, "source": "s"}]),
+                         tool_label="t", key="k")
+    assert [f.text for f in facts if f.kind == "values"] == ["replayed：否。"]
+
+
+def test_effects_are_worded_by_verification() -> None:
+    r = receipt(
+        "partial",
+        effects=[
+            {"target": "a.md", "action": "write", "verification": "verified"},
+            {"target": "张三", "action": "send", "verification": "service_ack"},
+            {"target": "b.md", "action": "write", "verification": "not_verified"},
+            {"target": "c.md", "action": "delete", "verification": "unknown"},
+        ],
+    )
+    texts = [f.text for f in render_facts(r, tool_label="t", key="k") if f.kind == "effects"]
+    assert texts == [
+        "已写入 a.md，已核实。",
+        "已发送 张三，对方已确认收到。",
+        "写入 b.md 还没有核实。",
+        "不清楚 c.md 是否已删除。",
+    ]
+
+
+def test_unknowns_and_next_permission_are_facts() -> None:
+    facts = render_facts(receipt("succeeded", unknowns=["对方是否已读"], next={"retry": "forbidden"}),
+                         tool_label="发消息", key="k")
+    texts = [f.text for f in facts]
+    assert "还不清楚：对方是否已读。" in texts
+    assert "这项操作已经成功，不要重复。" in texts
+    check_first = render_facts(receipt("unknown", next={"retry": "after_check", "check_with": "查消息"}),
+                               tool_label="发消息", key="k")
+    assert check_first[-1].text == "重试前要先用「查消息」核查。"
+    assert check_first[-1].kind == "next"
+
+
+def test_render_diff_returns_only_undelivered_facts() -> None:
+    facts = render_facts(write_receipt(), tool_label="写文件", key="k")
+    delivered = {facts[0].id, facts[1].id}
+    diff = render_diff(facts + facts, delivered)
+    assert [f.id for f in diff] == [f.id for f in facts[2:]]
+    assert render_diff(facts, {f.id for f in facts}) == []
+    assert render_diff(facts, set()) == facts
+
+
+def test_activity_card_status_comes_straight_from_the_receipt() -> None:
+    for status in ("unknown", "waiting", "succeeded", "failed"):
+        card = activity_card("task-9", "写文件", receipt(status))
+        assert card["status"] == status
+        assert card["task_id"] == "task-9" and card["title"] == "写文件"
+    card = activity_card("task-9", "写文件", receipt("unknown", unknowns=["文件是否写入"]))
+    assert card["facts"] == ["「写文件」结果还不清楚，要先核查。", "还不清楚：文件是否写入。"]
+
+
+# --- Chinese numerals --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("十二", "12"),
+        ("二十", "20"),
+        ("一百零五", "105"),
+        ("三千二百", "3200"),
+        ("两万", "20000"),
+        ("一点五", "1.5"),
+        ("百分之二十", "20%"),
+        ("3万", "30000"),
+        ("1.5万", "15000"),
+        ("一亿两千万", "120000000"),
+        ("两万五", "25000"),
+        ("二〇二四年", "2024年"),
+        ("写了十二个字节", "写了12个字节"),
+        ("半小时", "半小时"),
+        ("两个半小时", "2个半小时"),
+        ("等一下", "等一下"),
+        ("万一失败", "万一失败"),
+        ("十分感谢", "十分感谢"),
+        ("千万别删", "千万别删"),
+        ("三点五十分", "3点50分"),
+        ("没有数字的句子。", "没有数字的句子。"),
+        ("abc 42 def", "abc 42 def"),
+    ],
+)
+def test_chinese_to_arabic(text: str, expected: str) -> None:
+    assert chinese_to_arabic(text) == expected
+
+
+# --- the checker: numbers ---------------------------------------------------------------
+
+
+def test_number_not_in_receipts_is_removed() -> None:
+    result = check("我写好了。写了 12 字节。一共花了 30 元。", [write_receipt(12)])
+    assert ("一共花了 30 元。", "number_not_in_receipts") in result.removed
+    assert "30" not in result.text
+    assert "12 字节" in result.text
+
+
+def test_chinese_numerals_are_checked_as_numbers() -> None:
+    kept = check("写了十二个字节。", [write_receipt(12)])
+    assert kept.removed == []
+    assert "写了十二个字节" in kept.text
+    gone = check("写了十三个字节。", [write_receipt(12)])
+    assert reasons(gone) == ["number_not_in_receipts"]
+    assert "十三" not in gone.text
+
+
+def test_a_unit_must_be_compatible_with_the_receipt_unit() -> None:
+    assert check("写了12个文件。", [write_receipt(12)]).removed  # 12 byte, not 12 files
+    assert not check("写了12 bytes。", [write_receipt(12)]).removed  # byte/bytes/字节/B
+    money = receipt(values=[{"name": "金额", "value": 30, "unit": "CNY", "source": "bank"}])
+    assert not check("付了30元。", [money]).removed
+    assert check("付了30美元。", [money]).removed
+    temp = receipt(values=[{"name": "气温", "value": 21, "unit": "°C", "source": "weather"}])
+    assert not check("现在二十一度。", [temp]).removed
+    assert units_compatible("个", "file") and not units_compatible("个", "byte")
+
+
+def test_numbers_in_the_receipts_content_text_are_allowed() -> None:
+    r = receipt(content={"text": "第二季度营收 4500 万，同比增长百分之八。"})
+    kept = check("营收是4500万，增长了8%。", [r])
+    assert kept.removed == []
+    assert reasons(check("增长了9%。", [r])) == ["number_not_in_receipts"]
+
+
+def test_percent_and_decimals_are_read_whole() -> None:
+    r = receipt(values=[{"name": "进度", "value": 1.5, "unit": "%", "source": "s"}])
+    assert check("进度一点五%。", [r]).removed == []
+    assert check("进度 1.5%。", [r]).removed == []
+    assert reasons(check("进度 1.6%。", [r])) == ["number_not_in_receipts"]
+    assert split_sentences("大小 3.5 MB。好的") == ["大小 3.5 MB。", "好的"]
+
+
+def test_an_article_like_one_is_not_a_count_claim() -> None:
+    r = write_receipt(12)
+    assert check("我帮你看了一下，写了一个备注。", [r]).removed == []
+    # but a lone 一 with a unit that a receipt value uses is a count and is checked
+    files = receipt(values=[{"name": "文件数", "value": 3, "unit": "file", "source": "fs"}])
+    assert reasons(check("只有一个文件。", [files])) == ["number_not_in_receipts"]
+
+
+# --- the checker: status words ---------------------------------------------------------
+
+
+def test_done_needs_a_succeeded_receipt() -> None:
+    assert check("已经发好了。", [receipt("succeeded")]).removed == []
+    for status in ("unknown", "failed", "waiting", "running"):
+        result = check("已经发好了。", [receipt(status)])
+        assert reasons(result) == ["status_contradicts_receipts"], status
+    assert reasons(check("Done, the message was sent.", [receipt("unknown")])) == ["status_contradicts_receipts"]
+    assert reasons(check("办好了。", [])) == ["status_contradicts_receipts"]
+
+
+def test_failed_and_still_working_need_matching_receipts() -> None:
+    assert check("这次没有成功。", [receipt("failed")]).removed == []
+    assert reasons(check("这次没有成功。", [receipt("succeeded")])) == ["status_contradicts_receipts"]
+    for status in ("running", "queued", "waiting"):
+        assert check("还在办。", [receipt(status)]).removed == []
+    assert reasons(check("还在办。", [receipt("succeeded")])) == ["status_contradicts_receipts"]
+    assert reasons(check("It is still in progress.", [receipt("failed")])) == ["status_contradicts_receipts"]
+
+
+def test_a_negated_success_is_a_failure_claim_not_a_success_claim() -> None:
+    # "没有成功" contains "成功" but must not count as a done claim
+    assert check("发送没有成功。", [receipt("failed")]).removed == []
+    assert reasons(check("只完成了一部分。", [receipt("succeeded")])) == ["status_contradicts_receipts"]
+    assert check("只完成了一部分。", [receipt("partial")]).removed == []
+
+
+def test_a_question_claims_no_status() -> None:
+    assert check("要我看看发好了吗？", [receipt("unknown")]).removed == []
+
+
+def test_noted_needs_a_verified_owner_data_or_workspace_effect() -> None:
+    def noted(category: str, verification: str, status: str = "succeeded") -> list[str]:
+        r = receipt(status, effects=[{"target": "备忘", "action": "save", "category": category,
+                                      "verification": verification}])
+        return reasons(check("好的，记下了。", [r], facts=[]))
+
+    assert noted("owner_data", "verified") == []
+    assert noted("workspace", "verified") == []
+    assert noted("observe", "verified") == ["noted_without_verified_effect"]
+    assert noted("send", "verified") == ["noted_without_verified_effect"]
+    assert noted("owner_data", "not_verified") == ["noted_without_verified_effect"]
+    assert noted("owner_data", "service_ack") == ["noted_without_verified_effect"]
+    assert noted("owner_data", "verified", status="unknown") == ["noted_without_verified_effect"]
+    assert reasons(check("好的，记下了。", [], facts=[])) == ["noted_without_verified_effect"]
+    assert reasons(check("Saved.", [receipt("succeeded")], facts=[])) == ["noted_without_verified_effect"]
+
+
+# --- the checker: retries ----------------------------------------------------------------
+
+
+def test_no_suggestion_to_redo_a_forbidden_retry() -> None:
+    sent = receipt("succeeded", effects=[{"target": "张三", "action": "send", "verification": "verified"}],
+                   next={"retry": "forbidden"})
+    for sentence in ("要不要再发一次？", "我可以重新发送。", "需要的话我可以再设一次。", "能不能重试一下？",
+                     "Want me to resend it?", "Shall I try again?"):
+        result = check(sentence, [sent], facts=[])
+        assert reasons(result) == ["suggests_forbidden_retry"], sentence
+        assert result.text == ""
+    # a negated mention is not a suggestion
+    assert check("不用再发一次。", [sent], facts=[]).removed == []
+    # when retry is allowed, or the call did not succeed, suggesting it is fine
+    allowed = receipt("failed", next={"retry": "allowed"})
+    assert check("要不要再发一次？", [allowed], facts=[]).removed == []
+    forbidden_failed = receipt("failed", next={"retry": "forbidden"})
+    assert check("要不要再试一次？", [forbidden_failed], facts=[]).removed == []
+
+
+# --- the checker: the diff ---------------------------------------------------------------
+
+
+def test_delivered_facts_are_not_repeated() -> None:
+    r = write_receipt(12)
+    facts = render_facts(r, tool_label="写文件", key="call-0")
+    status, effect, value = facts
+    # number + unit of a delivered values fact
+    result = check("文件大小是十二字节。", [r], delivered={value.id}, facts=facts)
+    assert reasons(result) == ["repeats_delivered_fact"]
+    # the text of a delivered fact
+    result = check("「写文件」已完成。还有别的吗", [r], delivered={status.id}, facts=facts)
+    assert ("「写文件」已完成。", "repeats_delivered_fact") in result.removed
+    assert "还有别的吗" in result.text
+    # not delivered yet: the same sentence is kept
+    assert check("文件大小是十二字节。", [r], facts=facts).removed == []
+
+
+def test_missing_facts_are_added_from_templates() -> None:
+    r = write_receipt(12)
+    facts = render_facts(r, tool_label="写文件", key="call-0")
+    result = check("好的。", [r], facts=facts)
+    assert result.added == facts
+    assert result.text == "好的。「写文件」已完成。已写入 notes.md，已核实。写入大小：12 byte。"
+    assert result.told == [f.id for f in facts]
+    # delivered facts are not added again
+    later = check("好的。", [r], delivered={facts[0].id}, facts=facts)
+    assert [f.id for f in later.added] == [facts[1].id, facts[2].id]
+    assert "已完成" not in later.text
+
+
+def test_facts_the_reply_states_are_told_not_added() -> None:
+    r = write_receipt(12)
+    facts = render_facts(r, tool_label="写文件", key="call-0")
+    result = check("办好了，notes.md 里写了十二个字节。", [r], facts=facts)
+    assert result.removed == [] and result.added == []
+    assert set(result.told) == {f.id for f in facts}
+    assert result.text == "办好了，notes.md 里写了十二个字节。"
+
+
+def test_a_removed_number_is_replaced_by_the_template_fact() -> None:
+    r = write_receipt(12)
+    result = check("写了十三个字节。", [r])
+    assert "十三" not in result.text
+    assert "写入大小：12 byte。" in result.text
+    assert any(f.kind == "values" for f in result.added)
+
+
+def test_voice_mode_appends_voice_versions() -> None:
+    r = write_receipt(12)
+    facts = render_facts(r, tool_label="写文件", key="call-0")
+    result = check("", [r], facts=facts, voice=True)
+    assert result.text == "".join(f.voice for f in facts)
+    assert "「写文件」" not in result.text
+    assert check("", [r], facts=facts, lang="zh-voice").text == result.text
+
+
+def test_identical_added_texts_are_written_once() -> None:
+    receipts = [receipt("running"), receipt("queued")]
+    result = check("", receipts, voice=True)
+    assert result.text == "还在办。"
+    assert len(result.added) == 2 and len(result.told) == 2
+
+
+def test_template_texts_agree_with_the_checker() -> None:
+    # a reply that copies the system's own facts must never be cut
+    for status in STATUSES:
+        r = receipt(status)
+        for fact in render_facts(r, tool_label="写文件", key="k"):
+            for version in (fact.text, fact.voice):
+                assert check(version, [r], facts=[]).removed == [], (status, version)
+    r = receipt("succeeded", effects=[{"target": "张三", "action": "send", "verification": "verified"}],
+                next={"retry": "forbidden"})
+    for fact in render_facts(r, tool_label="发消息", key="k"):
+        assert check(fact.text, [r], facts=[]).removed == [], fact.text
+
+
+def test_sentences_split_on_chinese_and_english_marks_and_rejoin_losslessly() -> None:
+    text = "好的！写了 3.5 MB；没问题?\nDone. Next line"
+    parts = split_sentences(text)
+    assert "".join(parts) == text
+    assert [p.strip() for p in parts] == ["好的！", "写了 3.5 MB；", "没问题?", "Done.", "Next line"]
+
+
+def test_the_checker_makes_no_model_or_network_calls(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("the checker must not open a connection")
+
+    monkeypatch.setattr(socket, "socket", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    result = check("写了十三个字节。要不要再发一次？", [write_receipt(12)])
+    assert reasons(result) == ["number_not_in_receipts"]
+    import capabilities.truth as truth
+
+    source = open(truth.__file__, encoding="utf-8").read()
+    for forbidden in ("import brain", "from brain", "import django", "from django", "import requests", "import httpx"):
+        assert forbidden not in source
