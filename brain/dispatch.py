@@ -14,6 +14,7 @@ from yimi_project.logs import log_event
 _tasks: set[asyncio.Task] = set()
 _sweeper: asyncio.Task | None = None
 SWEEP_SECONDS = 30.0
+REMINDER_SECONDS = 10.0
 
 
 def uses_broker() -> bool:
@@ -55,8 +56,9 @@ def _log_failure(task: asyncio.Task) -> None:
 
 
 def ensure_embedded_sweeper() -> None:
-    """Embedded default only: recover runs left by a previous process, then sweep every
-    30 s, on the web server's event loop. Started by the first websocket connection."""
+    """Embedded default only (no Celery beat): recover runs left by a previous process
+    and then every 30 s, and fire due reminders every 10 s, on the web server's event
+    loop. Started by the first websocket connection."""
     global _sweeper
     if uses_broker() or not settings.YIMI_EMBEDDED_SWEEPER or (_sweeper is not None and not _sweeper.done()):
         return
@@ -65,7 +67,16 @@ def ensure_embedded_sweeper() -> None:
 
 async def _sweep_forever() -> None:
     from brain.recovery import recover_runs
+    from brain.reminders import fire_due_reminders
 
+    last_recovery = -SWEEP_SECONDS
+    loop = asyncio.get_running_loop()
     while True:
-        await recover_runs()
-        await asyncio.sleep(SWEEP_SECONDS)
+        try:
+            if loop.time() - last_recovery >= SWEEP_SECONDS:
+                last_recovery = loop.time()
+                await recover_runs()
+            await sync_to_async(fire_due_reminders)()
+        except Exception as exc:  # noqa: BLE001 - the sweeper must outlive one bad round
+            log_event("embedded_sweep_failed", error=type(exc).__name__)
+        await asyncio.sleep(REMINDER_SECONDS)

@@ -24,3 +24,6 @@ def sweep_runs() -> tuple[int, int]:
     from brain.recovery import recover_runs
 
     return asyncio.run(recover_runs())
+
+
+from brain.reminder_tasks import fire_due_reminders_task  # noqa: E402,F401  (registers brain.tasks.fire_due_reminders)

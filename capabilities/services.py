@@ -205,6 +205,9 @@ def _record(
             decision.decision = ToolCall.Decision.REWRITE
             call.decision = decision.decision
         call.arguments = final
+    if decision.decision != ToolCall.Decision.BLOCK:
+        call.save(force_insert=True)  # one INSERT, autocommit
+        return decision
     with transaction.atomic():
         call.save(force_insert=True)
         if decision.decision == ToolCall.Decision.BLOCK:
@@ -244,7 +247,7 @@ def record_receipt(call_id: Any, result: Any, *, transport_error: str | None = N
     record, different content is a ``conflict``; 4. a task's revisions strictly
     increase (``stale_revision`` otherwise) and earlier ones are kept as history.
     """
-    call = ToolCall.objects.filter(id=_uuid(call_id)).first()
+    call = ToolCall.objects.filter(id=_uuid(call_id)).order_by().first()
     if call is None:
         raise YimiError("unknown_call", "there is no decided call with this id")
     if call.decision not in (ToolCall.Decision.ALLOW, ToolCall.Decision.REWRITE):
@@ -255,19 +258,21 @@ def record_receipt(call_id: Any, result: Any, *, transport_error: str | None = N
     task_id = str(receipt.get("task_id") or call.id)
     revision = int(receipt.get("revision") or 1)
     content_fp = sha256(canonical({"result": result, "transport_error": transport_error}))
+    latest = ReceiptRecord.objects.filter(task_id=task_id).order_by("-revision").first()
+    if latest is not None and revision <= latest.revision:
+        same = latest if (latest.call_id, latest.revision) == (call.id, revision) else (
+            ReceiptRecord.objects.filter(task_id=task_id, call=call, revision=revision).first()
+        )
+        if same is not None:
+            return _replay(same, content_fp)
+        raise YimiError("stale_revision", f"task {task_id} is already at revision {latest.revision}", latest=latest.revision)
     try:
-        with transaction.atomic():
-            same = ReceiptRecord.objects.select_for_update().filter(task_id=task_id, call=call, revision=revision).first()
-            if same is not None:
-                return _replay(same, content_fp)
-            latest = ReceiptRecord.objects.filter(task_id=task_id).order_by("-revision").first()
-            if latest is not None and revision <= latest.revision:
-                raise YimiError("stale_revision", f"task {task_id} is already at revision {latest.revision}", latest=latest.revision)
-            record = ReceiptRecord.objects.create(
-                owner_id=call.owner_id, call=call, task_id=task_id, revision=revision, status=receipt["status"],
-                receipt=receipt, content_fingerprint=content_fp,
-                violations=normalized.violations, contradictions=normalized.contradictions,
-            )
+        # One INSERT in autocommit; the unique constraints settle any race.
+        record = ReceiptRecord.objects.create(
+            owner_id=call.owner_id, call=call, task_id=task_id, revision=revision, status=receipt["status"],
+            receipt=receipt, content_fingerprint=content_fp,
+            violations=normalized.violations, contradictions=normalized.contradictions,
+        )
     except IntegrityError:
         same = ReceiptRecord.objects.filter(task_id=task_id, call=call, revision=revision).first()
         if same is None:

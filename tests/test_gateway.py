@@ -276,7 +276,7 @@ def test_gateway_over_loopback_http(run: Run, settings: Any) -> None:
     assert stored.json()["status"] == "succeeded" and stored.json()["replayed"] is False
     assert post("/internal/gateway/observe/", {"call_id": call_id, "duration_ms": 5}, token=token).json() == {"ok": True}
     conflict = post("/internal/gateway/receipt/", {"call_id": call_id, "result": {"receipt_schema": 1, "status": "failed"}}, token=token)
-    assert conflict.status_code == 400 and conflict.json()["error"]["code"] == "conflict"
+    assert conflict.status_code == 409 and conflict.json()["error"]["code"] == "conflict"
 
 
 def test_gateway_http_refuses_other_addresses_and_missing_tokens(run: Run, settings: Any) -> None:

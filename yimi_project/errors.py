@@ -23,6 +23,10 @@ HTTP_STATUS = {
     "not_found": 404,
     "rate_limited": 429,
     "payload_too_large": 413,
+    "conflict": 409,
+    "stale_revision": 409,
+    "reminder_already_fired": 409,
+    "no_owner": 409,
 }
 
 

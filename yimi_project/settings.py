@@ -90,6 +90,10 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     DATABASES["default"].setdefault("OPTIONS", {}).update(
         {"transaction_mode": "IMMEDIATE", "timeout": 20}
     )
+else:
+    # Keep connections open between requests: connecting costs more than a gateway call.
+    DATABASES["default"]["CONN_MAX_AGE"] = env.int("YIMI_DB_CONN_MAX_AGE", default=300)
+    DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- redis: channel layer and Celery broker --------------------------------------------
@@ -113,6 +117,7 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULE = {
     "sweep-runs": {"task": "brain.tasks.sweep_runs", "schedule": 30.0},
+    "fire-due-reminders": {"task": "brain.tasks.fire_due_reminders", "schedule": 10.0},
 }
 # Without a broker, runs execute on the web server's event loop, and a sweeper there recovers runs.
 YIMI_EMBEDDED_SWEEPER = env.bool("YIMI_EMBEDDED_SWEEPER", default=True)

@@ -14,4 +14,5 @@ urlpatterns = [
     path("api/", include("devices.urls")),
     path("api/", include("memory.urls")),
     path("internal/gateway/", include("capabilities.urls")),
+    path("internal/", include("brain.internal_urls")),
 ]

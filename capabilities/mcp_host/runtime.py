@@ -24,7 +24,8 @@ _manager: HostManager | None = None
 
 def pack_env() -> dict[str, str]:
     """What pack processes are told: where their data lives and how to reach the platform.
-    Declared pack secrets are read from the secrets directory by name."""
+    Only secrets a pack declares (by name) are passed. Packs sharing a host share its
+    environment, so a pack holding a secret it must not share belongs in a dedicated host."""
     from capabilities.manifest import load_packs
     from yimi_project.secrets import read_secret
 
@@ -32,12 +33,12 @@ def pack_env() -> dict[str, str]:
         "YIMI_WORKSPACE_DIR": str(settings.YIMI_WORKSPACE_DIR),
         "YIMI_MAIL_DIR": str(settings.YIMI_MAIL_DIR),
         "YIMI_PLATFORM_URL": settings.YIMI_PLATFORM_URL,
-        "YIMI_INTERNAL_TOKEN": settings.INTERNAL_TOKEN,
         "YIMI_PACKS_DATA_DIR": str(settings.DATA_DIR / "packs"),
     }
     for pack in load_packs().packs.values():
         for name in pack.ext["secrets"]:
-            value = read_secret(settings.SECRETS_DIR, name)
+            # The internal token is the platform's own; other names are files in the secrets dir.
+            value = settings.INTERNAL_TOKEN if name == "YIMI_INTERNAL_TOKEN" else read_secret(settings.SECRETS_DIR, name)
             if value:
                 env[name] = value
     return env

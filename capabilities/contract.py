@@ -1,0 +1,403 @@
+"""Contract tests for capability packs: the real server and the fake answer alike.
+
+``run_contract(pack_dir, fake=...)`` starts the pack's host as a subprocess
+(``python -m capabilities.mcp_host.host --packs-dir <parent> --select <pack> [--fake]``),
+connects with the MCP client and runs the cases of the pack's contract file
+(``tests.contract`` in plugin.json). Every run gets a fresh temporary directory for
+``YIMI_WORKSPACE_DIR`` and ``YIMI_MAIL_DIR``, so the real server and the fake both start
+empty; ``env`` adds or overrides variables (e.g. ``YIMI_PLATFORM_URL`` and
+``YIMI_INTERNAL_TOKEN`` for a pack that calls the platform).
+
+Contract file (YAML)::
+
+    pack: schedule                  # optional; must equal the pack's name
+    timeout: 30                     # optional; seconds per step (default 30)
+    cases:
+      - name: create then cancel    # required, unique
+        only: real                  # optional: run against the real server only (or: fake)
+        env: {YIMI_PLATFORM_URL: "http://127.0.0.1:${free_port}"}
+                                    # optional: this case runs in its own host with these
+                                    # variables added
+        steps:
+          - tool: create_reminder   # the tool's name in the manifest (without "pack__")
+            args: {text: hi, due_at: "2099-01-01T09:00:00+00:00"}
+            save: {rid: content.items.0.id}   # optional: variables from the raw receipt
+                                              # (dotted path, list indexes as numbers)
+            expect: {...}           # see below
+
+Variables: ``${name}`` in args, expect and env is replaced by a saved value (a string that
+is exactly ``${name}`` takes the value with its type). Built in: ``${run}`` (unique per
+run, for idempotency keys) and ``${free_port}`` (a loopback port nobody listens on).
+
+``expect`` keys (all optional; dicts match as subsets, recursively; ``true``/``false``
+never equal ``1``/``0``):
+
+- ``status``: the receipt's status, exactly.
+- ``effects`` / ``values``: a list of dicts; each must match some effect / value. An
+  empty list means the receipt has none.
+- ``content_text`` (exact) / ``content_text_contains`` (substring) of ``content.text``.
+- ``content_items``: each dict must match some item of ``content.items``;
+  ``content_items_absent``: none may match any item; ``content_items_count``: how many.
+- ``summary_contains``: a substring of ``summary``.
+- ``error_code``: ``error.code`` (``null``: no error).
+- ``retry``, ``check_with``, ``waiting_on``: the fields of ``next`` (``null``: absent).
+- ``unknowns_count``: how many ``unknowns``.
+- ``is_error``: true when the host itself must report an error (no receipt).
+
+Every step's raw result must also be a receipt: valid against the receipt schema
+(``capabilities.receipts.schema_errors``) and without violations or contradictions once
+normalized (a number without a unit, a success with unverified effects, ...). Failures are
+collected per step; the other steps of a case still run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import re
+import socket
+import sys
+import tempfile
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from mcp import ClientSession, StdioServerParameters, stdio_client
+
+from capabilities.manifest import ManifestError, Pack, load_pack
+from capabilities.receipts import normalize, schema_errors
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_STEP_TIMEOUT = 30.0
+STARTUP_TIMEOUT = 60.0
+EXPECT_KEYS = {
+    "status", "effects", "values", "content_text", "content_text_contains", "content_items", "content_items_absent",
+    "content_items_count", "summary_contains", "error_code", "retry", "check_with", "waiting_on", "unknowns_count", "is_error",
+}
+STEP_KEYS = {"tool", "args", "save", "expect"}
+CASE_KEYS = {"name", "only", "env", "steps"}
+VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+@dataclass
+class CaseResult:
+    name: str
+    passed: bool
+    failures: list[str] = field(default_factory=list)
+
+
+@dataclass
+class ContractReport:
+    pack: str
+    fake: bool
+    cases: list[CaseResult] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)  # cases for the other implementation
+    errors: list[str] = field(default_factory=list)  # the contract could not run at all
+
+    @property
+    def passed(self) -> bool:
+        return not self.errors and bool(self.cases) and all(c.passed for c in self.cases)
+
+    @property
+    def implementation(self) -> str:
+        return "fake" if self.fake else "real"
+
+
+class ContractFormatError(Exception):
+    pass
+
+
+def platform_env(pack: Pack, *, url: str, token: str) -> dict[str, str]:
+    """The variables a pack needs to call the platform: the URL when it may reach loopback,
+    the internal token only when it declares that secret."""
+    env: dict[str, str] = {}
+    if "loopback" in pack.ext["network"]["egress"]:
+        env["YIMI_PLATFORM_URL"] = url
+    if "YIMI_INTERNAL_TOKEN" in pack.ext["secrets"]:
+        env["YIMI_INTERNAL_TOKEN"] = token
+    return env
+
+
+def run_contract(pack_dir: Path, *, fake: bool, env: dict[str, str] | None = None) -> ContractReport:
+    """Run the pack's contract against its real server (or its fake) and report per case."""
+    pack_dir = Path(pack_dir).resolve()
+    report = ContractReport(pack=pack_dir.name, fake=fake)
+    try:
+        pack = load_pack(pack_dir)
+        contract = load_contract(pack)
+    except (ManifestError, ContractFormatError) as exc:
+        report.errors.append(str(exc))
+        return report
+    report.pack = pack.name
+    with tempfile.TemporaryDirectory(prefix=f"yimi-contract-{pack.name}-") as tmp:
+        base_env = {
+            "PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p),
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "YIMI_WORKSPACE_DIR": str(Path(tmp) / "workspace"),
+            "YIMI_MAIL_DIR": str(Path(tmp) / "mail"),
+            **(env or {}),
+        }
+        asyncio.run(_run(pack, contract, fake, base_env, Path(tmp), report))
+    return report
+
+
+def load_contract(pack: Pack) -> dict[str, Any]:
+    path = pack.path / pack.ext["tests"]["contract"]
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as exc:
+        raise ContractFormatError(f"{path.name}: cannot read the contract ({exc})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("cases"), list) or not data["cases"]:
+        raise ContractFormatError(f"{path.name}: expected a mapping with a non-empty list 'cases'")
+    if data.get("pack", pack.name) != pack.name:
+        raise ContractFormatError(f"{path.name}: the contract is for {data['pack']!r}, not {pack.name!r}")
+    names = set()
+    for i, case in enumerate(data["cases"]):
+        where = f"{path.name}: case {i}"
+        if not isinstance(case, dict) or not isinstance(case.get("name"), str) or not isinstance(case.get("steps"), list):
+            raise ContractFormatError(f"{where}: a case needs a name and a list of steps")
+        if case["name"] in names:
+            raise ContractFormatError(f"{where}: the name {case['name']!r} is used twice")
+        names.add(case["name"])
+        if set(case) - CASE_KEYS or case.get("only") not in (None, "real", "fake"):
+            raise ContractFormatError(f"{where}: unknown keys {sorted(set(case) - CASE_KEYS)} or only not real/fake")
+        if "env" in case and not (isinstance(case["env"], dict) and all(isinstance(v, str) for v in case["env"].values())):
+            raise ContractFormatError(f"{where}: env maps names to strings")
+        for j, step in enumerate(case["steps"]):
+            if not isinstance(step, dict) or step.get("tool") not in pack.tools:
+                raise ContractFormatError(f"{where} step {j}: tool must be one of {sorted(pack.tools)}")
+            unknown = set(step) - STEP_KEYS or set(step.get("expect") or {}) - EXPECT_KEYS
+            if unknown:
+                raise ContractFormatError(f"{where} step {j}: unknown keys {sorted(unknown)}")
+            if not isinstance(step.get("args", {}), dict) or not isinstance(step.get("save", {}), dict):
+                raise ContractFormatError(f"{where} step {j}: args and save are mappings")
+    return data
+
+
+class _Host:
+    """One pack host subprocess and its client session."""
+
+    def __init__(self, pack: Pack, fake: bool, env: dict[str, str], errlog_path: Path) -> None:
+        self.pack, self.fake, self.env, self.errlog_path = pack, fake, env, errlog_path
+        self.stack = contextlib.AsyncExitStack()
+        self.session: ClientSession | None = None
+        self.problem: str | None = None
+
+    async def start(self) -> None:
+        args = ["-m", "capabilities.mcp_host.host", "--packs-dir", str(self.pack.path.parent), "--select", self.pack.name]
+        if self.fake:
+            args.append("--fake")
+        params = StdioServerParameters(command=sys.executable, args=args, env=self.env, cwd=str(REPO_ROOT))
+        errlog = self.stack.enter_context(open(self.errlog_path, "a", encoding="utf-8"))
+        try:
+            read, write = await self.stack.enter_async_context(stdio_client(params, errlog=errlog))
+            self.session = await self.stack.enter_async_context(ClientSession(read, write))
+            await asyncio.wait_for(self.session.initialize(), STARTUP_TIMEOUT)
+            listed = await asyncio.wait_for(self.session.list_tools(), STARTUP_TIMEOUT)
+        except Exception as exc:  # noqa: BLE001 - reported as the reason nothing ran
+            self.problem = f"the host did not start ({type(exc).__name__}: {exc}){self._stderr()}"
+            return
+        served = {t.name for t in listed.tools}
+        missing = sorted(t.full_name for t in self.pack.tools.values() if t.full_name not in served)
+        if missing:
+            self.problem = f"the host does not serve {missing}{self._stderr()}"
+
+    def _stderr(self) -> str:
+        try:
+            text = self.errlog_path.read_text(encoding="utf-8").strip()
+        except OSError:
+            return ""
+        return f"; host stderr: {text[-1500:]}" if text else ""
+
+    async def close(self) -> None:
+        with contextlib.suppress(Exception):
+            await self.stack.aclose()
+
+
+async def _run(pack: Pack, contract: dict[str, Any], fake: bool, base_env: dict[str, str], tmp: Path, report: ContractReport) -> None:
+    variables: dict[str, Any] = {"run": uuid.uuid4().hex[:12]}
+    step_timeout = float(contract.get("timeout", DEFAULT_STEP_TIMEOUT))
+    shared: _Host | None = None
+    try:
+        for index, case in enumerate(contract["cases"]):
+            if case.get("only") not in (None, report.implementation):
+                report.skipped.append(case["name"])
+                continue
+            if case.get("env"):
+                if "free_port" not in variables:
+                    variables["free_port"] = _free_port()
+                try:
+                    extra = {k: str(substitute(v, variables)) for k, v in case["env"].items()}
+                except KeyError as exc:
+                    report.cases.append(CaseResult(case["name"], False, [f"env: unknown variable {exc}"]))
+                    continue
+                host = _Host(pack, fake, {**base_env, **extra}, tmp / f"host-{index}.log")
+                await host.start()
+                try:
+                    report.cases.append(await _run_case(host, pack, case, variables, step_timeout))
+                finally:
+                    await host.close()
+                continue
+            if shared is None:
+                shared = _Host(pack, fake, base_env, tmp / "host.log")
+                await shared.start()
+            report.cases.append(await _run_case(shared, pack, case, variables, step_timeout))
+    finally:
+        if shared is not None:
+            await shared.close()
+
+
+async def _run_case(host: _Host, pack: Pack, case: dict[str, Any], variables: dict[str, Any], step_timeout: float) -> CaseResult:
+    if host.problem or host.session is None:
+        return CaseResult(case["name"], False, [f"not run: {host.problem}"])
+    failures: list[str] = []
+    for number, step in enumerate(case["steps"], start=1):
+        decl = pack.tools[step["tool"]]
+        where = f"step {number} ({step['tool']})"
+        try:
+            args = substitute(step.get("args") or {}, variables)
+            expect = substitute(step.get("expect") or {}, variables)
+        except KeyError as exc:
+            failures.append(f"{where}: unknown variable {exc}")
+            continue
+        try:
+            result = await asyncio.wait_for(host.session.call_tool(decl.full_name, args), step_timeout)
+        except TimeoutError:
+            failures.append(f"{where}: no answer within {step_timeout:g} s")
+            continue
+        except Exception as exc:  # noqa: BLE001 - a broken transport fails the step
+            failures.append(f"{where}: the call failed ({type(exc).__name__}: {exc})")
+            continue
+        if getattr(result, "is_error", False):
+            if not expect.get("is_error"):
+                failures.append(f"{where}: the host reported an error: {_text_of(result)}")
+            continue
+        if expect.get("is_error"):
+            failures.append(f"{where}: expected the host to report an error, got a result")
+            continue
+        raw = getattr(result, "structured_content", None)
+        failures.extend(f"{where}: {problem}" for problem in receipt_problems(raw, decl, args))
+        if schema_errors(raw):
+            continue
+        failures.extend(f"{where}: {problem}" for problem in check_expect(expect, raw))
+        for name, path in (step.get("save") or {}).items():
+            found, saved = _dig(raw, str(path))
+            if found:
+                variables[name] = saved
+            else:
+                failures.append(f"{where}: save {name}: the receipt has no {path}")
+    return CaseResult(case["name"], not failures, failures)
+
+
+def receipt_problems(raw: Any, decl: Any, args: dict[str, Any]) -> list[str]:
+    """Why a raw result is not a proper receipt: schema errors, then the violations and
+    contradictions normalization finds."""
+    if raw is None:
+        return ["the result carries no receipt (structured_content is empty)"]
+    errors = schema_errors(raw)
+    if errors:
+        return [f"not a valid receipt: {e}" for e in errors[:5]]
+    normalized = normalize(raw, tool=decl, category=decl.resolve_category(args))
+    return [f"receipt violation: {v}" for v in normalized.violations] + [f"receipt contradiction: {c}" for c in normalized.contradictions]
+
+
+def check_expect(expect: dict[str, Any], receipt: dict[str, Any]) -> list[str]:
+    failures: list[str] = []
+    nxt, error, content = receipt.get("next", {}), receipt.get("error"), receipt.get("content", {})
+    items = content.get("items", [])
+
+    def differs(label: str, expected: Any, actual: Any) -> None:
+        if not matches(expected, actual):
+            failures.append(f"{label}: expected {_show(expected)}, got {_show(actual)}")
+
+    if "status" in expect:
+        differs("status", expect["status"], receipt["status"])
+    for key in ("effects", "values"):
+        if key in expect:
+            failures.extend(_contains(key, expect[key], receipt.get(key, [])))
+    if "content_text" in expect:
+        differs("content.text", expect["content_text"], content.get("text"))
+    if "content_text_contains" in expect and str(expect["content_text_contains"]) not in str(content.get("text", "")):
+        failures.append(f"content.text: {expect['content_text_contains']!r} not in {_show(content.get('text'))}")
+    if "content_items" in expect:
+        failures.extend(_contains("content.items", expect["content_items"], items, empty_means_none=False))
+    for absent in expect.get("content_items_absent", []):
+        hit = next((i for i in items if matches(absent, i)), None)
+        if hit is not None:
+            failures.append(f"content.items: expected nothing matching {_show(absent)}, found {_show(hit)}")
+    if "content_items_count" in expect:
+        differs("len(content.items)", expect["content_items_count"], len(items))
+    if "summary_contains" in expect and str(expect["summary_contains"]) not in receipt.get("summary", ""):
+        failures.append(f"summary: {expect['summary_contains']!r} not in {_show(receipt.get('summary'))}")
+    if "error_code" in expect:
+        differs("error.code", expect["error_code"], error.get("code") if isinstance(error, dict) else None)
+    for key in ("retry", "check_with", "waiting_on"):
+        if key in expect:
+            differs(f"next.{key}", expect[key], nxt.get(key))
+    if "unknowns_count" in expect:
+        differs("len(unknowns)", expect["unknowns_count"], len(receipt.get("unknowns", [])))
+    return failures
+
+
+def _contains(label: str, expected: Any, actual: list[Any], empty_means_none: bool = True) -> list[str]:
+    if not isinstance(expected, list):
+        return [f"{label}: the expectation must be a list"]
+    if not expected:
+        return [] if not empty_means_none or not actual else [f"{label}: expected none, got {_show(actual)}"]
+    return [f"{label}: nothing matches {_show(e)} in {_show(actual)}" for e in expected if not any(matches(e, a) for a in actual)]
+
+
+def matches(expected: Any, actual: Any) -> bool:
+    """``expected`` is a subset of ``actual``: dict keys recursively, lists element-wise,
+    scalars equal (booleans only equal booleans)."""
+    if isinstance(expected, dict):
+        return isinstance(actual, dict) and all(k in actual and matches(v, actual[k]) for k, v in expected.items())
+    if isinstance(expected, list):
+        return isinstance(actual, list) and len(expected) == len(actual) and all(matches(e, a) for e, a in zip(expected, actual))
+    if isinstance(expected, bool) or isinstance(actual, bool):
+        return isinstance(expected, bool) and isinstance(actual, bool) and expected == actual
+    return expected == actual
+
+
+def substitute(value: Any, variables: dict[str, Any]) -> Any:
+    """Replace ``${name}`` in strings (recursively); KeyError for an unknown name."""
+    if isinstance(value, dict):
+        return {k: substitute(v, variables) for k, v in value.items()}
+    if isinstance(value, list):
+        return [substitute(v, variables) for v in value]
+    if isinstance(value, str):
+        whole = VARIABLE.fullmatch(value)
+        if whole:
+            return variables[whole.group(1)]
+        return VARIABLE.sub(lambda m: str(variables[m.group(1)]), value)
+    return value
+
+
+def _dig(data: Any, path: str) -> tuple[bool, Any]:
+    for part in path.split("."):
+        if isinstance(data, dict) and part in data:
+            data = data[part]
+        elif isinstance(data, list) and part.isdigit() and int(part) < len(data):
+            data = data[int(part)]
+        else:
+            return False, None
+    return True, data
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _text_of(result: Any) -> str:
+    return " ".join(getattr(c, "text", "") for c in getattr(result, "content", []) or [])[:500]
+
+
+def _show(value: Any) -> str:
+    text = json.dumps(value, ensure_ascii=False, default=str)
+    return text if len(text) <= 300 else text[:297] + "..."

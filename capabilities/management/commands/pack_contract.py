@@ -1,0 +1,81 @@
+"""``manage.py pack_contract``: run capability packs' contract tests.
+
+    pack_contract                      # every pack in YIMI_PACKS_DIR, real servers
+    pack_contract messaging schedule   # only these packs
+    pack_contract --fake               # the fakes instead
+    pack_contract --both               # real servers and fakes
+
+A pack that calls the platform (egress ``loopback``) gets ``YIMI_PLATFORM_URL`` and, if it
+declares the secret, ``YIMI_INTERNAL_TOKEN``: its real server then runs against the
+running platform (the schedule contract creates reminders in 2099 and cancels them).
+Prints one row per case and exits non-zero if any case failed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError
+
+from capabilities.contract import ContractReport, platform_env, run_contract
+from capabilities.manifest import ManifestError, load_pack
+
+
+class Command(BaseCommand):
+    help = "Run the contract tests of capability packs against their real servers and/or fakes."
+
+    def add_arguments(self, parser: Any) -> None:
+        parser.add_argument("packs", nargs="*", metavar="PACK", help="pack names (default: every pack)")
+        which = parser.add_mutually_exclusive_group()
+        which.add_argument("--fake", action="store_true", help="run against the fakes only")
+        which.add_argument("--both", action="store_true", help="run against the real servers and the fakes")
+        parser.add_argument("--packs-dir", type=Path, default=None, help="default: settings.YIMI_PACKS_DIR")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        packs_dir = Path(options["packs_dir"] or settings.YIMI_PACKS_DIR).resolve()
+        names = options["packs"] or sorted(
+            p.name for p in packs_dir.iterdir() if (p / "plugin.json").exists() and not p.name.startswith((".", "_"))
+        )
+        if not names:
+            raise CommandError(f"no packs in {packs_dir}")
+        fakes = [True] if options["fake"] else [False, True] if options["both"] else [False]
+        reports: list[ContractReport] = []
+        for name in names:
+            path = packs_dir / name
+            try:
+                env = platform_env(load_pack(path), url=settings.YIMI_PLATFORM_URL, token=settings.INTERNAL_TOKEN)
+            except ManifestError:
+                env = {}  # run_contract reports the manifest error
+            for fake in fakes:
+                reports.append(run_contract(path, fake=fake, env=env))
+        failed = self.print_table(reports)
+        if failed:
+            raise CommandError(f"{failed} contract run(s) failed")
+
+    def print_table(self, reports: list[ContractReport]) -> int:
+        rows = [("PACK", "IMPL", "RESULT", "CASE")]
+        details: list[tuple[int, list[str]]] = []
+        for report in reports:
+            for error in report.errors:
+                rows.append((report.pack, report.implementation, "ERROR", "(contract could not run)"))
+                details.append((len(rows) - 1, [error]))
+            for case in report.cases:
+                rows.append((report.pack, report.implementation, "pass" if case.passed else "FAIL", case.name))
+                if case.failures:
+                    details.append((len(rows) - 1, case.failures))
+            for name in report.skipped:
+                rows.append((report.pack, report.implementation, "skip", name))
+        widths = [max(len(r[i]) for r in rows) for i in range(3)]
+        notes = dict(details)
+        for index, row in enumerate(rows):
+            line = "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row[:3])) + "  " + row[3]
+            style = self.style.ERROR if row[2] in ("FAIL", "ERROR") else (lambda s: s)
+            self.stdout.write(style(line))
+            for note in notes.get(index, []):
+                self.stdout.write(f"      - {note}")
+        failed = sum(1 for r in reports if not r.passed)
+        total = len(reports)
+        self.stdout.write(f"{total - failed}/{total} contract runs passed")
+        return failed
