@@ -94,13 +94,14 @@ def run_binding(run_id: Any) -> RunBinding | None:
         key = uuid.UUID(str(run_id))
     except ValueError:
         return None
-    run = Run.objects.filter(id=key).first()
-    if run is None:
+    row = Run.objects.filter(id=key).values_list("owner_id", "admission_id", "scope", "state")[:1]
+    if not row:
         return None
+    owner_id, admission_id, scope, state = row[0]
     from brain.agents import run_has_active_agents
 
-    active = run.state in (Run.State.QUEUED, Run.State.RUNNING) or run_has_active_agents(run.id)
-    return RunBinding(run.id, run.owner_id, run.admission_id, run.scope, active)
+    active = state in (Run.State.QUEUED, Run.State.RUNNING) or run_has_active_agents(key)
+    return RunBinding(key, owner_id, admission_id, scope, active)
 
 
 def claim_run(run_id: Any) -> Run | None:

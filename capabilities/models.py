@@ -48,6 +48,9 @@ class ReceiptRecord(models.Model):
     call = models.ForeignKey(ToolCall, on_delete=models.CASCADE, related_name="receipts")
     task_id = models.CharField(max_length=128)
     revision = models.PositiveIntegerField(default=1)
+    # The call's fingerprint, copied here so "did this exact call already succeed?" is one
+    # indexed lookup.
+    call_fingerprint = models.CharField(max_length=64, default="")
     status = models.CharField(max_length=16, db_index=True)
     receipt = models.JSONField(help_text="the normalized receipt")
     content_fingerprint = models.CharField(max_length=64, help_text="sha256 of what the tool returned")
@@ -62,7 +65,10 @@ class ReceiptRecord(models.Model):
             # revisions of one task are strictly ordered, whichever call reported them
             models.UniqueConstraint(fields=["task_id", "revision"], name="receipt_unique_task_revision"),
         ]
-        indexes = [models.Index(fields=["task_id", "-revision"])]
+        indexes = [
+            models.Index(fields=["task_id", "-revision"]),
+            models.Index(fields=["owner", "call_fingerprint", "-created_at"]),
+        ]
 
     def __str__(self) -> str:
         return f"{self.task_id} r{self.revision}: {self.status}"

@@ -144,8 +144,9 @@ def decide(request: CallRequest) -> Decision:
 
 def _duplicate_or_unchecked(owner_id: int, fingerprint: str, tool: ToolDecl) -> Decision | None:
     last = (
-        ReceiptRecord.objects.filter(owner_id=owner_id, call__fingerprint=fingerprint, written_by_gateway=False)
-        .order_by("-created_at", "-revision")
+        ReceiptRecord.objects.filter(owner_id=owner_id, call_fingerprint=fingerprint, written_by_gateway=False)
+        .only("status", "receipt", "created_at")
+        .order_by("-created_at")
         .first()
     )
     if last is None:
@@ -214,6 +215,7 @@ def _record(
             receipt = {"receipt_schema": 1, "status": "rejected", "summary": decision.reason, "error": {"code": decision.code}}
             ReceiptRecord.objects.create(
                 owner_id=binding.owner_id, call=call, task_id=str(call.id), status="rejected", receipt=receipt,
+                call_fingerprint=call.fingerprint,
                 content_fingerprint=sha256(canonical(receipt)), written_by_gateway=True,
             )
     return decision
@@ -247,7 +249,12 @@ def record_receipt(call_id: Any, result: Any, *, transport_error: str | None = N
     record, different content is a ``conflict``; 4. a task's revisions strictly
     increase (``stale_revision`` otherwise) and earlier ones are kept as history.
     """
-    call = ToolCall.objects.filter(id=_uuid(call_id)).order_by().first()
+    call = (
+        ToolCall.objects.filter(id=_uuid(call_id))
+        .only("id", "owner_id", "decision", "tool", "category", "fingerprint")
+        .order_by()
+        .first()
+    )
     if call is None:
         raise YimiError("unknown_call", "there is no decided call with this id")
     if call.decision not in (ToolCall.Decision.ALLOW, ToolCall.Decision.REWRITE):
@@ -258,21 +265,23 @@ def record_receipt(call_id: Any, result: Any, *, transport_error: str | None = N
     task_id = str(receipt.get("task_id") or call.id)
     revision = int(receipt.get("revision") or 1)
     content_fp = sha256(canonical({"result": result, "transport_error": transport_error}))
-    latest = ReceiptRecord.objects.filter(task_id=task_id).order_by("-revision").first()
-    if latest is not None and revision <= latest.revision:
-        same = latest if (latest.call_id, latest.revision) == (call.id, revision) else (
-            ReceiptRecord.objects.filter(task_id=task_id, call=call, revision=revision).first()
-        )
-        if same is not None:
-            return _replay(same, content_fp)
-        raise YimiError("stale_revision", f"task {task_id} is already at revision {latest.revision}", latest=latest.revision)
+    if "task_id" in receipt or revision > 1:
+        # A long task reporting a revision: it must be newer than the task's latest.
+        latest = ReceiptRecord.objects.filter(task_id=task_id).order_by("-revision").only("call_id", "revision").first()
+        if latest is not None and revision <= latest.revision:
+            same = ReceiptRecord.objects.filter(task_id=task_id, call=call, revision=revision).first()
+            if same is not None:
+                return _replay(same, content_fp)
+            raise YimiError("stale_revision", f"task {task_id} is already at revision {latest.revision}", latest=latest.revision)
     try:
-        # One INSERT in autocommit; the unique constraints settle any race.
-        record = ReceiptRecord.objects.create(
-            owner_id=call.owner_id, call=call, task_id=task_id, revision=revision, status=receipt["status"],
-            receipt=receipt, content_fingerprint=content_fp,
-            violations=normalized.violations, contradictions=normalized.contradictions,
-        )
+        # One INSERT; the unique constraints settle replays and races (the savepoint keeps
+        # a caller's outer transaction usable when they fire).
+        with transaction.atomic():
+            record = ReceiptRecord.objects.create(
+                owner_id=call.owner_id, call=call, task_id=task_id, revision=revision, status=receipt["status"],
+                call_fingerprint=call.fingerprint, receipt=receipt, content_fingerprint=content_fp,
+                violations=normalized.violations, contradictions=normalized.contradictions,
+            )
     except IntegrityError:
         same = ReceiptRecord.objects.filter(task_id=task_id, call=call, revision=revision).first()
         if same is None:

@@ -1,9 +1,9 @@
 from django.urls import path
 
-from capabilities.views import DecideView, ObserveView, ReceiptView
+from capabilities import views
 
 urlpatterns = [
-    path("decide/", DecideView.as_view()),
-    path("receipt/", ReceiptView.as_view()),
-    path("observe/", ObserveView.as_view()),
+    path("decide/", views.decide),
+    path("receipt/", views.receipt),
+    path("observe/", views.observe),
 ]

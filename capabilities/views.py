@@ -2,44 +2,28 @@
 
 from __future__ import annotations
 
-from rest_framework.request import Request
-from rest_framework.response import Response
-from rest_framework.views import APIView
+from typing import Any
 
 from capabilities import services
-from yimi_project.errors import YimiError
-from yimi_project.internal import LoopbackWithInternalToken
+from yimi_project.internal import internal_json_view, run_db
 
 
-class _Internal(APIView):
-    authentication_classes: list = []
-    permission_classes = [LoopbackWithInternalToken]
+@internal_json_view
+async def decide(body: dict[str, Any]) -> dict[str, Any]:
+    request = services.CallRequest.from_payload(body)
+    return (await run_db(lambda: services.decide(request))).payload()
 
 
-def _body(request: Request) -> dict:
-    if not isinstance(request.data, dict):
-        raise YimiError("invalid_request", "expected a JSON object")
-    return request.data
+@internal_json_view
+async def receipt(body: dict[str, Any]) -> dict[str, Any]:
+    error = body.get("transport_error")
+    outcome = await run_db(
+        lambda: services.record_receipt(body.get("call_id"), body.get("result"), transport_error=str(error) if error else None)
+    )
+    return outcome.payload()
 
 
-class DecideView(_Internal):
-    def post(self, request: Request) -> Response:
-        decision = services.decide(services.CallRequest.from_payload(_body(request)))
-        return Response(decision.payload())
-
-
-class ReceiptView(_Internal):
-    def post(self, request: Request) -> Response:
-        data = _body(request)
-        error = data.get("transport_error")
-        outcome = services.record_receipt(
-            data.get("call_id"), data.get("result"), transport_error=str(error) if error else None
-        )
-        return Response(outcome.payload())
-
-
-class ObserveView(_Internal):
-    def post(self, request: Request) -> Response:
-        data = _body(request)
-        services.observe(data.get("call_id"), duration_ms=data.get("duration_ms"), error=data.get("error", ""))
-        return Response({"ok": True})
+@internal_json_view
+async def observe(body: dict[str, Any]) -> dict[str, Any]:
+    await run_db(lambda: services.observe(body.get("call_id"), duration_ms=body.get("duration_ms"), error=body.get("error", "")))
+    return {"ok": True}

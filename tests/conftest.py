@@ -29,6 +29,17 @@ def need(condition: bool, reason: str) -> None:
     pytest.skip(reason)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _close_internal_db_threads(django_db_setup: Any, django_db_blocker: Any) -> Iterator[None]:
+    """The internal endpoints keep connections on their own threads; close them before
+    the test database is dropped."""
+    yield
+    from yimi_project.internal import close_thread_connections
+
+    with django_db_blocker.unblock():
+        close_thread_connections()
+
+
 @pytest.fixture(scope="session")
 def fake_brain() -> Iterator[FakeBrainServer]:
     server = FakeBrainServer(script=Script())

@@ -267,6 +267,7 @@ def post(path: str, body: dict[str, Any], *, token: str | None, ip: str = "127.0
     return Client(REMOTE_ADDR=ip).post(path, body, content_type="application/json", **headers)
 
 
+@pytest.mark.django_db(transaction=True)
 def test_gateway_over_loopback_http(run: Run, settings: Any) -> None:
     token = settings.INTERNAL_TOKEN
     decided = post("/internal/gateway/decide/", {"run_id": str(run.id), "tool": "demo__read", "arguments": {"key": "h"}}, token=token)
@@ -279,9 +280,15 @@ def test_gateway_over_loopback_http(run: Run, settings: Any) -> None:
     assert conflict.status_code == 409 and conflict.json()["error"]["code"] == "conflict"
 
 
+@pytest.mark.django_db(transaction=True)
 def test_gateway_http_refuses_other_addresses_and_missing_tokens(run: Run, settings: Any) -> None:
     body = {"run_id": str(run.id), "tool": "demo__read", "arguments": {}}
     assert post("/internal/gateway/decide/", body, token=settings.INTERNAL_TOKEN, ip="192.0.2.7").status_code == 403
     assert post("/internal/gateway/decide/", body, token=None).status_code == 403
     assert post("/internal/gateway/decide/", body, token="wrong").status_code == 403
+    assert post("/internal/gateway/decide/", body, token="wrong").json()["error"]["code"] == "forbidden"
+    malformed = Client(REMOTE_ADDR="127.0.0.1").post(
+        "/internal/gateway/decide/", "{nope", content_type="application/json", HTTP_X_YIMI_INTERNAL_TOKEN=settings.INTERNAL_TOKEN
+    )
+    assert malformed.status_code == 400 and malformed.json()["error"]["code"] == "malformed_json"
     assert ToolCall.objects.count() == 0
