@@ -160,6 +160,9 @@ async def execute_agent_task(task_id: Any) -> str:
             result = await subagent_loop(task)
         except BrainError as exc:
             state, result, code = AgentTask.State.FAILED, f"the sub-agent's brain call failed ({exc.code})", exc.code
+        except Exception as exc:  # noqa: BLE001 - the owner is told it stopped, never left waiting
+            log_event("subagent_crashed", task_id=str(task.id), error=type(exc).__name__)
+            state, result, code = AgentTask.State.FAILED, "the sub-agent stopped on an internal error", "internal_error"
     finally:
         beat.cancel()
         with contextlib.suppress(asyncio.CancelledError):

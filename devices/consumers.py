@@ -123,7 +123,8 @@ class DeviceConsumer(AsyncWebsocketConsumer):
         if self._auth_timer is not None:
             self._auth_timer.cancel()
         await self.channel_layer.group_add(device_services.device_group(device.id), self.channel_name)
-        await self.channel_layer.group_add(device_services.owner_group(device.owner_id), self.channel_name)
+        if not device.is_guest:  # owner-wide frames (timeline hints, cards, reminders) skip guests
+            await self.channel_layer.group_add(device_services.owner_group(device.owner_id), self.channel_name)
         await self._send(
             {
                 "type": "ready",

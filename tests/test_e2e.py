@@ -57,6 +57,9 @@ def platform(owner: Any, brain: Any) -> Iterator[dict[str, Any]]:
         "YIMI_CHANNEL_PREFIX": f"yimi-e2e-{uuid.uuid4().hex[:8]}",
         "YIMI_DATA_DIR": str(django_settings.DATA_DIR),
         "YIMI_BRAIN_BASE_URL": brain.base_url,
+        # Sub-agents reach the gateway over its loopback HTTP interface, as in production.
+        "YIMI_GATEWAY_URL": f"http://127.0.0.1:{port}/internal/gateway",
+        "YIMI_WORKSPACE_DIR": str(Path(django_settings.DATA_DIR) / "e2e-workspace"),
         "PYTHONUNBUFFERED": "1",
     }
     bindir = Path(sys.executable).parent
@@ -83,7 +86,7 @@ def platform(owner: Any, brain: Any) -> Iterator[dict[str, Any]]:
             if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
                 pytest.fail("daphne did not start:\n" + (logs / "daphne.log").read_text()[-3000:])
             time.sleep(0.2)
-        yield {"base": base, "owner": owner, "logs": logs}
+        yield {"base": base, "owner": owner, "logs": logs, "workspace": Path(env["YIMI_WORKSPACE_DIR"])}
     finally:
         for p in procs:
             p.terminate()
@@ -92,6 +95,21 @@ def platform(owner: Any, brain: Any) -> Iterator[dict[str, Any]]:
                 p.wait(10)
             except subprocess.TimeoutExpired:
                 p.kill()
+        wait_for_other_sessions_to_close()
+
+
+def wait_for_other_sessions_to_close(timeout: float = 10.0) -> None:
+    """Celery's pool children exit a moment after their parent; let their database
+    sessions end before the test database is dropped."""
+    deadline = time.monotonic() + timeout
+    with connection.cursor() as cursor:
+        while time.monotonic() < deadline:
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+            if cursor.fetchone()[0] == 0:
+                return
+            time.sleep(0.2)
 
 
 async def test_text_from_one_device_is_answered_there_and_synced_to_another(platform: dict[str, Any], brain: Any) -> None:
@@ -124,3 +142,41 @@ async def test_text_from_one_device_is_answered_there_and_synced_to_another(plat
     while not await db_async(Delivery.objects.filter(entry__seq=done["seq"], status="rendered").exists)():
         assert time.monotonic() < deadline, "the ACK was not recorded"
         await asyncio.sleep(0.1)
+
+
+async def test_delegated_workspace_write_is_receipted_checked_reported_and_acked(platform: dict[str, Any], brain: Any) -> None:
+    """text → run → delegate → workspace tool over MCP (in the Celery worker) → receipt via
+    the loopback gateway → checked follow-up on the device that spoke → ACK."""
+    from capabilities.models import ReceiptRecord, ToldFact
+    from tests.conftest import db_async
+
+    script(brain, match="纪要", forbids_tool="workspace__write_file", reply="好，我去整理。",
+           tool_calls=[{"name": "delegate", "arguments": {"goal": "把纪要写进 notes/e2e.md"}}])
+    script(brain, requires_tool="workspace__write_file", reply="", tool_calls=[
+        {"name": "workspace__write_file", "arguments": {"path": "notes/e2e.md", "content": "十点开会", "owner_requested": True}}])
+    script(brain, when="tool", requires_tool="workspace__write_file", reply="写好了。")
+    script(brain, match="Background task finished", reply="纪要写好了，一共12个字节，另外还有7个附件。")
+
+    (_, code), = [await db_async(issue_pairing_code)(platform["owner"])]
+    phone = await pair(platform["base"], code, kind="phone", name="e2e phone")
+    async with DeviceConnection(phone) as ws:
+        ack = await ws.say("把今天的纪要整理一下")
+        _, first = await ws.reply_to(ack["seq"], timeout=60)
+        assert first["type"] == "reply.done" and first["text"] == "好，我去整理。"
+        await ws.ack(first["seq"])
+        try:
+            _, report = await ws.reply_to(ack["seq"], timeout=90)
+        except Exception:
+            print((platform["logs"] / "celery.log").read_text()[-4000:])
+            raise
+        assert report["type"] == "reply.done" and report["seq"] > first["seq"]
+        assert "12" in report["text"] and "7个附件" not in report["text"]  # the checker removed the unsupported claim
+        await ws.ack(report["seq"])
+        await ws.send({"type": "ping", "id": "flush"})
+        await ws.next_frame("pong")
+
+    assert (platform["workspace"] / "notes" / "e2e.md").read_text() == "十点开会"
+    record = await db_async(ReceiptRecord.objects.get)(call__tool="workspace__write_file")
+    assert record.status == "succeeded" and record.receipt["effects"][0]["verification"] == "verified"
+    told = await db_async(lambda: list(ToldFact.objects.filter(entry__seq=report["seq"]).values_list("acknowledged_at", flat=True)))()
+    assert told and all(t is not None for t in told)

@@ -18,3 +18,6 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":  # noqa: F405
     # A file, not shared-cache memory: concurrent writers then wait on the lock
     # (busy timeout) as they do in the embedded default, instead of failing at once.
     DATABASES["default"]["TEST"] = {"NAME": str(DATA_DIR / "test.sqlite3")}  # noqa: F405
+# Threads the tests use (sync_to_async, the internal pool) must not keep connections that
+# would stop the test database from being dropped.
+DATABASES["default"]["CONN_MAX_AGE"] = 0  # noqa: F405

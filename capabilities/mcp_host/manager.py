@@ -41,8 +41,10 @@ class ToolResult:
 class HostProcess:
     """One host process and its MCP session, owned by a single task."""
 
-    def __init__(self, key: str, params: StdioServerParameters, idle_timeout: float, on_changed: Callable[[str], None]) -> None:
-        self.key, self.params, self.idle_timeout = key, params, idle_timeout
+    def __init__(
+        self, key: str, params: StdioServerParameters, idle_timeout: float, on_changed: Callable[[str], None], errlog: Any
+    ) -> None:
+        self.key, self.params, self.idle_timeout, self.errlog = key, params, idle_timeout, errlog
         self.session: ClientSession | None = None
         self.tools: dict[str, types.Tool] = {}
         self.last_used = time.monotonic()
@@ -65,7 +67,7 @@ class HostProcess:
 
     async def _serve(self) -> None:
         try:
-            async with stdio_client(self.params) as (read, write):
+            async with stdio_client(self.params, errlog=self.errlog) as (read, write):
                 async with ClientSession(read, write, message_handler=self._on_message) as session:
                     await session.initialize()
                     self.session = session
@@ -124,8 +126,10 @@ class HostManager:
         fake: bool = False,
         watch_interval: float = 1.0,
         on_tools_changed: Callable[[str], None] | None = None,
+        log_dir: Path | None = None,
     ) -> None:
         self.packs_dir = Path(packs_dir)
+        self.log_dir = log_dir
         self.env = env or {}
         self.fake = fake
         self.watch_interval = watch_interval
@@ -151,6 +155,14 @@ class HostManager:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), self.env.get("PYTHONPATH", "")]))
         return StdioServerParameters(command=sys.executable, args=args, env=env, cwd=str(REPO_ROOT))
 
+    def _errlog(self, key: str) -> Any:
+        """Where a host's stderr goes: a log file per host, or this process's real stderr
+        (not ``sys.stderr``, which a Celery worker replaces with an object without a file)."""
+        if self.log_dir is None:
+            return sys.__stderr__
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        return open(self.log_dir / f"pack-host-{key}.log", "a", encoding="utf-8")  # noqa: SIM115 - kept for the host's life
+
     def _idle_timeout(self, key: str) -> float:
         packs = [p for p in self.packs().packs.values() if self.host_key(p) == key]
         return float(max((p.idle_timeout_seconds for p in packs), default=900))
@@ -166,7 +178,7 @@ class HostManager:
             current = self.hosts.get(key)
             if current is not None and current.alive:
                 return current
-            process = HostProcess(key, self._params(key), self._idle_timeout(key), self._changed)
+            process = HostProcess(key, self._params(key), self._idle_timeout(key), self._changed, self._errlog(key))
             await process.start()
             self.hosts[key] = process
             return process

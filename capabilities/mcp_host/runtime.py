@@ -50,7 +50,9 @@ def _start() -> tuple[asyncio.AbstractEventLoop, HostManager]:
         if _loop is None or _manager is None:
             loop = asyncio.new_event_loop()
             threading.Thread(target=loop.run_forever, name="pack-hosts", daemon=True).start()
-            manager = HostManager(settings.YIMI_PACKS_DIR, env=pack_env(), fake=settings.YIMI_PACKS_FAKE)
+            manager = HostManager(
+                settings.YIMI_PACKS_DIR, env=pack_env(), fake=settings.YIMI_PACKS_FAKE, log_dir=settings.DATA_DIR / "logs"
+            )
             asyncio.run_coroutine_threadsafe(manager.reclaim_forever(), loop)
             _loop, _manager = loop, manager
         return _loop, _manager
