@@ -44,6 +44,18 @@ async def dispatch_task(task_id: Any) -> None:
     _keep(asyncio.ensure_future(execute_agent_task(task_id)))
 
 
+async def dispatch_card_execution(card_id: Any) -> None:
+    """Run an approved card's call (exactly once, guarded by its execution token)."""
+    if uses_broker():
+        from consent.tasks import execute_approved_task
+
+        await sync_to_async(execute_approved_task.delay, thread_sensitive=False)(str(card_id))
+        return
+    from consent.execution import execute_approved
+
+    _keep(asyncio.ensure_future(execute_approved(card_id)))
+
+
 def _keep(task: asyncio.Task) -> None:
     _tasks.add(task)
     task.add_done_callback(_tasks.discard)
@@ -68,6 +80,7 @@ def ensure_embedded_sweeper() -> None:
 async def _sweep_forever() -> None:
     from brain.recovery import recover_runs
     from brain.reminders import fire_due_reminders
+    from consent.services import expire_cards
 
     last_recovery = -SWEEP_SECONDS
     loop = asyncio.get_running_loop()
@@ -77,6 +90,7 @@ async def _sweep_forever() -> None:
                 last_recovery = loop.time()
                 await recover_runs()
             await sync_to_async(fire_due_reminders)()
+            await sync_to_async(expire_cards)()
         except Exception as exc:  # noqa: BLE001 - the sweeper must outlive one bad round
             log_event("embedded_sweep_failed", error=type(exc).__name__)
         await asyncio.sleep(REMINDER_SECONDS)

@@ -26,7 +26,12 @@ class Run(models.Model):
     admission = models.OneToOneField("accounts.AdmissionRecord", on_delete=models.PROTECT, related_name="run")
     inbound = models.OneToOneField("memory.TimelineEntry", on_delete=models.PROTECT, related_name="run")
     origin_device = models.ForeignKey("devices.Device", on_delete=models.PROTECT, related_name="runs")
+    class Origin(models.TextChoices):
+        INTERACTIVE = "interactive"  # the owner (or a guest) said something
+        SCHEDULED = "scheduled"  # a scheduled task: nobody is there to answer a card
+
     scope = models.CharField(max_length=16)
+    origin = models.CharField(max_length=16, choices=Origin.choices, default=Origin.INTERACTIVE)
     state = models.CharField(max_length=16, choices=State.choices, default=State.QUEUED, db_index=True)
     attempts = models.PositiveIntegerField(default=0)
     created_at = models.DateTimeField(auto_now_add=True)

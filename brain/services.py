@@ -85,6 +85,7 @@ class RunBinding:
     admission_id: Any
     scope: str
     active: bool
+    origin: str = "interactive"
 
 
 def run_binding(run_id: Any) -> RunBinding | None:
@@ -94,14 +95,14 @@ def run_binding(run_id: Any) -> RunBinding | None:
         key = uuid.UUID(str(run_id))
     except ValueError:
         return None
-    row = Run.objects.filter(id=key).values_list("owner_id", "admission_id", "scope", "state")[:1]
+    row = Run.objects.filter(id=key).values_list("owner_id", "admission_id", "scope", "state", "origin")[:1]
     if not row:
         return None
-    owner_id, admission_id, scope, state = row[0]
+    owner_id, admission_id, scope, state, origin = row[0]
     from brain.agents import run_has_active_agents
 
     active = state in (Run.State.QUEUED, Run.State.RUNNING) or run_has_active_agents(key)
-    return RunBinding(key, owner_id, admission_id, scope, active)
+    return RunBinding(key, owner_id, admission_id, scope, active, origin)
 
 
 def claim_run(run_id: Any) -> Run | None:
@@ -213,16 +214,14 @@ def runs_to_recover() -> tuple[list[Any], list[Any]]:
     return again, expire
 
 
-def store_followup(task: Any, text: str) -> TimelineEntry | None:
-    """Store the reply that reports a finished task, at most once per task.
+def store_reply_once(run: Run, text: str, claim: Any) -> TimelineEntry | None:
+    """Store a reply that must exist at most once (a task's report, an approved action's
+    report).
 
     Steps: 1. append the reply to the timeline (a reply to the run's utterance, for the
-    device that spoke); 2. claim the task's ``reported_entry`` with a conditional UPDATE;
-    losing that race rolls the entry back, so a second report never exists.
+    device that spoke); 2. ``claim(entry_id)`` marks the event reported with a conditional
+    UPDATE; losing that race rolls the entry back, so a second report never exists.
     """
-    from brain.agents import mark_reported
-
-    run = task.run
     with transaction.atomic():
         entry = timeline.append_entry(
             owner_id=run.owner_id,
@@ -232,7 +231,7 @@ def store_followup(task: Any, text: str) -> TimelineEntry | None:
             scope=run.scope,
             reply_to=run.inbound,
         )
-        if not mark_reported(task.id, entry.id):
+        if not claim(entry.id):
             transaction.set_rollback(True)
             return None
     return entry

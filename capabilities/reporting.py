@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -90,8 +91,6 @@ async def prepare_report(task: AgentTask) -> Report:
     def build() -> Report:
         fresh = AgentTask.objects.get(id=task.id)
         records = [ReceiptRecord.objects.select_related("call").get(pk=r.pk) for r in _task_records(fresh)]
-        facts = _facts_for(records)
-        delivered = services.delivered_fact_ids(task.run.owner_id, [f.id for f in facts])
         lines = [
             "[Background task finished — report to the owner briefly.]",
             f"Goal: {fresh.goal}",
@@ -99,26 +98,38 @@ async def prepare_report(task: AgentTask) -> Report:
         ]
         if fresh.steer_pending:
             lines.append("Owner additions that did not reach the task in time: " + "; ".join(fresh.steer_pending))
-        new = [f.text for f in facts if f.id not in delivered]
-        lines.append("Facts from receipts (only these may be stated; they will be checked): " + (" ".join(new) or "none"))
-        return Report("\n".join(lines), [r.receipt for r in records], facts, delivered)
+        return report_for_records(records, task.run.owner_id, lines)
 
     return await database_sync_to_async(build)()
 
 
 async def deliver_report(task: AgentTask, report: Report, draft: str) -> None:
+    from brain.agents import mark_reported
+
+    await deliver_checked_reply(task.run, report, draft, lambda entry_id: mark_reported(task.id, entry_id))
+
+
+async def deliver_checked_reply(run: Any, report: Report, draft: str, claim: Callable[[int], bool]) -> None:
+    """Check a draft against the receipts, store it at most once (``claim``), deliver it in
+    chunks to the device that spoke, and remember which facts it carried."""
+    from brain.services import store_reply_once
+
     checked = truth.check_reply(draft, receipts=report.receipts, delivered_fact_ids=report.delivered, facts=report.facts)
-    text = checked.text.strip() or "后台任务结束了，但我没有可以确认的结果。"
-
-    from brain.services import store_followup
-
-    entry = await database_sync_to_async(store_followup)(task, text)
+    text = checked.text.strip() or "这件事结束了，但我没有可以确认的结果。"
+    entry = await database_sync_to_async(store_reply_once)(run, text, claim)
     if entry is None:
         return  # already reported
-    await database_sync_to_async(services.facts_carried)(task.run.owner_id, entry.id, list(checked.told))
-    run = task.run
+    await database_sync_to_async(services.facts_carried)(run.owner_id, entry.id, list(checked.told))
     pieces = [text[i : i + CHUNK_CHARS] for i in range(0, len(text), CHUNK_CHARS)]
     for index, piece in enumerate(pieces):
         await _send(device_group(run.origin_device_id), {"type": "reply.chunk", "run_id": str(run.id), "reply_to_seq": run.inbound.seq, "index": index, "text": piece})
     await _send(device_group(run.origin_device_id), {"type": "reply.done", "run_id": str(run.id), "reply_to_seq": run.inbound.seq, "seq": entry.seq, "text": text})
     await _send(owner_group(run.owner_id), {"type": "timeline.new", "seq": entry.seq})
+
+
+def report_for_records(records: list[ReceiptRecord], owner_id: int, header: list[str]) -> Report:
+    facts = _facts_for(records)
+    delivered = services.delivered_fact_ids(owner_id, [f.id for f in facts])
+    new = [f.text for f in facts if f.id not in delivered]
+    lines = [*header, "Facts from receipts (only these may be stated; they will be checked): " + (" ".join(new) or "none")]
+    return Report("\n".join(lines), [r.receipt for r in records], facts, delivered)

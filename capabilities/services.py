@@ -67,6 +67,7 @@ class Decision:
     category: str | None = None
     arguments: dict[str, Any] | None = None  # what to execute, for allow and rewrite
     overridden: list[str] = field(default_factory=list)
+    card_id: str | None = None  # for ask: the consent card the owner will answer
 
     @property
     def executes(self) -> bool:
@@ -130,6 +131,21 @@ def decide(request: CallRequest) -> Decision:
         return _record(binding, request, model_args, owner_requested, decision, tool, fingerprint)
 
     authority = GATE_AUTHORITY[category]
+    if authority == "consent":
+        from consent.services import ConsentQuestion, gate
+
+        question = ConsentQuestion(
+            owner_id=binding.owner_id, origin=binding.origin, category=category, owner_requested=owner_requested,
+            target=tool.target_of(model_args), task_type=tool.task_type, tool=request.tool,
+        )
+        verdict = gate(question)
+        if verdict.kind == "block":
+            decision = _blocked(verdict.code, verdict.reason, category=category)
+        elif verdict.kind == "ask":
+            decision = Decision(ToolCall.Decision.ASK, verdict.code, verdict.reason, category=category, overridden=overridden)
+        else:
+            decision = Decision(ToolCall.Decision.ALLOW, verdict.code, verdict.reason, category=category, overridden=overridden)
+        return _record(binding, request, model_args, owner_requested, decision, tool, fingerprint, question)
     if authority is not None:
         decision = _blocked(
             f"{authority}_authority_missing",
@@ -143,6 +159,10 @@ def decide(request: CallRequest) -> Decision:
 
 
 def _duplicate_or_unchecked(owner_id: int, fingerprint: str, tool: ToolDecl) -> Decision | None:
+    from consent.services import pending_card_exists
+
+    if pending_card_exists(owner_id, fingerprint):
+        return _blocked("already_waiting", "this exact action is already waiting for the owner's confirmation")
     last = (
         ReceiptRecord.objects.filter(owner_id=owner_id, call_fingerprint=fingerprint, written_by_gateway=False)
         .only("status", "receipt", "created_at")
@@ -176,6 +196,7 @@ def _record(
     decision: Decision,
     tool: ToolDecl | None,
     fingerprint: str | None = None,
+    question: Any = None,
 ) -> Decision:
     fingerprint = fingerprint or sha256(canonical({"tool": request.tool, "args": model_args}))
     call = ToolCall(
@@ -192,7 +213,8 @@ def _record(
         decision_reason=decision.reason[:300],
     )
     decision.call_id = str(call.id)
-    if decision.executes and tool is not None:
+    asking = decision.decision == ToolCall.Decision.ASK
+    if (decision.executes or asking) and tool is not None:
         trusted = {
             "session_id": str(binding.admission_id),
             "run_id": str(binding.run_id),
@@ -201,11 +223,13 @@ def _record(
         }
         final = dict(model_args)
         final.update({name: trusted[name] for name in tool.context_inject})
+        call.arguments = final  # what runs, now or once the owner approves
+        if asking:
+            return _ask(binding, call, decision, question, final)
         decision.arguments = final
         if final != request.arguments:
             decision.decision = ToolCall.Decision.REWRITE
             call.decision = decision.decision
-        call.arguments = final
     if decision.decision != ToolCall.Decision.BLOCK:
         call.save(force_insert=True)  # one INSERT, autocommit
         return decision
@@ -219,6 +243,69 @@ def _record(
                 content_fingerprint=sha256(canonical(receipt)), written_by_gateway=True,
             )
     return decision
+
+
+def _ask(binding: Any, call: ToolCall, decision: Decision, question: Any, final: dict[str, Any]) -> Decision:
+    """Open a consent card: the call, the card and a ``waiting`` receipt commit together;
+    the card goes to the owner's devices after commit. Nothing is executed now."""
+    from consent.services import open_card, push_card_after_commit
+
+    preview = canonical({k: v for k, v in final.items() if k not in TRUSTED_FIELDS})[:500]
+    with transaction.atomic():
+        call.save(force_insert=True)
+        card = open_card(call=call, run_id=binding.run_id, q=question, preview=preview, arguments_digest=sha256(canonical(final)))
+        _store_gateway_receipt(
+            call, {"receipt_schema": 1, "status": "waiting", "summary": "waiting for your confirmation; not executed",
+                   "next": {"retry": "forbidden", "waiting_on": "owner"}},
+        )
+        push_card_after_commit(card)
+    decision.card_id = str(card.id)
+    return decision
+
+
+def _store_gateway_receipt(call: ToolCall, receipt: dict[str, Any]) -> ReceiptRecord:
+    latest = ReceiptRecord.objects.filter(task_id=str(call.id)).order_by("-revision").only("revision").first()
+    return ReceiptRecord.objects.create(
+        owner_id=call.owner_id, call=call, task_id=str(call.id), revision=(latest.revision + 1) if latest else 1,
+        status=receipt["status"], receipt=receipt, content_fingerprint=sha256(canonical(receipt)),
+        written_by_gateway=True, call_fingerprint=call.fingerprint,
+    )
+
+
+def record_gateway_receipt(call_id: Any, status: str, summary: str, *, check_first: bool = False) -> ReceiptRecord:
+    """A receipt only the gateway writes about a call: ``cancelled`` (denied, expired,
+    failed recheck) or ``unknown`` (an interrupted execution), as the call's next revision."""
+    call = ToolCall.objects.get(id=_uuid(call_id))
+    receipt: dict[str, Any] = {"receipt_schema": 1, "status": status, "summary": summary}
+    if check_first:
+        tool = load_packs().tool(call.tool)
+        receipt["next"] = {"retry": "after_check", "check_with": tool.check_with if tool else None}
+    return _store_gateway_receipt(call, receipt)
+
+
+def recheck_approved(call_id: Any) -> Decision:
+    """Check an approved call again before it runs (the card is the credential): the
+    pack and tool still exist and serve the run's scope, the call did not already
+    succeed, and its category is still the one the owner approved."""
+    call = ToolCall.objects.select_related("run").get(id=_uuid(call_id))
+    packs = load_packs()
+    tool = packs.tool(call.tool)
+    if tool is None:
+        return _blocked("unknown_tool", f"{call.tool} is no longer installed")
+    if call.run.scope not in packs.packs[tool.pack].scopes:
+        return _blocked("scope", f"{call.tool} is no longer available in scope {call.run.scope}")
+    model_args = {k: v for k, v in call.arguments.items() if k not in TRUSTED_FIELDS}
+    if tool.resolve_category(model_args) != call.category:
+        return _blocked("category_changed", "the tool's category is no longer the one approved")
+    last = (
+        ReceiptRecord.objects.filter(owner_id=call.owner_id, call_fingerprint=call.fingerprint, written_by_gateway=False)
+        .exclude(call_id=call.id)
+        .order_by("-created_at")
+        .first()
+    )
+    if last is not None and last.status == "succeeded" and tool.retry == "forbidden":
+        return _blocked("already_succeeded", "this already succeeded; it must not be done again")
+    return Decision(ToolCall.Decision.ALLOW, "approved", "approved by the owner", call_id=str(call.id), category=call.category, arguments=call.arguments)
 
 
 @dataclass
@@ -257,13 +344,18 @@ def record_receipt(call_id: Any, result: Any, *, transport_error: str | None = N
     )
     if call is None:
         raise YimiError("unknown_call", "there is no decided call with this id")
-    if call.decision not in (ToolCall.Decision.ALLOW, ToolCall.Decision.REWRITE):
+    approved = call.decision == ToolCall.Decision.ASK and _approved_and_executing(call.id)
+    if call.decision not in (ToolCall.Decision.ALLOW, ToolCall.Decision.REWRITE) and not approved:
         raise YimiError("call_not_executed", "this call was not allowed, so it has no tool result")
     tool = load_packs().tool(call.tool)
     normalized = normalize(result, tool=tool, category=call.category or None, transport_error=transport_error)
     receipt = normalized.receipt
     task_id = str(receipt.get("task_id") or call.id)
     revision = int(receipt.get("revision") or 1)
+    if approved and "task_id" not in receipt:
+        # The waiting receipt holds revision 1 (and a cancel may follow): the result comes next.
+        previous = ReceiptRecord.objects.filter(task_id=task_id, written_by_gateway=True).order_by("-revision").first()
+        revision = max(revision, (previous.revision + 1) if previous else 1)
     content_fp = sha256(canonical({"result": result, "transport_error": transport_error}))
     if "task_id" in receipt or revision > 1:
         # A long task reporting a revision: it must be newer than the task's latest.
@@ -288,6 +380,14 @@ def record_receipt(call_id: Any, result: Any, *, transport_error: str | None = N
             raise YimiError("stale_revision", f"task {task_id} revision {revision} was recorded by another call") from None
         return _replay(same, content_fp)
     return ReceiptOutcome(record, replayed=False)
+
+
+def _approved_and_executing(call_id: Any) -> bool:
+    from consent.models import ConsentCard, ExecutionToken
+
+    return ExecutionToken.objects.filter(
+        card__call_id=call_id, card__state=ConsentCard.State.APPROVED, state=ExecutionToken.State.EXECUTING
+    ).exists()
 
 
 def _replay(existing: ReceiptRecord, content_fp: str) -> ReceiptOutcome:

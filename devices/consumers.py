@@ -15,7 +15,7 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
-from brain.dispatch import dispatch_run, ensure_embedded_sweeper
+from brain.dispatch import dispatch_card_execution, dispatch_run, ensure_embedded_sweeper
 from brain.services import accept_utterance
 from accounts.identity import instance_public_key_b64, sign_as_instance
 from devices import services as device_services
@@ -135,6 +135,19 @@ class DeviceConsumer(AsyncWebsocketConsumer):
                 "limits": {"max_frame_bytes": settings.WS_MAX_FRAME_BYTES, "max_text_chars": settings.WS_MAX_TEXT_CHARS},
             }
         )
+        await self._send_pending_cards(device)
+
+    async def _send_pending_cards(self, device: Device) -> None:
+        """Cards that were pushed while this device was away."""
+        from consent.services import card_devices, card_frame, pending_cards
+
+        def cards() -> list[dict[str, Any]]:
+            if device.is_guest or device.id not in card_devices(device.owner_id):
+                return []
+            return [card_frame(c) for c in pending_cards(device.owner_id)]
+
+        for frame in await database_sync_to_async(cards)():
+            await self._send(frame)
 
     async def _on_text(self, frame: dict[str, Any]) -> None:
         client_id, text = frame.get("id"), frame.get("text")
@@ -192,7 +205,24 @@ class DeviceConsumer(AsyncWebsocketConsumer):
     async def _on_ping(self, frame: dict[str, Any]) -> None:
         await self._send({"type": "pong", "id": frame.get("id")})
 
-    HANDLERS = {"text": _on_text, "ack": _on_ack, "sync": _on_sync, "ping": _on_ping}
+    async def _on_consent_answer(self, frame: dict[str, Any]) -> None:
+        from consent.services import answer_card
+
+        assert self.device is not None
+        card = await database_sync_to_async(answer_card)(
+            self.device, frame.get("card_id"), frame.get("answer"), frame.get("signature")
+        )
+        await self._send({"type": "consent.result", "id": frame.get("id"), "card_id": str(card.id), "state": card.state})
+        if card.state == "approved":
+            await dispatch_card_execution(card.id)
+
+    HANDLERS = {
+        "text": _on_text,
+        "ack": _on_ack,
+        "sync": _on_sync,
+        "ping": _on_ping,
+        "consent.answer": _on_consent_answer,
+    }
 
     # --- messages from the channel layer ------------------------------------------------
 
@@ -203,6 +233,9 @@ class DeviceConsumer(AsyncWebsocketConsumer):
         await self._send(dict(event))
 
     async def notice(self, event: dict[str, Any]) -> None:
+        await self._send(dict(event))
+
+    async def consent_card(self, event: dict[str, Any]) -> None:
         await self._send(dict(event))
 
     async def activity(self, event: dict[str, Any]) -> None:

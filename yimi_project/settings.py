@@ -120,6 +120,7 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULE = {
     "sweep-runs": {"task": "brain.tasks.sweep_runs", "schedule": 30.0},
     "fire-due-reminders": {"task": "brain.tasks.fire_due_reminders", "schedule": 10.0},
+    "expire-consent-cards": {"task": "consent.tasks.expire_cards", "schedule": 10.0},
 }
 # Without a broker, runs execute on the web server's event loop, and a sweeper there recovers runs.
 YIMI_EMBEDDED_SWEEPER = env.bool("YIMI_EMBEDDED_SWEEPER", default=True)
@@ -212,3 +213,6 @@ RUN_TOOL_CALL_BUDGET = 120  # the whole delegation tree, failed validations incl
 RUN_MILESTONE_EVERY = 20
 MAX_ACTIVE_SUBAGENTS = 3
 MAX_DELEGATION_DEPTH = 2
+
+# --- consent and payments ----------------------------------------------------------------------
+CONSENT_CARD_TTL_SECONDS = env.int("YIMI_CONSENT_CARD_TTL_SECONDS", default=300)
