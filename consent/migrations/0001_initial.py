@@ -13,8 +13,8 @@ class Migration(migrations.Migration):
     dependencies = [
         ('brain', '0005_run_origin'),
         ('capabilities', '0002_receipt_call_fingerprint'),
-        ('devices', '0003_voice_sessions_and_model_catalog'),
-        ('memory', '0003_timeline_trigram_index'),
+        ('devices', '0002_initial'),
+        ('memory', '0001_initial'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
