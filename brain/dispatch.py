@@ -4,6 +4,7 @@ otherwise tasks on the web server's own event loop (the embedded default)."""
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from typing import Any
 
 from asgiref.sync import sync_to_async
@@ -56,6 +57,57 @@ async def dispatch_card_execution(card_id: Any) -> None:
     _keep(asyncio.ensure_future(execute_approved(card_id)))
 
 
+async def dispatch_payment(authorization_id: Any, *, delay: float = 0.0) -> None:
+    """Pay with an authorization (after ``delay``: a small auto-payment's undo window)."""
+    if uses_broker():
+        from payments.tasks import execute_payment_task
+
+        await sync_to_async(lambda: execute_payment_task.apply_async((str(authorization_id),), countdown=delay), thread_sensitive=False)()
+        return
+    from payments.execution import execute_payment
+
+    async def later() -> None:
+        await asyncio.sleep(delay)
+        await execute_payment(authorization_id)
+
+    _keep(asyncio.ensure_future(later()))
+
+
+def schedule_payment_after_commit(authorization_id: Any, *, delay: float) -> None:
+    """From synchronous code inside a transaction (the gateway): start the payment once
+    the authorization is committed."""
+    from django.db import transaction
+
+    def start() -> None:
+        if uses_broker():
+            from payments.tasks import execute_payment_task
+
+            execute_payment_task.apply_async((str(authorization_id),), countdown=delay)
+            return
+        # Called in a sync_to_async thread: asgiref remembers the loop that called it.
+        from asgiref.sync import SyncToAsync
+
+        loop = getattr(SyncToAsync.threadlocal, "main_event_loop", None) or _main_loop
+        if loop is None:
+            log_event("payment_not_scheduled", reason="no event loop in this process")
+            return
+        # A fresh context: the task must not inherit this sync thread's asgiref state.
+        loop.call_soon_threadsafe(
+            lambda: asyncio.ensure_future(dispatch_payment(authorization_id, delay=delay)), context=contextvars.Context()
+        )
+
+    transaction.on_commit(start)
+
+
+_main_loop: asyncio.AbstractEventLoop | None = None
+
+
+def remember_loop() -> None:
+    """Called on the server's event loop, so synchronous code can hand work back to it."""
+    global _main_loop
+    _main_loop = asyncio.get_running_loop()
+
+
 def _keep(task: asyncio.Task) -> None:
     _tasks.add(task)
     task.add_done_callback(_tasks.discard)
@@ -64,7 +116,8 @@ def _keep(task: asyncio.Task) -> None:
 
 def _log_failure(task: asyncio.Task) -> None:
     if not task.cancelled() and task.exception() is not None:
-        log_event("inprocess_task_failed", error=type(task.exception()).__name__)
+        exc = task.exception()
+        log_event("inprocess_task_failed", error=type(exc).__name__, detail=str(exc)[:300])
 
 
 def ensure_embedded_sweeper() -> None:
@@ -72,6 +125,7 @@ def ensure_embedded_sweeper() -> None:
     and then every 30 s, and fire due reminders every 10 s, on the web server's event
     loop. Started by the first websocket connection."""
     global _sweeper
+    remember_loop()
     if uses_broker() or not settings.YIMI_EMBEDDED_SWEEPER or (_sweeper is not None and not _sweeper.done()):
         return
     _sweeper = asyncio.ensure_future(_sweep_forever())
@@ -81,6 +135,7 @@ async def _sweep_forever() -> None:
     from brain.recovery import recover_runs
     from brain.reminders import fire_due_reminders
     from consent.services import expire_cards
+    from payments.services import expire_authorizations
 
     last_recovery = -SWEEP_SECONDS
     loop = asyncio.get_running_loop()
@@ -91,6 +146,7 @@ async def _sweep_forever() -> None:
                 await recover_runs()
             await sync_to_async(fire_due_reminders)()
             await sync_to_async(expire_cards)()
+            await sync_to_async(expire_authorizations)()
         except Exception as exc:  # noqa: BLE001 - the sweeper must outlive one bad round
             log_event("embedded_sweep_failed", error=type(exc).__name__)
         await asyncio.sleep(REMINDER_SECONDS)

@@ -9,8 +9,10 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field
+from datetime import timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
@@ -20,8 +22,17 @@ from capabilities.models import ReceiptRecord, ToldFact, ToolCall
 from capabilities.receipts import needs_check, normalize
 from yimi_project.errors import YimiError
 
-TRUSTED_FIELDS = ("session_id", "run_id", "call_id", "idempotency_key")
+TRUSTED_FIELDS = (
+    "session_id",
+    "run_id",
+    "call_id",
+    "idempotency_key",
+    "payment_intent_id",
+    "payment_authorization_id",
+    "authorized_amount",
+)
 OWNER_REQUESTED = "owner_requested"
+PAYMENT_BUDGET = "payment_budget"  # reserved: the owner's own spending limit for this request
 # The authority each category's gate belongs to; None means "scope check only".
 GATE_AUTHORITY: dict[str, str | None] = {
     "observe": None,
@@ -107,6 +118,7 @@ def decide(request: CallRequest) -> Decision:
 
     model_args = dict(request.arguments)
     owner_requested = model_args.pop(OWNER_REQUESTED, False) is True
+    budget = model_args.pop(PAYMENT_BUDGET, None)
     overridden = [f for f in TRUSTED_FIELDS if f in model_args]
     for name in overridden:
         model_args.pop(name)
@@ -146,6 +158,15 @@ def decide(request: CallRequest) -> Decision:
         else:
             decision = Decision(ToolCall.Decision.ALLOW, verdict.code, verdict.reason, category=category, overridden=overridden)
         return _record(binding, request, model_args, owner_requested, decision, tool, fingerprint, question)
+    if authority == "payments":
+        from payments.services import gate as payment_gate
+
+        verdict = payment_gate(binding)
+        if verdict.kind == "block":
+            decision = _blocked(verdict.code, verdict.reason, category=category)
+        else:
+            decision = Decision(ToolCall.Decision.ASK, verdict.code, verdict.reason, category=category, overridden=overridden)
+        return _record(binding, request, model_args, owner_requested, decision, tool, fingerprint, verdict.intent)
     if authority is not None:
         decision = _blocked(
             f"{authority}_authority_missing",
@@ -155,7 +176,7 @@ def decide(request: CallRequest) -> Decision:
         return _record(binding, request, model_args, owner_requested, decision, tool, fingerprint)
 
     decision = Decision(ToolCall.Decision.ALLOW, "ok", "allowed", category=category, overridden=overridden)
-    return _record(binding, request, model_args, owner_requested, decision, tool, fingerprint)
+    return _record(binding, request, model_args, owner_requested, decision, tool, fingerprint, budget=budget)
 
 
 def _duplicate_or_unchecked(owner_id: int, fingerprint: str, tool: ToolDecl) -> Decision | None:
@@ -197,6 +218,7 @@ def _record(
     tool: ToolDecl | None,
     fingerprint: str | None = None,
     question: Any = None,
+    budget: Any = None,
 ) -> Decision:
     fingerprint = fingerprint or sha256(canonical({"tool": request.tool, "args": model_args}))
     call = ToolCall(
@@ -221,8 +243,18 @@ def _record(
             "call_id": str(call.id),
             "idempotency_key": call.idempotency_key,
         }
+        if "payment_intent_id" in tool.context_inject and not asking:
+            # Reaching a checkout: only the owner's own request opens a payment intent;
+            # without one the executor's CheckoutStop refuses to go further.
+            from payments.services import open_intent, set_budget
+
+            intent = open_intent(binding, owner_requested)
+            trusted["payment_intent_id"] = str(intent.id) if intent else ""
+            if intent is not None and budget is not None:
+                set_budget(intent.id, budget)
         final = dict(model_args)
-        final.update({name: trusted[name] for name in tool.context_inject})
+        # Fields only known at execution (a payment authorization) are added then.
+        final.update({name: trusted[name] for name in tool.context_inject if name in trusted})
         call.arguments = final  # what runs, now or once the owner approves
         if asking:
             return _ask(binding, call, decision, question, final)
@@ -246,8 +278,11 @@ def _record(
 
 
 def _ask(binding: Any, call: ToolCall, decision: Decision, question: Any, final: dict[str, Any]) -> Decision:
-    """Open a consent card: the call, the card and a ``waiting`` receipt commit together;
-    the card goes to the owner's devices after commit. Nothing is executed now."""
+    """Ask the owner: the call, the consent card (or, for ``spend``, the payment
+    authorization request) and a ``waiting`` receipt commit together; the card goes to
+    the owner's devices after commit. Nothing is executed now."""
+    if decision.category == "spend":
+        return _ask_payment(call, decision, question)
     from consent.services import open_card, push_card_after_commit
 
     preview = canonical({k: v for k, v in final.items() if k not in TRUSTED_FIELDS})[:500]
@@ -260,6 +295,27 @@ def _ask(binding: Any, call: ToolCall, decision: Decision, question: Any, final:
         )
         push_card_after_commit(card)
     decision.card_id = str(card.id)
+    return decision
+
+
+def _ask_payment(call: ToolCall, decision: Decision, intent: Any) -> Decision:
+    from payments.models import PaymentAuthorization
+    from payments.services import open_authorization, push_card_after_commit
+
+    with transaction.atomic():
+        call.save(force_insert=True)
+        _store_gateway_receipt(
+            call, {"receipt_schema": 1, "status": "waiting", "summary": "waiting for your payment authorization; not paid",
+                   "next": {"retry": "forbidden", "waiting_on": "owner"}},
+        )
+        auth = open_authorization(intent, call)
+        if auth.method == PaymentAuthorization.Method.PHONE_CARD:
+            push_card_after_commit(auth)
+        else:
+            from brain.dispatch import schedule_payment_after_commit
+
+            schedule_payment_after_commit(auth.id, delay=float(settings.PAYMENTS_AUTOPAY_UNDO_SECONDS))
+    decision.card_id = str(auth.id)
     return decision
 
 
@@ -338,7 +394,7 @@ def record_receipt(call_id: Any, result: Any, *, transport_error: str | None = N
     """
     call = (
         ToolCall.objects.filter(id=_uuid(call_id))
-        .only("id", "owner_id", "decision", "tool", "category", "fingerprint")
+        .only("id", "owner_id", "decision", "tool", "category", "fingerprint", "arguments")
         .order_by()
         .first()
     )
@@ -353,8 +409,8 @@ def record_receipt(call_id: Any, result: Any, *, transport_error: str | None = N
     task_id = str(receipt.get("task_id") or call.id)
     revision = int(receipt.get("revision") or 1)
     if approved and "task_id" not in receipt:
-        # The waiting receipt holds revision 1 (and a cancel may follow): the result comes next.
-        previous = ReceiptRecord.objects.filter(task_id=task_id, written_by_gateway=True).order_by("-revision").first()
+        # The waiting receipt (and, for a payment, earlier attempts) come first: this is next.
+        previous = ReceiptRecord.objects.filter(task_id=task_id).order_by("-revision").first()
         revision = max(revision, (previous.revision + 1) if previous else 1)
     content_fp = sha256(canonical({"result": result, "transport_error": transport_error}))
     if "task_id" in receipt or revision > 1:
@@ -379,15 +435,26 @@ def record_receipt(call_id: Any, result: Any, *, transport_error: str | None = N
         if same is None:
             raise YimiError("stale_revision", f"task {task_id} revision {revision} was recorded by another call") from None
         return _replay(same, content_fp)
+    intent_id = call.arguments.get("payment_intent_id") if call.category != "spend" else None
+    if intent_id:
+        from payments.services import checkout_read
+
+        checkout_read(intent_id, receipt)  # what the checkout page said, for the payment authority
     return ReceiptOutcome(record, replayed=False)
 
 
 def _approved_and_executing(call_id: Any) -> bool:
+    """An asked call may report a result only while an approval is being used for it: a
+    consent card's execution token, or a payment authorization just used."""
     from consent.models import ConsentCard, ExecutionToken
+    from payments.models import PaymentAuthorization
 
-    return ExecutionToken.objects.filter(
+    if ExecutionToken.objects.filter(
         card__call_id=call_id, card__state=ConsentCard.State.APPROVED, state=ExecutionToken.State.EXECUTING
-    ).exists()
+    ).exists():
+        return True
+    recent = timezone.now() - timedelta(seconds=settings.PACK_CALL_TIMEOUT_SECONDS + 60)
+    return PaymentAuthorization.objects.filter(call_id=call_id, state=PaymentAuthorization.State.USED, used_at__gte=recent).exists()
 
 
 def _replay(existing: ReceiptRecord, content_fp: str) -> ReceiptOutcome:

@@ -15,7 +15,7 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
-from brain.dispatch import dispatch_card_execution, dispatch_run, ensure_embedded_sweeper
+from brain.dispatch import dispatch_card_execution, dispatch_payment, dispatch_run, ensure_embedded_sweeper
 from brain.services import accept_utterance
 from accounts.identity import instance_public_key_b64, sign_as_instance
 from devices import services as device_services
@@ -216,12 +216,49 @@ class DeviceConsumer(AsyncWebsocketConsumer):
         if card.state == "approved":
             await dispatch_card_execution(card.id)
 
+    async def _on_payment_answer(self, frame: dict[str, Any]) -> None:
+        from payments.services import answer_card
+
+        assert self.device is not None
+        auth = await database_sync_to_async(answer_card)(
+            self.device, frame.get("authorization_id"), frame.get("answer"), frame.get("signature")
+        )
+        await self._send({"type": "payment.result", "id": frame.get("id"), "authorization_id": str(auth.id), "state": auth.state})
+        if auth.state == "authorized":
+            await dispatch_payment(auth.id)
+
+    async def _on_payment_voice_confirm(self, frame: dict[str, Any]) -> None:
+        from payments.services import voice_confirm
+
+        assert self.device is not None
+        auth = await database_sync_to_async(voice_confirm)(self.device, frame.get("authorization_id"), frame.get("utterance_seq"))
+        await self._send({"type": "payment.result", "id": frame.get("id"), "authorization_id": str(auth.id), "state": auth.state})
+        await dispatch_payment(auth.id)
+
+    async def _on_payment_undo(self, frame: dict[str, Any]) -> None:
+        from payments.services import undo
+
+        assert self.device is not None
+        auth = await database_sync_to_async(undo)(self.device, frame.get("authorization_id"), frame.get("signature"))
+        await self._send({"type": "payment.result", "id": frame.get("id"), "authorization_id": str(auth.id), "state": auth.state})
+
+    async def _on_unlock(self, frame: dict[str, Any]) -> None:
+        from payments.services import grant_unlock_lease
+
+        assert self.device is not None
+        lease = await database_sync_to_async(grant_unlock_lease)(self.device, self.nonce, frame.get("signature"))
+        await self._send({"type": "unlock.ok", "id": frame.get("id"), "expires_at": lease.expires_at.isoformat()})
+
     HANDLERS = {
         "text": _on_text,
         "ack": _on_ack,
         "sync": _on_sync,
         "ping": _on_ping,
         "consent.answer": _on_consent_answer,
+        "payment.answer": _on_payment_answer,
+        "payment.voice_confirm": _on_payment_voice_confirm,
+        "payment.undo": _on_payment_undo,
+        "device.unlock": _on_unlock,
     }
 
     # --- messages from the channel layer ------------------------------------------------
@@ -236,6 +273,9 @@ class DeviceConsumer(AsyncWebsocketConsumer):
         await self._send(dict(event))
 
     async def consent_card(self, event: dict[str, Any]) -> None:
+        await self._send(dict(event))
+
+    async def payment_card(self, event: dict[str, Any]) -> None:
         await self._send(dict(event))
 
     async def activity(self, event: dict[str, Any]) -> None:

@@ -121,6 +121,7 @@ CELERY_BEAT_SCHEDULE = {
     "sweep-runs": {"task": "brain.tasks.sweep_runs", "schedule": 30.0},
     "fire-due-reminders": {"task": "brain.tasks.fire_due_reminders", "schedule": 10.0},
     "expire-consent-cards": {"task": "consent.tasks.expire_cards", "schedule": 10.0},
+    "expire-payment-authorizations": {"task": "payments.tasks.expire_authorizations", "schedule": 10.0},
 }
 # Without a broker, runs execute on the web server's event loop, and a sweeper there recovers runs.
 YIMI_EMBEDDED_SWEEPER = env.bool("YIMI_EMBEDDED_SWEEPER", default=True)
@@ -216,3 +217,17 @@ MAX_DELEGATION_DEPTH = 2
 
 # --- consent and payments ----------------------------------------------------------------------
 CONSENT_CARD_TTL_SECONDS = env.int("YIMI_CONSENT_CARD_TTL_SECONDS", default=300)
+PAYMENT_CARD_TTL_SECONDS = env.int("YIMI_PAYMENT_CARD_TTL_SECONDS", default=300)
+PAYMENT_AUTHORIZATION_SECONDS = 60  # one-shot, valid 60 s
+PAYMENT_MAX_REPLACEMENTS = 2  # cards replaced because the checkout amount changed, per intent
+PAYMENT_UNLOCK_LEASE_SECONDS = env.int("YIMI_PAYMENT_UNLOCK_LEASE_SECONDS", default=300)
+PAYMENT_RECENT_VOICE_REQUEST_SECONDS = env.int("YIMI_PAYMENT_RECENT_VOICE_REQUEST_SECONDS", default=600)
+# Voice pay: "付吧" on the phone or glasses for a recent voice request (off by default).
+PAYMENTS_VOICE_PAY_ENABLED = env.bool("YIMI_PAYMENTS_VOICE_PAY_ENABLED", default=False)
+PAYMENTS_VOICE_PAY_MAX = env.str("YIMI_PAYMENTS_VOICE_PAY_MAX", default="200")
+# Small auto-pay with a 5-second undo window (off by default; needs voice pay).
+PAYMENTS_AUTOPAY_ENABLED = env.bool("YIMI_PAYMENTS_AUTOPAY_ENABLED", default=False)
+PAYMENTS_AUTOPAY_MAX = env.str("YIMI_PAYMENTS_AUTOPAY_MAX", default="50")
+PAYMENTS_AUTOPAY_DAILY_MAX = env.str("YIMI_PAYMENTS_AUTOPAY_DAILY_MAX", default="150")
+PAYMENTS_AUTOPAY_UNDO_SECONDS = 5
+PAYMENTS_SAME_PAYEE_WINDOW_SECONDS = 30 * 60

@@ -1,0 +1,497 @@
+"""The payment authority (F3 part B): the only code that writes ``PaymentIntent``,
+``PaymentAuthorization`` and ``UnlockLease``.
+
+- An intent exists only because of the owner's own request in this run (scope ``owner``,
+  ``owner_requested``): it is opened when the executor reaches the checkout. Without one the
+  pack's CheckoutStop refuses to enter the checkout.
+- Every payment gets its own authorization, never remembered: by default a card on the
+  phone, answered unlocked with a device signature; one-shot, valid 60 s.
+- Before paying, the amount read back at the checkout must equal the authorized amount;
+  otherwise the card is voided and a new one issued, at most 2 times per intent, then stop.
+- Voice pay and small auto-pay are off by default; when any condition fails, the phone
+  card is used.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from decimal import Decimal, InvalidOperation
+from typing import Any
+from zoneinfo import ZoneInfo
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Q, Sum
+from django.utils import timezone
+
+from devices import signatures
+from devices.models import Device
+from payments.models import PaymentAuthorization, PaymentIntent, UnlockLease
+from yimi_project.errors import YimiError
+from yimi_project.logs import log_event
+
+CENT = Decimal("0.01")
+LIVE_INTENT = (PaymentIntent.State.OPEN, PaymentIntent.State.AUTHORIZING)
+# "authorized, paying, paid or unknown" — what the 30-minute same-payee rule counts.
+COMMITTED_INTENT = (PaymentIntent.State.PAYING, PaymentIntent.State.PAID, PaymentIntent.State.UNKNOWN)
+
+
+def money(value: Any) -> Decimal | None:
+    try:
+        amount = Decimal(str(value)).quantize(CENT)
+    except (InvalidOperation, ValueError, TypeError):
+        return None
+    return amount if amount.is_finite() and amount >= 0 else None
+
+
+# --- intents ---------------------------------------------------------------------------------
+
+
+def open_intent(binding: Any, owner_requested: bool) -> PaymentIntent | None:
+    """The intent for a checkout in this run: only the owner's own request opens one.
+
+    Returns None (so the executor stops at the checkout) for any other scope, for a call
+    the owner did not ask for, and inside scheduled tasks.
+    """
+    if binding.scope != "owner" or not owner_requested or binding.origin == "scheduled":
+        return None
+    existing = PaymentIntent.objects.filter(run_id=binding.run_id, state__in=LIVE_INTENT).order_by("-created_at").first()
+    if existing is not None:
+        return existing
+    return PaymentIntent.objects.create(owner_id=binding.owner_id, run_id=binding.run_id)
+
+
+def checkout_read(intent_id: Any, receipt: dict[str, Any]) -> None:
+    """Record what the checkout page said (amount, payee, items, ETA) on the intent."""
+    if receipt.get("status") != "succeeded":
+        return
+    content = receipt.get("content") or {}
+    values = {v["name"]: v for v in receipt.get("values", [])}
+    amount = money(content.get("amount") or (values.get("amount") or {}).get("value"))
+    PaymentIntent.objects.filter(id=intent_id, state__in=LIVE_INTENT).update(
+        amount=amount,
+        payee=str(content.get("payee", ""))[:200],
+        merchant=str(content.get("merchant", ""))[:200],
+        items=content.get("items") or [],
+        eta=str(content.get("eta", ""))[:100],
+    )
+
+
+def set_budget(intent_id: Any, budget: Any) -> None:
+    amount = money(budget)
+    if amount is not None:
+        PaymentIntent.objects.filter(id=intent_id).update(budget=amount)
+
+
+@dataclass(frozen=True)
+class PaymentVerdict:
+    kind: str  # "ask" or "block"
+    code: str
+    reason: str
+    intent: PaymentIntent | None = None
+
+
+def gate(binding: Any) -> PaymentVerdict:
+    """A ``spend`` call: it needs an intent from the owner's own request in this run whose
+    checkout amount was read; then it asks for a fresh authorization."""
+    if binding.scope != "owner":
+        return PaymentVerdict("block", "payment_not_owner_scope", "only the owner's own request can lead to a payment")
+    if binding.origin == "scheduled":
+        return PaymentVerdict("block", "needs_confirmation_in_scheduled_task", "a payment needs the owner's authorization, which a scheduled task cannot ask for")
+    intent = PaymentIntent.objects.filter(run_id=binding.run_id, state=PaymentIntent.State.OPEN).order_by("-created_at").first()
+    if intent is None:
+        return PaymentVerdict("block", "no_payment_intent", "no payment intent from the owner's own request in this run; go through the checkout first")
+    if intent.amount is None or not intent.payee:
+        return PaymentVerdict("block", "checkout_not_read", "the checkout amount has not been read back yet")
+    return PaymentVerdict("ask", "waiting_for_authorization", "waiting for the owner's payment authorization; not paid", intent)
+
+
+# --- authorizations -------------------------------------------------------------------------------
+
+
+def open_authorization(intent: PaymentIntent, call: Any) -> PaymentAuthorization:
+    """Issue the authorization request for the intent's current amount (inside the
+    gateway's transaction). Small auto-pay authorizes at once with an undo window when
+    every condition holds; otherwise a card goes to the phone."""
+    now = timezone.now()
+    PaymentIntent.objects.filter(id=intent.id).update(state=PaymentIntent.State.AUTHORIZING)
+    intent.refresh_from_db()
+    auto = autopay_check(intent)
+    auth = PaymentAuthorization.objects.create(
+        intent=intent,
+        call=call,
+        amount=intent.amount,
+        payee=intent.payee,
+        method=PaymentAuthorization.Method.AUTO if auto.ok else PaymentAuthorization.Method.PHONE_CARD,
+        card_expires_at=now + timedelta(seconds=settings.PAYMENT_CARD_TTL_SECONDS),
+    )
+    if auto.ok:
+        authorize(auth, method=PaymentAuthorization.Method.AUTO, device=None, undo_seconds=settings.PAYMENTS_AUTOPAY_UNDO_SECONDS)
+    log_event("payment_authorization_opened", intent_id=str(intent.id), method=auth.method, reasons=auto.reasons)
+    return auth
+
+
+def authorize(auth: PaymentAuthorization, *, method: str, device: Device | None, undo_seconds: int = 0) -> bool:
+    """``pending`` → ``authorized``, valid 60 s from now (after the undo window, if any)."""
+    now = timezone.now()
+    undo_until = now + timedelta(seconds=undo_seconds) if undo_seconds else None
+    starts = undo_until or now
+    changed = PaymentAuthorization.objects.filter(id=auth.id, state=PaymentAuthorization.State.PENDING).update(
+        state=PaymentAuthorization.State.AUTHORIZED,
+        method=method,
+        authorized_at=now,
+        authorized_by=device,
+        undo_until=undo_until,
+        expires_at=starts + timedelta(seconds=settings.PAYMENT_AUTHORIZATION_SECONDS),
+    )
+    auth.refresh_from_db()
+    return bool(changed)
+
+
+def payment_card_message(auth: PaymentAuthorization, answer: str) -> bytes:
+    """The canonical card and answer the phone signs; ``unlocked`` is the phone's own
+    statement that it was unlocked when the owner answered."""
+    return "\n".join(
+        ["yimi-payment-v1", str(auth.id), auth.payee, f"{auth.amount:.2f}", auth.intent.currency, auth.card_expires_at.isoformat(), answer, "unlocked"]
+    ).encode()
+
+
+def card_frame(auth: PaymentAuthorization) -> dict[str, Any]:
+    intent = auth.intent
+    return {
+        "type": "payment.card",
+        "authorization_id": str(auth.id),
+        "payee": auth.payee,
+        "merchant": intent.merchant,
+        "amount": f"{auth.amount:.2f}",
+        "currency": intent.currency,
+        "items": intent.items,
+        "eta": intent.eta,
+        "expires_at": auth.card_expires_at.isoformat(),
+        "replacement": intent.replacements,
+        "method": auth.method,
+        "undo_until": auth.undo_until.isoformat() if auth.undo_until else None,
+        "voice_pay": voice_pay_check(intent).ok,
+    }
+
+
+def card_devices(owner_id: int) -> list[Any]:
+    """Payment cards go to the owner's phones (any owner device if there is none)."""
+    devices = Device.objects.filter(owner_id=owner_id, revoked_at__isnull=True, is_guest=False)
+    phones = [d.id for d in devices if d.kind == Device.Kind.PHONE]
+    return phones or [d.id for d in devices]
+
+
+def push_card_after_commit(auth: PaymentAuthorization) -> None:
+    from devices.services import device_group, send_to_group
+
+    def push() -> None:
+        fresh = PaymentAuthorization.objects.select_related("intent").get(id=auth.id)
+        frame = card_frame(fresh)
+        for device_id in card_devices(fresh.intent.owner_id):
+            send_to_group(device_group(device_id), frame)
+
+    transaction.on_commit(push)
+
+
+def answer_card(device: Device, authorization_id: Any, answer: Any, signature: Any) -> PaymentAuthorization:
+    """The owner answers a payment card on the phone.
+
+    Steps: 1. valid answer, the owner's own non-guest phone; 2. the signature over the
+    canonical card, answer and "unlocked" must be the device's (else nothing changes);
+    3. an expired card is closed; 4. approve: ``pending`` → ``authorized`` (valid 60 s);
+    deny: ``pending`` → ``denied`` and the intent is cancelled.
+    """
+    if answer not in ("approve", "deny"):
+        raise YimiError("invalid_frame", "answer must be approve or deny")
+    if device.is_guest or device.kind != Device.Kind.PHONE:
+        raise YimiError("forbidden", "payment cards are answered on the owner's phone")
+    auth = _authorization_for(device, authorization_id)
+    if not signatures.verify(device.public_key, payment_card_message(auth, answer), signature):
+        raise YimiError("bad_signature", "the answer is not signed by this phone over this card")
+    if auth.state == PaymentAuthorization.State.PENDING and auth.card_expires_at <= timezone.now():
+        expire_authorization(auth)
+        raise YimiError("card_expired", "this payment card has expired; nothing was paid")
+    if answer == "deny":
+        with transaction.atomic():
+            if not PaymentAuthorization.objects.filter(id=auth.id, state=PaymentAuthorization.State.PENDING).update(
+                state=PaymentAuthorization.State.DENIED
+            ):
+                raise YimiError("card_closed", "this payment card was already answered")
+            _close_intent(auth, PaymentIntent.State.CANCELLED, "the owner declined the payment; nothing was paid")
+    elif not authorize(auth, method=PaymentAuthorization.Method.PHONE_CARD, device=device):
+        raise YimiError("card_closed", "this payment card was already answered")
+    auth.refresh_from_db()
+    log_event("payment_answered", authorization_id=str(auth.id), answer=answer)
+    return auth
+
+
+def _authorization_for(device: Device, authorization_id: Any) -> PaymentAuthorization:
+    auth = (
+        PaymentAuthorization.objects.select_related("intent")
+        .filter(id=_uuid(authorization_id), intent__owner_id=device.owner_id)
+        .first()
+    )
+    if auth is None:
+        raise YimiError("not_found", "there is no such payment card")
+    return auth
+
+
+def _close_intent(auth: PaymentAuthorization, state: str, reason: str) -> None:
+    from capabilities.services import record_gateway_receipt
+
+    PaymentIntent.objects.filter(id=auth.intent_id).exclude(state__in=[PaymentIntent.State.PAID]).update(state=state)
+    record_gateway_receipt(auth.call_id, "cancelled", reason)
+
+
+def expire_authorization(auth: PaymentAuthorization) -> bool:
+    with transaction.atomic():
+        changed = PaymentAuthorization.objects.filter(
+            id=auth.id, state__in=[PaymentAuthorization.State.PENDING, PaymentAuthorization.State.AUTHORIZED]
+        ).update(state=PaymentAuthorization.State.EXPIRED)
+        if changed:
+            _close_intent(auth, PaymentIntent.State.CANCELLED, "the payment authorization expired; nothing was paid")
+    return bool(changed)
+
+
+def expire_authorizations() -> int:
+    now = timezone.now()
+    due = PaymentAuthorization.objects.filter(
+        Q(state=PaymentAuthorization.State.PENDING, card_expires_at__lte=now)
+        | Q(state=PaymentAuthorization.State.AUTHORIZED, expires_at__lte=now)
+    )
+    return sum(expire_authorization(a) for a in due)
+
+
+def undo(device: Device, authorization_id: Any, signature: Any) -> PaymentAuthorization:
+    """Undo a small auto-payment within its 5-second window: ``authorized`` → ``voided``."""
+    if device.is_guest:
+        raise YimiError("forbidden", "a guest device cannot undo the owner's payments")
+    auth = _authorization_for(device, authorization_id)
+    if not signatures.verify(device.public_key, payment_card_message(auth, "undo"), signature):
+        raise YimiError("bad_signature", "the undo is not signed by this device")
+    with transaction.atomic():
+        changed = PaymentAuthorization.objects.filter(
+            id=auth.id, state=PaymentAuthorization.State.AUTHORIZED, undo_until__gt=timezone.now()
+        ).update(state=PaymentAuthorization.State.VOIDED, void_reason="undone by the owner")
+        if not changed:
+            raise YimiError("too_late", "the undo window has passed or the payment is not waiting")
+        _close_intent(auth, PaymentIntent.State.CANCELLED, "the owner undid the payment; nothing was paid")
+    auth.refresh_from_db()
+    return auth
+
+
+def claim_authorization(authorization_id: Any) -> PaymentAuthorization | None:
+    """Use an authorization, once: ``authorized`` → ``used``, only within its 60 s and
+    after any undo window. A second use, or one after 60 s, gets None."""
+    now = timezone.now()
+    with transaction.atomic():
+        claimed = (
+            PaymentAuthorization.objects.filter(id=_uuid(authorization_id), state=PaymentAuthorization.State.AUTHORIZED, expires_at__gt=now)
+            .filter(Q(undo_until__isnull=True) | Q(undo_until__lte=now))
+            .update(state=PaymentAuthorization.State.USED, used_at=now)
+        )
+        if claimed != 1:
+            return None
+        auth = PaymentAuthorization.objects.select_related("intent", "call").get(id=authorization_id)
+        PaymentIntent.objects.filter(id=auth.intent_id).update(state=PaymentIntent.State.PAYING)
+    return auth
+
+
+@dataclass
+class Settlement:
+    outcome: str  # paid, replaced, stopped, unknown, failed
+    new_authorization: PaymentAuthorization | None = None
+
+
+def settle(auth: PaymentAuthorization, receipt: dict[str, Any]) -> Settlement:
+    """After the executor tried to pay with ``auth``.
+
+    Steps: succeeded → the intent is paid. The checkout amount differed
+    (``AMOUNT_CHANGED``) → the old authorization is void; within 2 replacements the intent
+    takes the new amount and a new card is issued, after that the intent stops. unknown →
+    the intent is unknown (it must be checked, never paid again blindly). Anything else
+    failed.
+    """
+    status = receipt.get("status")
+    error = str((receipt.get("error") or {}).get("code", "")).upper()
+    with transaction.atomic():
+        intent = PaymentIntent.objects.select_for_update().get(id=auth.intent_id)
+        if status == "succeeded":
+            PaymentIntent.objects.filter(id=intent.id).update(state=PaymentIntent.State.PAID)
+            return Settlement("paid")
+        if error == "AMOUNT_CHANGED":
+            PaymentAuthorization.objects.filter(id=auth.id).update(void_reason="the checkout amount changed")
+            values = {v["name"]: v.get("value") for v in receipt.get("values", [])}
+            new_amount = money(values.get("checkout_amount"))
+            if intent.replacements >= settings.PAYMENT_MAX_REPLACEMENTS or new_amount is None:
+                _close_intent(auth, PaymentIntent.State.STOPPED, "the checkout amount kept changing; stopped without paying")
+                return Settlement("stopped")
+            PaymentIntent.objects.filter(id=intent.id).update(
+                replacements=intent.replacements + 1, amount=new_amount, state=PaymentIntent.State.OPEN
+            )
+            intent.refresh_from_db()
+            from capabilities.services import record_gateway_receipt
+
+            record_gateway_receipt(auth.call_id, "waiting", "the amount changed; waiting for a new authorization; not paid")
+            new = open_authorization(intent, auth.call)
+            if new.method == PaymentAuthorization.Method.PHONE_CARD:
+                push_card_after_commit(new)
+            return Settlement("replaced", new)
+        if status == "unknown":
+            PaymentIntent.objects.filter(id=intent.id).update(state=PaymentIntent.State.UNKNOWN)
+            return Settlement("unknown")
+        PaymentIntent.objects.filter(id=intent.id).update(state=PaymentIntent.State.FAILED)
+        return Settlement("failed")
+
+
+def mark_intent_reported(intent_id: Any, entry_id: int) -> bool:
+    return bool(PaymentIntent.objects.filter(id=intent_id, reported_entry=None).update(reported_entry_id=entry_id))
+
+
+# --- unlock leases, voice pay, small auto-pay ---------------------------------------------------
+
+
+def unlock_message(device_id: Any, nonce: str) -> bytes:
+    return f"yimi-unlock-v1\n{device_id}\n{nonce}".encode()
+
+
+def grant_unlock_lease(device: Device, nonce: str, signature: Any) -> UnlockLease:
+    """The phone or glasses says, signed, that it is unlocked; the lease lasts a few minutes.
+    ``nonce`` is the websocket's challenge nonce, so a lease cannot be replayed later."""
+    if device.is_guest or device.kind not in (Device.Kind.PHONE, Device.Kind.GLASSES):
+        raise YimiError("forbidden", "only the owner's phone or glasses hold an unlock lease")
+    if not signatures.verify(device.public_key, unlock_message(device.id, nonce), signature):
+        raise YimiError("bad_signature", "the unlock statement is not signed by this device")
+    return UnlockLease.objects.create(
+        device=device, expires_at=timezone.now() + timedelta(seconds=settings.PAYMENT_UNLOCK_LEASE_SECONDS)
+    )
+
+
+def unlock_lease_valid(device_id: Any) -> bool:
+    return UnlockLease.objects.filter(device_id=device_id, expires_at__gt=timezone.now()).exists()
+
+
+@dataclass
+class Check:
+    ok: bool
+    reasons: list[str] = field(default_factory=list)
+
+
+def _voice_request(intent: PaymentIntent) -> Any:
+    from accounts.models import AdmissionRecord
+
+    return AdmissionRecord.objects.select_related("device").filter(run__id=intent.run_id).first()
+
+
+def voice_pay_check(intent: PaymentIntent) -> Check:
+    """Voice pay: enabled; a recent voice request from the owner's phone or glasses with
+    a valid unlock lease; a known payee (paid before); within the request budget and the
+    per-payment limit (default 200)."""
+    reasons = []
+    if not settings.PAYMENTS_VOICE_PAY_ENABLED:
+        reasons.append("voice pay is off")
+    admission = _voice_request(intent)
+    recent = timezone.now() - timedelta(seconds=settings.PAYMENT_RECENT_VOICE_REQUEST_SECONDS)
+    if admission is None or admission.channel != "voice" or admission.scope != "owner" or admission.created_at < recent:
+        reasons.append("no recent voice request from the owner")
+    elif admission.device.kind not in (Device.Kind.PHONE, Device.Kind.GLASSES) or not unlock_lease_valid(admission.device_id):
+        reasons.append("no valid unlock lease on the phone or glasses")
+    if not known_payee(intent.owner_id, intent.payee, exclude=intent.id):
+        reasons.append("the payee is not known")
+    if intent.amount is None or intent.amount > Decimal(settings.PAYMENTS_VOICE_PAY_MAX):
+        reasons.append(f"over the voice pay limit of {settings.PAYMENTS_VOICE_PAY_MAX}")
+    if intent.budget is None or intent.amount is None or intent.amount > intent.budget:
+        reasons.append("not within the request's budget")
+    return Check(not reasons, reasons)
+
+
+def autopay_check(intent: PaymentIntent, now: datetime | None = None) -> Check:
+    """Small auto-pay: every voice pay condition, plus the voice request was verified by
+    voiceprint, ≤ 50 per payment, ≤ 150 per day (the owner's time zone), and no other
+    authorized, paying, paid or unknown payment to the same payee created in the last 30
+    minutes."""
+    now = now or timezone.now()
+    voice = voice_pay_check(intent)
+    reasons = list(voice.reasons)
+    if not settings.PAYMENTS_AUTOPAY_ENABLED:
+        reasons.append("small auto-pay is off")
+    admission = _voice_request(intent)
+    from accounts.voice_checks import voice_request_verified
+
+    if admission is None or not voice_request_verified(admission):
+        reasons.append("the voice request was not verified by voiceprint")
+    amount = intent.amount or Decimal("0")
+    if amount > Decimal(settings.PAYMENTS_AUTOPAY_MAX):
+        reasons.append(f"over the per-payment limit of {settings.PAYMENTS_AUTOPAY_MAX}")
+    if autopaid_today(intent.owner_id, now) + amount > Decimal(settings.PAYMENTS_AUTOPAY_DAILY_MAX):
+        reasons.append(f"over the daily limit of {settings.PAYMENTS_AUTOPAY_DAILY_MAX}")
+    if recent_payment_to_same_payee(intent, now):
+        reasons.append("another payment to this payee in the last 30 minutes")
+    return Check(not reasons, reasons)
+
+
+def known_payee(owner_id: int, payee: str, exclude: Any = None) -> bool:
+    return bool(payee) and PaymentIntent.objects.filter(owner_id=owner_id, payee=payee, state=PaymentIntent.State.PAID).exclude(id=exclude).exists()
+
+
+def owner_day_start(owner_id: int, now: datetime) -> datetime:
+    from accounts.models import User
+
+    tz_name = User.objects.filter(id=owner_id).values_list("time_zone", flat=True).first() or "UTC"
+    local = now.astimezone(ZoneInfo(tz_name))
+    return local.replace(hour=0, minute=0, second=0, microsecond=0)
+
+
+def autopaid_today(owner_id: int, now: datetime) -> Decimal:
+    """What small auto-pay has committed since midnight in the owner's time zone."""
+    total = PaymentAuthorization.objects.filter(
+        intent__owner_id=owner_id,
+        method=PaymentAuthorization.Method.AUTO,
+        authorized_at__gte=owner_day_start(owner_id, now),
+        authorized_at__lte=now,
+        state__in=[PaymentAuthorization.State.AUTHORIZED, PaymentAuthorization.State.USED],
+    ).exclude(intent__state__in=[PaymentIntent.State.CANCELLED, PaymentIntent.State.FAILED, PaymentIntent.State.STOPPED]).aggregate(s=Sum("amount"))["s"]
+    return total or Decimal("0")
+
+
+def recent_payment_to_same_payee(intent: PaymentIntent, now: datetime) -> bool:
+    since = now - timedelta(seconds=settings.PAYMENTS_SAME_PAYEE_WINDOW_SECONDS)
+    others = PaymentIntent.objects.filter(owner_id=intent.owner_id, payee=intent.payee, created_at__gte=since).exclude(id=intent.id)
+    return others.filter(
+        Q(state__in=COMMITTED_INTENT) | Q(authorizations__state=PaymentAuthorization.State.AUTHORIZED)
+    ).exists()
+
+
+def voice_confirm(device: Device, authorization_id: Any, utterance_seq: Any) -> PaymentAuthorization:
+    """"付吧" said on the phone or glasses for a recent voice request from the same device:
+    the utterance must be a voice request in scope owner, from that device, after the card."""
+    from accounts.models import AdmissionRecord
+    from memory.models import TimelineEntry
+
+    auth = _authorization_for(device, authorization_id)
+    intent = auth.intent
+    check = voice_pay_check(intent)
+    if not check.ok:
+        raise YimiError("voice_pay_unavailable", "; ".join(check.reasons))
+    request = _voice_request(intent)
+    if request is None or request.device_id != device.id:
+        raise YimiError("forbidden", "say it on the device the request came from")
+    entry = TimelineEntry.objects.filter(owner_id=device.owner_id, seq=utterance_seq, device=device).first()
+    admission = AdmissionRecord.objects.filter(run__inbound=entry).first() if entry else None
+    said = (entry.text if entry else "").strip().rstrip("。！!.")
+    if entry is None or admission is None or admission.channel != "voice" or admission.scope != "owner" or entry.created_at < auth.created_at or said != "付吧":
+        raise YimiError("not_confirmed", "no spoken 付吧 from the owner on this device after the card")
+    if not authorize(auth, method=PaymentAuthorization.Method.VOICE, device=device):
+        raise YimiError("card_closed", "this payment card was already answered")
+    return auth
+
+
+def _uuid(value: Any) -> str | None:
+    import uuid
+
+    try:
+        return str(uuid.UUID(str(value)))
+    except ValueError:
+        return None
