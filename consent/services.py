@@ -82,6 +82,21 @@ def ride_permission_active(owner_id: int) -> bool:
     return RidePermission.objects.filter(owner_id=owner_id, revoked_at__isnull=True, expires_at__gt=timezone.now()).exists()
 
 
+def ride_permission_message(device_id: Any, nonce: str, minutes: int) -> bytes:
+    return f"yimi-ride-v1\n{device_id}\n{nonce}\n{minutes}".encode()
+
+
+def grant_ride_permission_from_device(device: Device, nonce: str, minutes: Any, signature: Any) -> RidePermission:
+    """The owner grants ride hailing from a device, signed over this connection's nonce."""
+    if device.is_guest:
+        raise YimiError("forbidden", "a guest device cannot grant ride permission")
+    if isinstance(minutes, bool) or not isinstance(minutes, int):
+        raise YimiError("invalid_frame", "minutes must be an integer")
+    if not signatures.verify(device.public_key, ride_permission_message(device.id, nonce, minutes), signature):
+        raise YimiError("bad_signature", "the ride permission is not signed by this device")
+    return grant_ride_permission(device.owner_id, minutes=minutes, device=device)
+
+
 def grant_ride_permission(owner_id: int, *, minutes: int, device: Device | None = None) -> RidePermission:
     if not 1 <= minutes <= 24 * 60:
         raise YimiError("invalid_request", "a ride permission lasts 1 minute to 24 hours")

@@ -249,8 +249,18 @@ class DeviceConsumer(AsyncWebsocketConsumer):
         lease = await database_sync_to_async(grant_unlock_lease)(self.device, self.nonce, frame.get("signature"))
         await self._send({"type": "unlock.ok", "id": frame.get("id"), "expires_at": lease.expires_at.isoformat()})
 
+    async def _on_ride_permission(self, frame: dict[str, Any]) -> None:
+        from consent.services import grant_ride_permission_from_device
+
+        assert self.device is not None
+        permission = await database_sync_to_async(grant_ride_permission_from_device)(
+            self.device, self.nonce, frame.get("minutes"), frame.get("signature")
+        )
+        await self._send({"type": "ride.permission.ok", "id": frame.get("id"), "expires_at": permission.expires_at.isoformat()})
+
     HANDLERS = {
         "text": _on_text,
+        "ride.permission": _on_ride_permission,
         "ack": _on_ack,
         "sync": _on_sync,
         "ping": _on_ping,

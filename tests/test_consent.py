@@ -378,3 +378,19 @@ def test_revoking_a_remembered_consent_asks_again(phone: Any) -> None:
     remembered = RememberedConsent.objects.get()
     assert consent.revoke_remembered(remembered.id) is True
     assert call(run, "outbox__send", to="xiaolin", text="b", owner_requested=True).decision == "ask"
+
+
+async def test_the_owner_grants_ride_permission_from_a_signed_device_frame(phone: Any) -> None:
+    from devices.signatures import auth_message
+
+    comm, challenge = await open_socket(phone, authenticate=False)
+    await comm.send_json_to({"type": "auth", "device_id": str(phone.device.id), "signature": phone.sign(auth_message(challenge["nonce"], str(phone.device.id)))})
+    await receive_until(comm, "ready")
+    await comm.send_json_to({"type": "ride.permission", "id": "r0", "minutes": 30, "signature": phone.sign(consent.ride_permission_message(phone.device.id, "other-nonce", 30))})
+    assert (await receive_until(comm, "error"))["code"] == "bad_signature"
+    assert not await db_async(consent.ride_permission_active)(phone.device.owner_id)
+    signature = phone.sign(consent.ride_permission_message(phone.device.id, challenge["nonce"], 30))
+    await comm.send_json_to({"type": "ride.permission", "id": "r1", "minutes": 30, "signature": signature})
+    assert (await receive_until(comm, "ride.permission.ok"))["id"] == "r1"
+    assert await db_async(consent.ride_permission_active)(phone.device.owner_id)
+    await comm.disconnect()
