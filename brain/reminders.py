@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from datetime import datetime
-from datetime import timezone as dt_timezone
+from datetime import UTC, datetime
 from functools import partial
 from typing import Any
 
@@ -203,7 +202,7 @@ def _announce(owner_id: int, seq: int, text: str) -> None:
 
 def serialize_reminder(reminder: Reminder) -> dict[str, Any]:
     def iso(value: datetime | None) -> str | None:
-        return value.astimezone(dt_timezone.utc).isoformat() if value is not None else None
+        return value.astimezone(UTC).isoformat() if value is not None else None
 
     return {
         "id": str(reminder.id),

@@ -98,7 +98,7 @@ class HttpTransport(GatewayTransport):
 async def _timed(awaitable: Any) -> Any:
     try:
         return await asyncio.wait_for(awaitable, settings.GATEWAY_DECIDE_TIMEOUT_SECONDS)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         raise GatewayUnavailable("the gateway did not answer within 3 s") from None
 
 

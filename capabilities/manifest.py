@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache, lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,7 @@ class ManifestError(Exception):
     pass
 
 
-@lru_cache(maxsize=None)
+@cache
 def contract_validator(name: str) -> jsonschema.Draft202012Validator:
     schema = json.loads((CONTRACTS / name).read_text(encoding="utf-8"))
     jsonschema.Draft202012Validator.check_schema(schema)

@@ -15,9 +15,9 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
+from accounts.identity import instance_public_key_b64, sign_as_instance
 from brain.dispatch import dispatch_card_execution, dispatch_payment, dispatch_run, ensure_embedded_sweeper
 from brain.services import accept_utterance
-from accounts.identity import instance_public_key_b64, sign_as_instance
 from devices import services as device_services
 from devices.models import Device
 from devices.signatures import challenge_message

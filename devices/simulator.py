@@ -174,7 +174,7 @@ class DeviceConnection:
                 raise SimulatorError(f"no {types or 'frame'} within {timeout} s")
             try:
                 frame = await asyncio.wait_for(self.frames.get(), remaining)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 raise SimulatorError(f"no {types or 'frame'} within {timeout} s") from None
             if not types or frame.get("type") in types:
                 return frame

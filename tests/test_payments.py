@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from datetime import datetime, timedelta, timezone as dt_timezone
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -288,8 +288,8 @@ def test_autopay_daily_limit_follows_midnight_in_the_owners_time_zone(voice_pay_
     owner = phone.device.owner
     User.objects.filter(id=owner.id).update(time_zone="Asia/Shanghai")
     # 23:30 in Shanghai on the 1st is 15:30 UTC; 00:30 on the 2nd is 16:30 UTC.
-    before_midnight = datetime(2026, 12, 1, 15, 30, tzinfo=dt_timezone.utc)
-    after_midnight = datetime(2026, 12, 1, 16, 30, tzinfo=dt_timezone.utc)
+    before_midnight = datetime(2026, 12, 1, 15, 30, tzinfo=UTC)
+    after_midnight = datetime(2026, 12, 1, 16, 30, tzinfo=UTC)
     for i, payee in enumerate(["a", "b", "c"]):
         intent = make_voice_intent(phone, amount="45", payee=payee)
         PaymentIntent.objects.filter(id=intent.id).update(state="paid")

@@ -92,8 +92,9 @@ async def test_revoking_closes_an_open_socket_at_once(make_device: Any) -> None:
 async def test_revoked_device_cannot_send_even_if_the_close_message_is_lost(make_device: Any) -> None:
     sim = await db_async(make_device)()
     comm, _ = await open_socket(sim)
-    from devices.models import Device
     from django.utils import timezone
+
+    from devices.models import Device
 
     # Revoke behind the consumer's back: no group message reaches it.
     await db_async(Device.objects.filter(id=sim.device.id).update)(revoked_at=timezone.now())

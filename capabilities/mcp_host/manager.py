@@ -101,7 +101,7 @@ class HostProcess:
             return ToolResult(None, True, "", transport_error="DISCONNECTED: the pack host is not running")
         try:
             result = await asyncio.wait_for(self.session.call_tool(name, arguments), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return ToolResult(None, True, "", transport_error=f"TIMEOUT: no result within {timeout:g} s")
         except Exception as exc:  # noqa: BLE001 - the host died or the session broke
             return ToolResult(None, True, "", transport_error=f"DISCONNECTED: {type(exc).__name__}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 import uuid
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from email.utils import parseaddr
 from typing import Any
 
@@ -90,7 +90,7 @@ def send(args: dict[str, Any]) -> dict[str, Any]:
         "to": address,
         "subject": subject,
         "body": body,
-        "date": datetime.now(timezone.utc).replace(microsecond=0).isoformat(),
+        "date": datetime.now(UTC).replace(microsecond=0).isoformat(),
         "key": key,
         "size": len(body.encode("utf-8")) + 200,  # headers included, roughly
     }

@@ -20,7 +20,7 @@ import os
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from email.message import EmailMessage
 from email.parser import BytesHeaderParser, BytesParser
 from email.utils import format_datetime, make_msgid, parseaddr, parsedate_to_datetime
@@ -133,7 +133,7 @@ def describe(msg: EmailMessage, folder_name: str) -> dict[str, Any]:
         "folder": folder_name,
         "to": parseaddr(str(msg["To"]))[1],
         "subject": str(msg["Subject"] or ""),
-        "date": parsedate_to_datetime(str(msg["Date"])).astimezone(timezone.utc).isoformat() if msg["Date"] else None,
+        "date": parsedate_to_datetime(str(msg["Date"])).astimezone(UTC).isoformat() if msg["Date"] else None,
     }
 
 
@@ -196,7 +196,7 @@ def _store(box: mailbox.Maildir, action: str, address: str, subject: str, body: 
     msg["From"] = SENDER
     msg["To"] = address
     msg["Subject"] = subject
-    msg["Date"] = format_datetime(datetime.now(timezone.utc))
+    msg["Date"] = format_datetime(datetime.now(UTC))
     msg["Message-ID"] = make_msgid(domain="yimi.localhost")
     if key:
         msg[KEY_HEADER] = key

@@ -8,7 +8,7 @@ future, a cancelled reminder cancels again without error. Nothing ever fires.
 from __future__ import annotations
 
 import uuid
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from capabilities.packkit import ToolRegistry, effect, receipt, value
@@ -36,7 +36,7 @@ def refuse(code: str, message: str) -> dict[str, Any]:
 
 
 def utc(value: datetime) -> str:
-    return value.astimezone(timezone.utc).isoformat()
+    return value.astimezone(UTC).isoformat()
 
 
 @TOOLS("Remind the owner of something at a given time (ISO 8601 with a timezone).", CREATE_SCHEMA)
@@ -58,14 +58,14 @@ def create_reminder(args: dict[str, Any]) -> dict[str, Any]:
             return refuse("invalid_request", "due_at must be an ISO 8601 date and time with a timezone")
         if due.tzinfo is None or due.utcoffset() is None:
             return refuse("invalid_request", "due_at needs a timezone (for example 2026-12-01T09:00:00+08:00)")
-        if due <= datetime.now(timezone.utc):
+        if due <= datetime.now(UTC):
             return refuse("invalid_request", "due_at must be in the future")
         reminder = {
             "id": str(uuid.uuid4()),
             "text": text.strip(),
             "due_at": utc(due),
             "state": "scheduled",
-            "created_at": utc(datetime.now(timezone.utc)),
+            "created_at": utc(datetime.now(UTC)),
             "fired_at": None,
             "cancelled_at": None,
         }
@@ -103,6 +103,6 @@ def cancel_reminder(args: dict[str, Any]) -> dict[str, Any]:
     if reminder["state"] == "fired":
         return refuse("reminder_already_fired", "this reminder has already fired; it cannot be cancelled")
     if reminder["state"] == "scheduled":
-        reminder["state"], reminder["cancelled_at"] = "cancelled", utc(datetime.now(timezone.utc))
+        reminder["state"], reminder["cancelled_at"] = "cancelled", utc(datetime.now(UTC))
     return receipt("succeeded", summary=f"cancelled the reminder for {reminder['due_at']}: {reminder['text']}",
                    effects=[effect(f"reminder:{rid}", "cancel", "service_ack")], content={"items": [dict(reminder)]})

@@ -35,7 +35,7 @@ import threading
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
@@ -443,7 +443,7 @@ def pay(args: dict[str, Any]) -> dict[str, Any]:
                 "eta": view["eta"],
                 "payment_intent_id": intent,
                 "payment_authorization_id": authorization,
-                "created_at": datetime.now(timezone.utc).replace(microsecond=0).isoformat(),
+                "created_at": datetime.now(UTC).replace(microsecond=0).isoformat(),
             }
             store["orders"].append(order)
             store["cart"] = []
