@@ -48,3 +48,123 @@ class AdmissionRecord(models.Model):
 
     def __str__(self) -> str:
         return f"{self.scope} via {self.channel} ({self.reason})"
+
+
+# --- voice identity (docs/voice.md) ------------------------------------------------------
+#
+# All of these are written only by ``accounts.voiceprint`` and ``accounts.voice``. A
+# voiceprint model is named by its catalog key ``"{model id}@{version}"``: embeddings of
+# different models are not comparable, so every enrollment, sample and threshold belongs
+# to one model key.
+
+
+class VoiceprintEnrollment(models.Model):
+    """The owner's voiceprint for one capture channel under one voiceprint model: the
+    centroid of the enrolled segments (and of learned samples, once there are any),
+    weighted by voiced duration × quality."""
+
+    owner = models.ForeignKey(User, on_delete=models.CASCADE, related_name="voiceprints")
+    channel = models.CharField(max_length=32)
+    model_key = models.CharField(max_length=160)
+    centroid = models.JSONField(help_text="unit vector")
+    dim = models.PositiveIntegerField()
+    segment_count = models.PositiveSmallIntegerField()
+    voiced_ms_total = models.PositiveIntegerField()
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["owner", "channel", "model_key"], name="one_voiceprint_per_channel_and_model")
+        ]
+
+    def __str__(self) -> str:
+        return f"voiceprint {self.channel} ({self.model_key}, {self.segment_count} segments)"
+
+
+class VoiceprintSample(models.Model):
+    """One embedding behind a channel's voiceprint: an enrolled segment, or a learning
+    sample taken inside a trust window (at most 20 per channel; the first is the anchor)."""
+
+    class Source(models.TextChoices):
+        ENROLLED = "enrolled"
+        LEARNED = "learned"
+
+    owner = models.ForeignKey(User, on_delete=models.CASCADE, related_name="voiceprint_samples")
+    channel = models.CharField(max_length=32)
+    model_key = models.CharField(max_length=160)
+    source = models.CharField(max_length=16, choices=Source.choices)
+    embedding = models.JSONField(help_text="unit vector")
+    voiced_ms = models.PositiveIntegerField()
+    quality = models.FloatField()
+    is_anchor = models.BooleanField(default=False, help_text="the first learning sample of the channel")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["owner", "channel", "model_key", "source"])]
+
+
+class ChannelThreshold(models.Model):
+    """The persistent verification threshold of one capture channel (per voiceprint model).
+
+    Only ever rises (conditional UPDATE ``value < new``), never below 0.65; a restart or a
+    lower configured value never lowers it. This row is also the lock that serializes
+    writes to the channel's learning samples.
+    """
+
+    owner = models.ForeignKey(User, on_delete=models.CASCADE, related_name="voice_thresholds")
+    channel = models.CharField(max_length=32)
+    model_key = models.CharField(max_length=160)
+    value = models.FloatField()
+    reason = models.CharField(max_length=32, default="floor")
+    raised_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["owner", "channel", "model_key"], name="one_threshold_per_channel_and_model")
+        ]
+
+
+class VoiceCall(models.Model):
+    """A phone or app call carried by a voice session, from call start to hang-up."""
+
+    owner = models.ForeignKey(User, on_delete=models.CASCADE, related_name="voice_calls")
+    device = models.ForeignKey("devices.Device", on_delete=models.CASCADE, related_name="voice_calls")
+    call_id = models.CharField(max_length=64, help_text="the device's own id for the call")
+    channel = models.CharField(max_length=32)
+    started_at = models.DateTimeField(auto_now_add=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["device", "call_id"], name="voice_call_id_unique_per_device")]
+
+    def __str__(self) -> str:
+        return f"call {self.call_id} ({'ended' if self.ended_at else 'open'})"
+
+
+class TrustWindow(models.Model):
+    """60 seconds opened by a biometric attestation (Face ID / Touch ID result signed by the
+    device key). The first call whose speech starts inside it is bound to it until hang-up."""
+
+    owner = models.ForeignKey(User, on_delete=models.CASCADE, related_name="trust_windows")
+    device = models.ForeignKey("devices.Device", on_delete=models.CASCADE, related_name="trust_windows")
+    attestation_id = models.CharField(max_length=64, unique=True, help_text="single use: replay guard")
+    method = models.CharField(max_length=16)
+    signature = models.CharField(max_length=128)
+    opened_at = models.DateTimeField()
+    expires_at = models.DateTimeField()
+    bound_call = models.OneToOneField(
+        VoiceCall, null=True, blank=True, on_delete=models.SET_NULL, related_name="trust_window"
+    )
+    bound_at = models.DateTimeField(null=True, blank=True)
+
+
+class CallAnchor(models.Model):
+    """The embedding of the first sentence of a call verified by voiceprint (never by the
+    trust window). Recognizes short utterances for this call only; deleted at hang-up."""
+
+    call = models.OneToOneField(VoiceCall, on_delete=models.CASCADE, related_name="anchor")
+    embedding = models.JSONField(help_text="unit vector")
+    model_key = models.CharField(max_length=160)
+    score = models.FloatField(help_text="the voiceprint score that verified it")
+    created_at = models.DateTimeField(auto_now_add=True)

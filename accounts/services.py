@@ -41,3 +41,16 @@ def admit_text(device) -> AdmissionRecord:  # type: ignore[no-untyped-def]
     return AdmissionRecord.objects.create(
         owner_id=device.owner_id, device=device, channel=AdmissionRecord.Channel.TEXT, scope=scope, reason=reason
     )
+
+
+def admit_voice(device, *, scope: str, reason: str) -> AdmissionRecord:  # type: ignore[no-untyped-def]
+    """Admission for a spoken request: the scope was decided from the voice itself
+    (``accounts.voice.decide_speaker``: voiceprint, trust window or call anchor), not
+    from the device. A guest device can never be admitted above ``guest``."""
+    if scope not in (Scope.OWNER, Scope.OWNER_UNCERTAIN, Scope.GUEST):
+        raise ValueError(f"a voice admission cannot have scope {scope!r}")
+    if device.is_guest:
+        scope, reason = Scope.GUEST, "guest_device"
+    return AdmissionRecord.objects.create(
+        owner_id=device.owner_id, device=device, channel=AdmissionRecord.Channel.VOICE, scope=scope, reason=reason[:64]
+    )

@@ -38,19 +38,32 @@ class AcceptedUtterance:
 
 
 def accept_utterance(device: Device, client_id: str, text: str) -> AcceptedUtterance:
-    """Store an inbound utterance and create its run, in one transaction.
+    """Store an inbound text utterance and create its run, in one transaction.
 
     Steps: 1. a resend with a known (device, client id) returns the stored entry and
     its run: nothing new; 2. admission decides the scope; 3. the entry is appended to
     the timeline; 4. the run is created, bound to the admission record. The run is
     dispatched by the caller after commit; a crash in between is healed by recovery.
     """
+    return _accept(device, client_id, text, lambda: admit_text(device))
+
+
+def accept_voice_utterance(device: Device, client_id: str, text: str, *, scope: str, reason: str) -> AcceptedUtterance:
+    """The same for a spoken request, except step 2: the scope was decided from the audio
+    (``accounts.voice.decide_speaker``) and is admitted by ``accounts.services.admit_voice``.
+    ``client_id`` is the utterance's id, so a resent transcript stores nothing new."""
+    from accounts.services import admit_voice
+
+    return _accept(device, client_id, text, lambda: admit_voice(device, scope=scope, reason=reason))
+
+
+def _accept(device: Device, client_id: str, text: str, admit: Any) -> AcceptedUtterance:
     existing = timeline.find_by_client_id(device.id, client_id)
     if existing is not None:
         return _duplicate(existing)
     try:
         with transaction.atomic():
-            admission = admit_text(device)
+            admission = admit()
             entry = timeline.append_entry(
                 owner_id=device.owner_id,
                 kind=TimelineEntry.Kind.UTTERANCE,

@@ -57,3 +57,19 @@ class DeliveryAdmin(admin.ModelAdmin):
 
     def has_change_permission(self, request: HttpRequest, obj: Delivery | None = None) -> bool:
         return False
+
+
+from devices import catalog_admin  # noqa: E402,F401  (registers the local-models settings page)
+from devices.models import VoiceUtterance  # noqa: E402
+
+
+@admin.register(VoiceUtterance)
+class VoiceUtteranceAdmin(admin.ModelAdmin):
+    list_display = ("created_at", "device", "channel", "disposition", "scope", "reason", "band", "score", "voiced_ms", "transcript_source")
+    list_filter = ("disposition", "scope", "channel")
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: VoiceUtterance | None = None) -> bool:
+        return False

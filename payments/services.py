@@ -481,8 +481,11 @@ def voice_confirm(device: Device, authorization_id: Any, utterance_seq: Any) -> 
     entry = TimelineEntry.objects.filter(owner_id=device.owner_id, seq=utterance_seq, device=device).first()
     admission = AdmissionRecord.objects.filter(run__inbound=entry).first() if entry else None
     said = (entry.text if entry else "").strip().rstrip("。！!.")
-    if entry is None or admission is None or admission.channel != "voice" or admission.scope != "owner" or entry.created_at < auth.created_at or said != "付吧":
-        raise YimiError("not_confirmed", "no spoken 付吧 from the owner on this device after the card")
+    from accounts.voice_checks import voice_request_verified
+
+    # Payment never rests on a trust window or a call anchor: the voiceprint itself must verify it.
+    if entry is None or admission is None or not voice_request_verified(admission) or entry.created_at < auth.created_at or said != "付吧":
+        raise YimiError("not_confirmed", "no spoken 付吧 from the owner, verified by voiceprint, on this device after the card")
     if not authorize(auth, method=PaymentAuthorization.Method.VOICE, device=device):
         raise YimiError("card_closed", "this payment card was already answered")
     return auth

@@ -360,3 +360,15 @@ def test_record_receipt_refuses_a_pay_result_without_a_used_authorization(phone:
     with pytest.raises(YimiError) as err:
         record_receipt(call.id, {"receipt_schema": 1, "status": "succeeded"})
     assert err.value.code == "call_not_executed"
+
+
+def test_voice_confirm_never_rests_on_a_trust_window(voice_pay_on: Any, phone: Any) -> None:
+    voice_pay_on.PAYMENTS_AUTOPAY_ENABLED = False
+    intent = make_voice_intent(phone, amount="18")
+    call = ToolCall.objects.create(owner=intent.owner, run=intent.run, tool="shop__pay", category="spend", fingerprint="w", idempotency_key="w", decision="ask")
+    auth = payments.open_authorization(intent, call)
+    spoken = accept_utterance(phone.device, new_client_id(), "付吧")
+    AdmissionRecord.objects.filter(run__inbound=spoken.entry).update(channel="voice", reason="trust_window_call")
+    with pytest.raises(YimiError) as err:
+        payments.voice_confirm(phone.device, auth.id, spoken.entry.seq)
+    assert err.value.code == "not_confirmed"

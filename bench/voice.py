@@ -1,0 +1,211 @@
+"""Voice benchmark: real-time factor of VAD + speaker embedding on one core, and how many
+concurrent voice streams one worker sustains in real time.
+
+    .venv/bin/python bench/voice.py [--seconds 60] [--streams-seconds 10]
+
+Audio: espeak-ng speech (several sentences, ~60 % voiced, the rest silence), 16 kHz mono.
+The pipeline is the server's own ``VoiceSession``: 512-sample Silero VAD windows (the
+model from the silero-vad wheel), segmentation, a quality estimate and one sherpa-onnx
+speaker embedding per utterance. No database and no network: this measures the audio
+work a web worker does per stream. The process is pinned to one CPU and every model
+runs with one thread.
+
+Speaker models (built here with the ``onnx`` package, random weights: the cost is
+realistic, the embeddings are not meaningful):
+- ``tiny``: the test suite's model (mean log-mel spectrum, 80 dims);
+- ``xvector-s``: an x-vector TDNN — 5 Conv1d layers (256, 256, 256, 256, 768 channels,
+  kernels 5/3/3/1/1, dilations 1/2/3/1/1), mean+std statistics pooling, a 192-dim
+  projection: ~1.0 M parameters (~4 MB);
+- ``xvector-m``: the same with 512 channels and 1,500 before pooling: ~3.4 M parameters
+  (~14 MB), close to a classic x-vector.
+
+"Streams" is measured, not extrapolated: N sessions sharing one extractor (as the server
+shares it) are fed round-robin in 200-ms frames, as one worker's event loop interleaves
+sockets, for ``--streams-seconds`` of audio each; the largest N (searched in steps of
+about 10 % from the RTF's estimate) whose processing time stays within the audio's
+duration is reported. Not included: the websocket, JSON frames, and the database writes
+per utterance (identity decision, ``VoiceUtterance``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import wave
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+SENTENCES = [
+    "Hello Yimi, what is the weather like tomorrow?",
+    "Please remind me to call my mother at six.",
+    "Read me the latest news about the football match.",
+    "How long does it take to drive to the airport today?",
+    "Turn off the lights in the living room please.",
+    "What did I say about the meeting on Monday morning?",
+]
+
+
+def speech(directory: Path, seconds: float) -> np.ndarray:
+    parts: list[np.ndarray] = []
+    total = 0
+    i = 0
+    while total < seconds * 16000:
+        raw, out = directory / f"s{i}.raw.wav", directory / f"s{i}.wav"
+        subprocess.run(["espeak-ng", "-v", "en+m3", "-w", str(raw), SENTENCES[i % len(SENTENCES)]], check=True)
+        subprocess.run(["sox", str(raw), "-r", "16000", "-c", "1", "-b", "16", str(out)], check=True)
+        with wave.open(str(out)) as w:
+            clip = np.frombuffer(w.readframes(w.getnframes()), dtype="<i2").astype(np.float32) / 32768.0
+        parts += [clip, np.zeros(int(16000 * 1.2), dtype=np.float32)]
+        total += clip.size + int(16000 * 1.2)
+        i += 1
+    return np.concatenate(parts)[: int(seconds * 16000)]
+
+
+def build_xvector(path: Path, channels: int, pooled: int, dim: int = 192, seed: int = 0) -> int:
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+    layers = [(80, channels, 5, 1), (channels, channels, 3, 2), (channels, channels, 3, 3), (channels, channels, 1, 1), (channels, pooled, 1, 1)]
+    inits, nodes, params = [], [helper.make_node("Transpose", ["x"], ["h0"], perm=[0, 2, 1])], 0
+    for i, (cin, cout, k, d) in enumerate(layers):
+        w = (rng.standard_normal((cout, cin, k)) * np.sqrt(2.0 / (cin * k))).astype(np.float32)
+        inits += [numpy_helper.from_array(w, f"w{i}"), numpy_helper.from_array(np.zeros(cout, dtype=np.float32), f"b{i}")]
+        params += w.size + cout
+        pad = d * (k - 1) // 2
+        nodes += [
+            helper.make_node("Conv", [f"h{i}", f"w{i}", f"b{i}"], [f"c{i}"], dilations=[d], pads=[pad, pad], kernel_shape=[k]),
+            helper.make_node("Relu", [f"c{i}"], [f"h{i + 1}"]),
+        ]
+    h = f"h{len(layers)}"
+    proj = (rng.standard_normal((2 * pooled, dim)) / np.sqrt(2 * pooled)).astype(np.float32)
+    params += proj.size
+    inits += [numpy_helper.from_array(np.array([2], dtype=np.int64), "axis2"), numpy_helper.from_array(proj, "proj")]
+    nodes += [
+        helper.make_node("ReduceMean", [h, "axis2"], ["mean3"], keepdims=1),
+        helper.make_node("Sub", [h, "mean3"], ["dev"]),
+        helper.make_node("Mul", ["dev", "dev"], ["sq"]),
+        helper.make_node("ReduceMean", ["sq", "axis2"], ["var"], keepdims=0),
+        helper.make_node("Sqrt", ["var"], ["std"]),
+        helper.make_node("ReduceMean", [h, "axis2"], ["mean"], keepdims=0),
+        helper.make_node("Concat", ["mean", "std"], ["stats"], axis=1),
+        helper.make_node("MatMul", ["stats", "proj"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "xvector", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", "T", 80])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", dim])], inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 8
+    for key, value in {"framework": "wespeaker", "output_dim": str(dim), "sample_rate": "16000", "normalize_samples": "1", "language": "en"}.items():
+        prop = model.metadata_props.add()
+        prop.key, prop.value = key, value
+    onnx.save(model, str(path))
+    return params
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=60.0, help="audio for the real-time factor")
+    parser.add_argument("--streams-seconds", type=float, default=5.0, help="audio per stream in the concurrency test")
+    args = parser.parse_args()
+
+    work = Path(tempfile.mkdtemp(prefix="yimi-bench-voice-"))
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "yimi_project.settings")
+    os.environ.setdefault("YIMI_DATA_DIR", str(work / "data"))
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
+    import django
+
+    django.setup()
+    import importlib.util
+    import threading
+
+    from devices.catalog import parse_catalog
+    from devices.voice.engines import SpeakerEmbedder
+    from devices.voice.probe import build
+    from devices.voice.session import VoiceSession
+    from tests.voice_support import build_speaker_model
+
+    spec = importlib.util.find_spec("silero_vad")
+    assert spec and spec.submodule_search_locations, "pip install --no-deps silero-vad"
+    vad_path = os.path.join(spec.submodule_search_locations[0], "data", "silero_vad.onnx")
+    audio = speech(work, args.seconds)
+
+    models = {"tiny": (build_speaker_model(work / "tiny.onnx"), 80 * 80 + 80)}
+    for name, channels, pooled in (("xvector-s", 256, 768), ("xvector-m", 512, 1500)):
+        path = work / f"{name}.onnx"
+        models[name] = (str(path), build_xvector(path, channels, pooled))
+
+    def embedder(model_path: str) -> SpeakerEmbedder:
+        listed = {"kind": "voiceprint", "id": "bench", "version": "1", "files": {"model": {"path": model_path, "sha256": "0" * 64}}}
+        entry = parse_catalog(json.dumps([listed]))[0]
+        return SpeakerEmbedder(entry, build("voiceprint", {"model": model_path}, {}), threading.Lock())
+
+    def session(shared: SpeakerEmbedder) -> VoiceSession:
+        return VoiceSession(channel="phone_app", vad=build("vad", {"model": vad_path}, {}), embedder=shared)
+
+    def run(sessions: list[VoiceSession], samples: np.ndarray) -> tuple[float, int]:
+        frame = 3200
+        utterances = 0
+        start = time.perf_counter()
+        for i in range(0, samples.size, frame):
+            for s in sessions:
+                utterances += len(s.feed(samples[i : i + frame]).utterances)
+        for s in sessions:
+            utterances += len(s.finish().utterances)
+        return time.perf_counter() - start, utterances
+
+    # VAD alone, on the same stream
+    vad = build("vad", {"model": vad_path}, {})
+    t0 = time.perf_counter()
+    for i in range(0, audio.size - 511, 512):
+        vad.accept_waveform(audio[i : i + 512])
+        while not vad.empty():
+            vad.pop()
+    vad_seconds = time.perf_counter() - t0
+
+    rows = []
+    short = audio[: int(args.streams_seconds * 16000)]
+    for name, (path, params) in models.items():
+        shared = embedder(path)
+        run([session(shared)], audio[: 5 * 16000])  # warm up
+        elapsed, utterances = run([session(shared)], audio)
+        rtf = elapsed / args.seconds
+
+        def sustains(n: int, shared: SpeakerEmbedder = shared) -> bool:
+            took, _ = run([session(shared) for _ in range(n)], short)
+            return took <= args.streams_seconds
+
+        n = max(1, int(1 / rtf))
+        if sustains(n):
+            while sustains(int(n * 1.1) + 1):
+                n = int(n * 1.1) + 1
+        else:
+            while n > 1 and not sustains(int(n / 1.1)):
+                n = int(n / 1.1)
+            n = int(n / 1.1) if n > 1 else 0
+        rows.append((name, params, os.path.getsize(path), utterances, rtf, (elapsed - vad_seconds) / args.seconds, n))
+
+    print(f"\naudio: {args.seconds:.0f} s of espeak-ng speech ({audio.size} samples), 1 CPU, 1 thread per model")
+    print(f"Silero VAD alone: {1000 * vad_seconds / args.seconds:.2f} ms per second of audio (RTF {vad_seconds / args.seconds:.4f})\n")
+    header = f"{'speaker model':<12} {'params':>9} {'MB':>6} {'utts':>5} {'VAD+emb ms/s':>13} {'RTF':>8} {'emb ms/s':>9} {'streams/worker':>15}"
+    print(header)
+    print("-" * len(header))
+    for name, params, size, utterances, rtf, emb, streams in rows:
+        print(f"{name:<12} {params:>9,} {size / 1e6:>6.1f} {utterances:>5} {1000 * rtf:>13.2f} {rtf:>8.4f} {1000 * emb:>9.2f} {streams:>15}")
+    print(f"\nstreams/worker: sessions fed round-robin in 200-ms frames, {args.streams_seconds:.0f} s of audio each, done within {args.streams_seconds:.0f} s")
+    print("emb ms/s: everything but the VAD (segmentation, quality, embedding, Python overhead)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,142 @@
+"""The derived vector index: every timeline utterance and reply embedded with the selected
+embedding model, rebuilt whenever that model is switched.
+
+Text embedding models need their own runtime (the deployer runs one next to Yimi, e.g. a
+local text-embeddings server serving the catalog's files); Yimi talks to it through the
+OpenAI-compatible ``POST {endpoint}/embeddings``. The index is a derived copy, stored as
+files under ``DATA_DIR/vector_index/<model>@<version>/`` (``vectors.npy`` unit rows,
+``seqs.npy`` timeline numbers, ``meta.json``) and written to a temporary directory first.
+Recall over it belongs to the memory issue; this module only builds and reads it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+from django.conf import settings
+from django.utils import timezone
+
+from devices import catalog, model_settings
+from devices.catalog import CatalogEntry
+from yimi_project.errors import YimiError
+from yimi_project.logs import log_event
+
+BATCH = 32
+INDEXED_KINDS = ("utterance", "reply")
+TIMEOUT_SECONDS = 30.0
+
+
+def index_dir(entry: CatalogEntry) -> Path:
+    return Path(settings.DATA_DIR) / "vector_index" / entry.key
+
+
+def rebuild_vector_index(model_id: str, version: str) -> str:
+    """Rebuild the index for one embedding model; returns ``effective``, ``superseded`` or ``failed``.
+
+    Steps: 1. find the entry and verify its files' digests; 2. read the owner's timeline
+    page by page (``memory.services.page_after``), keeping utterances and replies;
+    3. embed them in batches of 32 through the model's runtime, recording progress
+    done/total after each batch — if the selection moved on (another switch), stop;
+    4. write the index files to a temporary directory and move it into place;
+    5. compare-and-set the model effective (``model_settings.finish_rebuild``). Any
+    failure is shown on the settings page and leaves the effective model as it was.
+    """
+    entry = catalog.load_catalog().find("embedding", model_id, version)
+    try:
+        if entry is None:
+            raise YimiError("unknown_model", f"embedding {model_id}@{version} is no longer in the catalog")
+        catalog.check_entry(entry)
+        items = _timeline_items()
+        if not model_settings.rebuild_progress(model_id, version, 0, len(items)):
+            return "superseded"
+        vectors = np.zeros((len(items), int(entry.metadata["dim"])), dtype=np.float32)
+        for start in range(0, len(items), BATCH):
+            batch = items[start : start + BATCH]
+            vectors[start : start + len(batch)] = embed_texts(entry, [text for _, text in batch])
+            if not model_settings.rebuild_progress(model_id, version, start + len(batch), len(items)):
+                return "superseded"
+        _write_index(entry, np.array([seq for seq, _ in items], dtype=np.int64), vectors)
+    except YimiError as exc:
+        model_settings.fail_rebuild(model_id, version, exc)
+        return "failed"
+    if not model_settings.finish_rebuild(model_id, version):
+        return "superseded"
+    log_event("index_rebuilt", model=entry.key, items=len(items))
+    return "effective"
+
+
+def _timeline_items() -> list[tuple[int, str]]:
+    from accounts.services import get_owner
+    from memory import services as timeline
+
+    owner = get_owner()
+    if owner is None:
+        return []
+    items: list[tuple[int, str]] = []
+    after = 0
+    while True:
+        page = timeline.page_after(owner_id=owner.id, after=after, limit=200)
+        items.extend((e.seq, e.text) for e in page.entries if e.kind in INDEXED_KINDS and e.text.strip())
+        if not page.has_more:
+            return items
+        after = page.next_after
+
+
+def embed_texts(entry: CatalogEntry, texts: list[str]) -> np.ndarray:
+    """Unit vectors for ``texts`` from the model's runtime (OpenAI-compatible embeddings)."""
+    dim = int(entry.metadata["dim"])
+    url = entry.metadata["endpoint"].rstrip("/") + "/embeddings"
+    body = {"model": entry.metadata.get("model_name", entry.id), "input": texts}
+    try:
+        response = httpx.post(url, json=body, timeout=TIMEOUT_SECONDS)
+    except httpx.HTTPError:
+        raise YimiError("embedding_runtime_unreachable", f"embedding {entry.key}: its runtime could not be reached") from None
+    if response.status_code != 200:
+        raise YimiError("embedding_runtime_error", f"embedding {entry.key}: its runtime answered HTTP {response.status_code}")
+    try:
+        data: Any = response.json()["data"]
+        rows = [item["embedding"] for item in sorted(data, key=lambda item: item["index"])]
+        matrix = np.asarray(rows, dtype=np.float64)
+    except (ValueError, KeyError, TypeError):
+        raise YimiError("embedding_runtime_bad_response", f"embedding {entry.key}: unreadable answer from its runtime") from None
+    if matrix.shape != (len(texts), dim) or not np.all(np.isfinite(matrix)):
+        raise YimiError(
+            "embedding_runtime_bad_response", f"embedding {entry.key}: expected {len(texts)} vectors of {dim} numbers"
+        )
+    norms = np.linalg.norm(matrix, axis=1, keepdims=True)
+    norms[norms == 0] = 1.0
+    return (matrix / norms).astype(np.float32)
+
+
+def _write_index(entry: CatalogEntry, seqs: np.ndarray, vectors: np.ndarray) -> None:
+    target = index_dir(entry)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = target.parent / f".{entry.key}.tmp-{uuid.uuid4().hex}"
+    staging.mkdir()
+    np.save(staging / "vectors.npy", vectors)
+    np.save(staging / "seqs.npy", seqs)
+    meta = {"model": entry.key, "digest_summary": entry.digest_summary, "dim": vectors.shape[1],
+            "count": int(len(seqs)), "built_at": timezone.now().isoformat()}
+    (staging / "meta.json").write_text(json.dumps(meta))
+    old = target.parent / f".{entry.key}.old-{uuid.uuid4().hex}"
+    if target.exists():
+        os.replace(target, old)
+    os.replace(staging, target)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def read_index(entry: CatalogEntry) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
+    """(timeline numbers, unit vectors, meta) of a built index; ``index_missing`` if none."""
+    target = index_dir(entry)
+    try:
+        meta = json.loads((target / "meta.json").read_text())
+        return np.load(target / "seqs.npy"), np.load(target / "vectors.npy"), meta
+    except (OSError, ValueError):
+        raise YimiError("index_missing", f"there is no vector index for {entry.key}") from None

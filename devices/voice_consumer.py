@@ -1,0 +1,278 @@
+"""The voice websocket, ``/ws/voice/`` (docs/voice.md).
+
+Same handshake as ``/ws/device/`` (challenge → ``auth`` signed by the device key → ready),
+then one capture channel's audio: binary frames of 16 kHz, 16-bit, mono PCM, and JSON
+control frames. Thin like the device socket: it checks frames, runs the audio models off
+the event loop, and calls services. Replies come back as text through the device's
+channel group (``reply.chunk`` / ``reply.done``) and are ACKed ``played``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from channels.db import database_sync_to_async
+
+from accounts import voice as identity
+from accounts.models import VoiceCall
+from brain.dispatch import dispatch_run
+from devices import services as device_services
+from devices.consumers import DeviceConsumer
+from devices.voice import audio, config
+from devices.voice import services as voice_services
+from devices.voice.services import SessionStatus
+from devices.voice.session import SAMPLE_RATE, StreamOutput, Utterance, VoiceSession, ms
+from yimi_project.errors import YimiError
+from yimi_project.logs import log_event
+
+DEVICE_RECHECK_SECONDS = 1.0
+
+
+class VoiceConsumer(DeviceConsumer):
+    session: VoiceSession | None = None
+    status: SessionStatus | None = None
+    call: VoiceCall | None = None
+    enrollment: list[Utterance] | None = None
+    _checked_at: float = 0.0
+
+    # --- frames ------------------------------------------------------------------------------
+
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        if text_data is None and bytes_data is not None:
+            await self._on_audio(bytes_data)
+            return
+        await super().receive(text_data=text_data)
+
+    async def disconnect(self, code: int) -> None:
+        if self.call is not None:
+            await database_sync_to_async(identity.end_call)(self.call)
+            self.call = None
+        self.session = None
+        await super().disconnect(code)
+
+    async def _on_audio(self, frame: bytes) -> None:
+        if self.device is None:
+            await self._error("not_authenticated", "the first frame must be auth")
+            await self.close(code=4401)
+            return
+        if self.session is None:
+            await self._error("voice_not_started", "send voice.start before audio")
+            return
+        try:
+            samples = audio.pcm_to_float(frame, max_bytes=config.max_audio_frame_bytes())
+            if time.monotonic() - self._checked_at >= DEVICE_RECHECK_SECONDS:
+                self.device = await database_sync_to_async(device_services.active_device)(self.device.id)
+                self._checked_at = time.monotonic()
+        except YimiError as exc:
+            if exc.code == "device_revoked":
+                await self._close_revoked()
+                return
+            await self._error(exc.code, exc.message)
+            return
+        output = await sync_to_async(self.session.feed, thread_sensitive=False)(samples)
+        await self._process(output)
+
+    async def _process(self, output: StreamOutput) -> None:
+        assert self.session is not None and self.device is not None
+        for position, keyword in output.wake_words:
+            _, until = self.session.open_request_window(position, config.request_window_seconds())
+            await self._send({"type": "wake.detected", "at_ms": ms(position), "keyword": keyword, "window_until_ms": ms(until)})
+        for utt in output.utterances:
+            if self.enrollment is not None:
+                self.enrollment.append(utt)
+                await self._send(
+                    {"type": "enroll.segment", "utterance_id": utt.id, "voiced_ms": utt.voiced_ms, "quality": utt.quality,
+                     "segments": len(self.enrollment), "embedded": utt.embedding is not None}
+                )
+                continue
+            await self._handle_utterance(utt)
+
+    async def _handle_utterance(self, utt: Utterance) -> None:
+        session, device = self.session, self.device
+        assert session is not None and device is not None
+        transcript = None
+        if session.transcriber is not None and (session.in_request_window(utt) or session.during_playback(utt)):
+            transcript = await sync_to_async(session.transcribe, thread_sensitive=False)(utt)
+        try:
+            outcome = await database_sync_to_async(voice_services.handle_utterance)(
+                device, session, utt, call=self.call, transcript=transcript
+            )
+        except YimiError as exc:
+            await self._error(exc.code, exc.message)
+            return
+        record, decision = outcome.record, outcome.decision
+        body: dict[str, Any] = {
+            "type": "voice.utterance",
+            "utterance_id": utt.id,
+            "start_ms": utt.start_ms,
+            "end_ms": utt.end_ms,
+            "voiced_ms": utt.voiced_ms,
+            "quality": utt.quality,
+            "call_id": self.call.call_id if self.call else None,
+            "speaker": {"scope": decision.scope, "reason": decision.reason, "band": decision.band or None,
+                        "score": round(decision.score, 4) if decision.score is not None else None},
+            "disposition": record.disposition,
+            "transcription": "server" if session.transcriber is not None else "unavailable",
+            "transcript": record.transcript or None,
+            "needs_transcript": outcome.needs_transcript,
+            "learning": outcome.learning.reason if outcome.learning else None,
+            "seq": outcome.accepted.entry.seq if outcome.accepted else None,
+            "run_id": str(outcome.accepted.run_id) if outcome.accepted else None,
+        }
+        await self._send(body)
+        if outcome.accepted is not None and not outcome.accepted.duplicate:
+            await self._start_run(outcome.accepted.run_id, outcome.accepted.entry.seq)
+
+    async def _start_run(self, run_id: Any, seq: int) -> None:
+        assert self.device is not None
+        await dispatch_run(run_id)
+        await self.channel_layer.group_send(device_services.owner_group(self.device.owner_id), {"type": "timeline.new", "seq": seq})
+
+    # --- control frames ----------------------------------------------------------------------
+
+    def _need_session(self) -> VoiceSession:
+        if self.session is None:
+            raise YimiError("voice_not_started", "send voice.start first")
+        return self.session
+
+    def _position(self, frame: dict[str, Any]) -> int:
+        """``at_ms`` (stream time, optional) as a sample position; default: now."""
+        session = self._need_session()
+        at_ms = frame.get("at_ms")
+        if at_ms is None:
+            return session.position
+        if isinstance(at_ms, bool) or not isinstance(at_ms, int) or not 0 <= at_ms <= ms(session.position) + 1000:
+            raise YimiError("invalid_frame", "at_ms must be a stream time in milliseconds, not in the future")
+        return at_ms * SAMPLE_RATE // 1000
+
+    async def _on_voice_start(self, frame: dict[str, Any]) -> None:
+        assert self.device is not None
+        if self.session is not None:
+            raise YimiError("voice_already_started", "this socket already carries a voice session; send voice.stop first")
+        audio.check_format(frame.get("format"))
+        session, status = await database_sync_to_async(voice_services.open_session)(
+            self.device, frame.get("channel"), frame.get("mode", "normal")
+        )
+        self.session, self.status = session, status
+        await self._send(
+            {
+                "type": "voice.started",
+                "id": frame.get("id"),
+                "session_id": session.id,
+                "channel": session.channel,
+                "mode": session.mode,
+                "format": audio.WIRE_FORMAT,
+                "transcription": status.transcription,
+                "wake_word": status.wake_word,
+                "voiceprint": status.voiceprint,
+                "problems": status.problems,
+                "limits": {"max_audio_frame_bytes": config.max_audio_frame_bytes()},
+            }
+        )
+        log_event("voice_session_started", device_id=str(self.device.id), channel=session.channel, transcription=status.transcription)
+
+    async def _on_voice_stop(self, frame: dict[str, Any]) -> None:
+        session = self._need_session()
+        output = await sync_to_async(session.finish, thread_sensitive=False)()
+        await self._process(output)
+        if self.call is not None:
+            await database_sync_to_async(identity.end_call)(self.call)
+            self.call = None
+        self.session, self.enrollment = None, None
+        await self._send({"type": "voice.stopped", "id": frame.get("id"), "session_id": session.id, "stream_ms": ms(session.position)})
+
+    async def _on_wake(self, frame: dict[str, Any]) -> None:
+        session = self._need_session()
+        start, until = session.open_request_window(self._position(frame), config.request_window_seconds())
+        await self._send({"type": "wake.ack", "id": frame.get("id"), "window_from_ms": ms(start), "window_until_ms": ms(until)})
+
+    async def _on_playback(self, frame: dict[str, Any]) -> None:
+        session = self._need_session()
+        if frame.get("state") not in ("start", "end"):
+            raise YimiError("invalid_frame", "playback state must be start or end")
+        session.playback(frame["state"], self._position(frame))
+
+    async def _on_call_start(self, frame: dict[str, Any]) -> None:
+        session = self._need_session()
+        assert self.device is not None
+        if self.call is not None:
+            raise YimiError("call_in_progress", "a call is already open on this session; send call.end first")
+        self.call = await database_sync_to_async(identity.start_call)(self.device, frame.get("call_id"), session.channel)
+        await self._send({"type": "call.started", "id": frame.get("id"), "call_id": self.call.call_id})
+
+    async def _on_call_end(self, frame: dict[str, Any]) -> None:
+        self._need_session()
+        if self.call is None or frame.get("call_id") != self.call.call_id:
+            raise YimiError("unknown_call", "there is no open call with this call_id on this session")
+        call, self.call = self.call, None
+        await database_sync_to_async(identity.end_call)(call)
+        await self._send({"type": "call.ended", "id": frame.get("id"), "call_id": call.call_id})
+
+    async def _on_transcript(self, frame: dict[str, Any]) -> None:
+        assert self.device is not None
+        record, accepted = await database_sync_to_async(voice_services.accept_device_transcript)(
+            self.device, frame.get("utterance_id"), frame.get("text")
+        )
+        await self._send(
+            {"type": "voice.transcript.ack", "id": frame.get("id"), "utterance_id": record.id.hex, "seq": accepted.entry.seq,
+             "run_id": str(accepted.run_id) if accepted.run_id else None, "duplicate": accepted.duplicate}
+        )
+        if not accepted.duplicate:
+            await self._start_run(accepted.run_id, accepted.entry.seq)
+
+    async def _on_trust_open(self, frame: dict[str, Any]) -> None:
+        assert self.device is not None
+        window = await database_sync_to_async(identity.open_trust_window)(
+            self.device, attestation_id=frame.get("attestation_id"), method=frame.get("method"),
+            issued_at=frame.get("issued_at"), signature=frame.get("signature"),
+        )
+        await self._send({"type": "trust.opened", "id": frame.get("id"), "expires_at": window.expires_at.isoformat()})
+
+    async def _on_enroll_start(self, frame: dict[str, Any]) -> None:
+        session = self._need_session()
+        assert self.device is not None
+        await database_sync_to_async(voice_services.require_trust_window)(self.device)
+        if session.enroll_embedder is None:
+            raise YimiError("voiceprint_unavailable", "no voiceprint model is selected in the local catalog")
+        session.enrolling, self.enrollment = True, []
+        await self._send({"type": "enroll.started", "id": frame.get("id"), "channel": session.channel,
+                          "model": session.enroll_embedder.model_key})
+
+    async def _on_enroll_commit(self, frame: dict[str, Any]) -> None:
+        session = self._need_session()
+        assert self.device is not None
+        if self.enrollment is None:
+            raise YimiError("not_enrolling", "send enroll.start first")
+        collected, self.enrollment, session.enrolling = self.enrollment, None, False
+        enrollment = await database_sync_to_async(voice_services.commit_enrollment)(self.device, session.channel, collected)
+        await self._send({"type": "enroll.committed", "id": frame.get("id"), "channel": session.channel,
+                          "segments": enrollment.segment_count, "model": enrollment.model_key})
+
+    async def _on_enroll_cancel(self, frame: dict[str, Any]) -> None:
+        session = self._need_session()
+        self.enrollment, session.enrolling = None, False
+        await self._send({"type": "enroll.cancelled", "id": frame.get("id")})
+
+    async def _on_ack(self, frame: dict[str, Any]) -> None:
+        await super()._on_ack(frame)
+        if frame.get("status") == "played" and self.session is not None:
+            # The reply was heard: the owner may answer without the wake word.
+            self.session.open_request_window(self.session.position, config.followup_window_seconds(), preroll=0.0)
+
+    HANDLERS = {
+        "voice.start": _on_voice_start,
+        "voice.stop": _on_voice_stop,
+        "wake": _on_wake,
+        "playback": _on_playback,
+        "call.start": _on_call_start,
+        "call.end": _on_call_end,
+        "voice.transcript": _on_transcript,
+        "trust.open": _on_trust_open,
+        "enroll.start": _on_enroll_start,
+        "enroll.commit": _on_enroll_commit,
+        "enroll.cancel": _on_enroll_cancel,
+        "ack": _on_ack,
+        "ping": DeviceConsumer._on_ping,
+    }
