@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from memory.models import TimelineEntry
+from yimi_project.logs import log_event
 
 OWNER_SYSTEM = (
     "You are Yimi (依米), a private assistant who belongs to one person, the owner. "
@@ -26,3 +28,77 @@ def build_messages(scope: str, utterance: str, history: list[TimelineEntry]) -> 
         messages.append({"role": role, "content": entry.text})
     messages.append({"role": "user", "content": utterance})
     return messages
+
+
+# --- memory (issue 5): the platform core profile and incremental L3 facts ------------------------
+# The runner calls prepare_memory before building a run's prompt, with_memory to add it, and
+# accept_memory once the brain accepted the prompt (only then does the session's baseline move).
+
+
+@dataclass
+class RunMemory:
+    profile: Any = None  # memory.projections.CoreProfile, owner scope only
+    plan: Any = None  # memory.injection.InjectionPlan
+
+
+def prepare_memory(owner_id: int, scope: str, anchor_seq: int) -> RunMemory:
+    """The core profile (owner scope) and this turn's injection plan. A failure to read
+    memory is logged and the run goes on without it."""
+    from memory import injection, projections
+
+    try:
+        profile = projections.core_profile(owner_id) if scope == "owner" else None
+        return RunMemory(profile, injection.plan(owner_id, scope, anchor_seq))
+    except Exception as exc:  # noqa: BLE001 - answering without memory beats not answering
+        log_event("run_memory_unavailable", error=type(exc).__name__)
+        return RunMemory()
+
+
+def accept_memory(memory: RunMemory) -> None:
+    from memory import injection
+
+    if memory.plan is None:
+        return
+    try:
+        injection.accept(memory.plan)
+    except Exception as exc:  # noqa: BLE001 - the reply stands; the next run offers the facts again
+        log_event("run_memory_accept_failed", error=type(exc).__name__)
+
+
+def _block_message(block: Any) -> dict[str, Any]:
+    return {"role": "system", "content": block.text}
+
+
+def with_memory(messages: list[dict[str, Any]], history: list[TimelineEntry], memory: RunMemory) -> list[dict[str, Any]]:
+    """Add the core profile to the system message and the session's memory blocks to the
+    conversation: earlier blocks before the turns they came with, the new block just
+    before the utterance. Other scopes than the owner's get nothing."""
+    from memory.projections import body
+
+    if memory.plan is None or memory.plan.scope != "owner":
+        return messages
+    out = [dict(m) for m in messages]
+    profile = memory.profile
+    if profile is not None and not profile.empty:
+        sections = [
+            ("Platform core profile — USER.md (read-only, generated from Yimi's memory)", body(profile.user)),
+            ("Platform core profile — MEMORY.md", body(profile.memory)),
+            ("How the owner wants you to speak — PERSONALITY.md (tone and habits only; never changes who you are or your rules)", body(profile.personality)),
+        ]
+        extra = "\n\n".join(f"## {title}\n{text}" for title, text in sections if text)
+        out[0]["content"] = f"{out[0]['content']}\n\n{extra}"
+    earlier = sorted(memory.plan.earlier, key=lambda b: b.anchor)
+    if len(out) != len(history) + 2:  # not the shape build_messages makes: keep blocks together
+        return [out[0], *out[1:-1], *map(_block_message, memory.plan.blocks), out[-1]]
+    merged = [out[0]]
+    i = 0
+    for entry, message in zip(history, out[1:-1]):
+        while i < len(earlier) and earlier[i].anchor <= entry.seq:
+            merged.append(_block_message(earlier[i]))
+            i += 1
+        merged.append(message)
+    merged.extend(_block_message(b) for b in earlier[i:])
+    if memory.plan.new_block is not None:
+        merged.append(_block_message(memory.plan.new_block))
+    merged.append(out[-1])
+    return merged

@@ -25,9 +25,9 @@ from channels.layers import get_channel_layer
 from brain import services
 from brain.agent_loop import main_turn
 from brain.client import BrainError
-from brain.models import Run
 from brain.dispatch import dispatch_task
-from brain.prompts import build_messages
+from brain.models import Run
+from brain.prompts import accept_memory, build_messages, prepare_memory, with_memory
 from devices.services import device_group, owner_group
 from memory.models import TimelineEntry
 from yimi_project.logs import log_event
@@ -48,6 +48,9 @@ async def execute_run(run_id: Any) -> str:
         return Run.State.EXPIRED
     history = await database_sync_to_async(services.history_for)(run)
     messages = build_messages(run.scope, run.inbound.text, history)
+    # memory hook (issue 5): core profile + incremental L3 facts (brain.prompts.with_memory)
+    memory = await database_sync_to_async(prepare_memory)(run.owner_id, run.scope, run.inbound.seq)
+    messages = with_memory(messages, history, memory)
     beat = asyncio.ensure_future(_heartbeat(run))
     layer = get_channel_layer()
     sent = 0
@@ -68,6 +71,7 @@ async def execute_run(run_id: Any) -> str:
         log_event("run_failed", run_id=str(run.id), error_code=exc.code, detail=exc.detail)
     else:
         state, kind, code = Run.State.SUCCEEDED, TimelineEntry.Kind.REPLY, ""
+        await database_sync_to_async(accept_memory)(memory)  # memory hook (issue 5): the brain accepted the prompt
     finally:
         beat.cancel()
         with contextlib.suppress(asyncio.CancelledError):

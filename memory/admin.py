@@ -1,6 +1,23 @@
-from django.contrib import admin
+"""The owner's memory in the admin: assertions with their full history and dependencies,
+edits (a new version through ``memory.assertions.commit``), forgetting with a preview of
+everything that will be forgotten, and the list of what needs re-evaluation. Only the
+owner sees memory; nothing here writes a table directly."""
 
-from memory.models import TimelineEntry
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+from django.contrib import admin, messages
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.shortcuts import get_object_or_404
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+
+from memory import assertions
+from memory.models import Assertion, TimelineEntry
+from yimi_project.errors import YimiError
 
 
 @admin.register(TimelineEntry)
@@ -22,3 +39,151 @@ class TimelineEntryAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request, obj=None):  # type: ignore[no-untyped-def]
         return False
+
+
+def _is_owner(request: HttpRequest) -> bool:
+    return bool(getattr(request.user, "is_owner", False))
+
+
+@admin.register(Assertion)
+class AssertionAdmin(admin.ModelAdmin):
+    list_display = ("short_id", "predicate", "current_version", "state", "needs_reevaluation", "short_summary", "updated_at")
+    list_filter = ("state", "needs_reevaluation", "predicate")
+    search_fields = ("summary", "predicate")
+    ordering = ("-updated_at",)
+    change_list_template = "admin/memory/assertion/change_list.html"
+
+    @admin.display(description="id")
+    def short_id(self, obj: Assertion) -> str:
+        return str(obj.id)[:8]
+
+    @admin.display(description="summary")
+    def short_summary(self, obj: Assertion) -> str:
+        return obj.summary[:80] if obj.state == Assertion.State.ACTIVE else "(forgotten)"
+
+    # Only the owner reads memory; rows change only through the services.
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return _is_owner(request)
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return _is_owner(request)
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return _is_owner(request)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def get_queryset(self, request: HttpRequest) -> Any:
+        return super().get_queryset(request).filter(owner_id=request.user.pk)
+
+    def get_urls(self) -> list[Any]:
+        wrap = self.admin_site.admin_view
+        return [
+            path("needs-reevaluation/", wrap(self.reevaluation_view), name="memory_assertion_reevaluation"),
+            path("<uuid:pk>/forget/", wrap(self.forget_view), name="memory_assertion_forget"),
+            *super().get_urls(),
+        ]
+
+    def _assertion(self, request: HttpRequest, pk: Any) -> Assertion:
+        if not _is_owner(request):
+            raise PermissionError
+        return get_object_or_404(Assertion, pk=pk, owner_id=request.user.pk)
+
+    def change_view(self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: Any = None) -> HttpResponse:
+        """The assertion with every version and its dependencies; POST commits an edit as a
+        new version (compare-and-set on the version the owner saw)."""
+        if not _is_owner(request):
+            return HttpResponse(status=403)
+        try:
+            pk = uuid.UUID(object_id)
+        except ValueError:
+            return HttpResponse(status=404)
+        assertion = self._assertion(request, pk)
+        payload_text = ""
+        if request.method == "POST":
+            payload_text = request.POST.get("payload", "")
+            try:
+                payload = json.loads(payload_text)
+                expected = int(request.POST.get("expected_version", "-1"))
+                result = assertions.commit(
+                    assertions.CommitRequest(
+                        owner_id=request.user.pk, request_id=f"admin-{uuid.uuid4().hex}", predicate=assertion.predicate,
+                        payload=payload, expected_version=expected, assertion_id=assertion.id, actor="owner",
+                    )
+                )
+            except ValueError:
+                messages.error(request, "The payload must be valid JSON; nothing was changed.")
+            except YimiError as exc:
+                messages.error(request, f"Not saved ({exc.code}): {exc.message}")
+            else:
+                note = f" {len(result.marked_for_reevaluation)} assertions concluded from it now need re-evaluation." if result.marked_for_reevaluation else ""
+                messages.success(request, f"Saved as version {result.version}.{note}")
+                return HttpResponseRedirect(request.path)
+        history = assertions.history(request.user.pk, assertion.id)
+        current = next((v for v in history["versions"] if v["version"] == assertion.current_version), None)
+        if not payload_text and current is not None and current["payload"] is not None:
+            payload_text = json.dumps(current["payload"], ensure_ascii=False, indent=2)
+        names = {
+            str(a.id): a
+            for a in Assertion.objects.filter(
+                id__in={d["assertion_id"] for v in history["versions"] for d in v["depends_on"]} | {d["assertion_id"] for d in history["dependents"]}
+            )
+        }
+        for ref in [*history["dependents"], *(d for v in history["versions"] for d in v["depends_on"])]:
+            other = names.get(ref["assertion_id"])
+            ref["predicate"] = other.predicate if other is not None else "?"
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.model._meta,
+            "title": f"{assertion.predicate} · {str(assertion.id)[:8]}",
+            "assertion": assertion,
+            "history": history,
+            "versions": list(reversed(history["versions"])),
+            "payload_text": payload_text,
+            "editable": assertion.state == Assertion.State.ACTIVE,
+        }
+        return TemplateResponse(request, "admin/memory/assertion/detail.html", context)
+
+    def forget_view(self, request: HttpRequest, pk: uuid.UUID) -> HttpResponse:
+        """GET: everything that will be forgotten; POST with ``confirm``: forget it."""
+        if not _is_owner(request):
+            return HttpResponse(status=403)
+        assertion = self._assertion(request, pk)
+        if request.method == "POST" and request.POST.get("confirm") == "yes":
+            try:
+                result = assertions.forget(request.user.pk, assertion.id, request_id=f"admin-forget-{uuid.uuid4().hex}", actor="owner")
+            except YimiError as exc:
+                messages.error(request, f"Nothing was forgotten ({exc.code}): {exc.message}")
+                return HttpResponseRedirect(request.path)
+            messages.success(
+                request,
+                f"Forgot {len(result.forgotten)} assertions; the payloads of {result.versions_erased} versions were erased. "
+                f"Not erased: {'; '.join(assertions.NOT_ERASED)}.",
+            )
+            return HttpResponseRedirect(reverse("admin:memory_assertion_changelist"))
+        preview = assertions.forget_preview(request.user.pk, assertion.id)
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.model._meta,
+            "title": f"Forget {assertion.predicate} · {str(assertion.id)[:8]}?",
+            "assertion": assertion,
+            "preview": preview,
+            "not_erased": assertions.NOT_ERASED,
+        }
+        return TemplateResponse(request, "admin/memory/assertion/forget.html", context)
+
+    def reevaluation_view(self, request: HttpRequest) -> HttpResponse:
+        if not _is_owner(request):
+            return HttpResponse(status=403)
+        rows = Assertion.objects.filter(owner_id=request.user.pk, state=Assertion.State.ACTIVE, needs_reevaluation=True).order_by("-marked_at")
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.model._meta,
+            "title": "Assertions that need re-evaluation",
+            "rows": rows,
+        }
+        return TemplateResponse(request, "admin/memory/assertion/reevaluation.html", context)

@@ -30,7 +30,7 @@ from memory.models import TimelineEntry
 from yimi_project.errors import HTTP_STATUS, YimiError
 from yimi_project.internal import TOKEN_HEADER
 
-# Until yimi_project/urls.py includes brain.internal_urls, tests use this urlconf.
+# A urlconf with only the internal routes these tests need.
 urlpatterns = [path("internal/", include("brain.internal_urls"))]
 
 PACKS = Path(__file__).resolve().parent.parent / "packs"

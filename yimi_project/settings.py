@@ -122,6 +122,8 @@ CELERY_BEAT_SCHEDULE = {
     "fire-due-reminders": {"task": "brain.tasks.fire_due_reminders", "schedule": 10.0},
     "expire-consent-cards": {"task": "consent.tasks.expire_cards", "schedule": 10.0},
     "expire-payment-authorizations": {"task": "payments.tasks.expire_authorizations", "schedule": 10.0},
+    "index-timeline-embeddings": {"task": "memory.tasks.index_timeline_embeddings", "schedule": 60.0},
+    "regenerate-projections": {"task": "memory.tasks.regenerate_projections", "schedule": 300.0},
 }
 # Without a broker, runs execute on the web server's event loop, and a sweeper there recovers runs.
 YIMI_EMBEDDED_SWEEPER = env.bool("YIMI_EMBEDDED_SWEEPER", default=True)
@@ -239,3 +241,7 @@ VOICE_REQUEST_WINDOW_SECONDS = env.float("YIMI_VOICE_REQUEST_WINDOW_SECONDS", de
 VOICE_FOLLOWUP_WINDOW_SECONDS = env.float("YIMI_VOICE_FOLLOWUP_WINDOW_SECONDS", default=8.0)
 VOICE_MAX_AUDIO_FRAME_BYTES = 32000
 VOICE_TRANSCRIPT_WAIT_SECONDS = 60
+
+# --- memory (memory/) ------------------------------------------------------------------------------
+# The embedding model (from the local model catalog) for timeline vector search; empty: keyword only.
+YIMI_EMBEDDING_MODEL = env.str("YIMI_EMBEDDING_MODEL", default="")

@@ -14,5 +14,6 @@ urlpatterns = [
     path("api/", include("devices.urls")),
     path("api/", include("memory.urls")),
     path("internal/gateway/", include("capabilities.urls")),
+    path("internal/memory/", include("memory.internal_urls")),
     path("internal/", include("brain.internal_urls")),
 ]

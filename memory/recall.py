@@ -1,0 +1,243 @@
+"""Recall (F7 step 7): pick layers per question, search them, fuse ranked lists with RRF.
+
+- ``choose_layers``: L3 always; the timeline (L4) when the question points at something
+  said or done at some time; L5 (raw originals) when it points at something seen or heard
+  — reported as unavailable until the platform stores originals. If only L3 was chosen
+  and it finds nothing, the timeline is searched too.
+- Timeline search: a keyword list (``keyword_search``) and, when an embedding model is
+  configured, a vector list (``memory.embeddings.nearest``), merged by reciprocal rank
+  fusion ``1/(60 + rank)``, rank from 0, at most 100 items per list. An item whose original
+  no longer exists is skipped where it stands: the list is not back-filled from below.
+- Keyword search: the question is cut into terms (Latin words; CJK runs as bigrams) and
+  entries are ranked by how many terms they contain (terms made only of function
+  characters weigh less), newest first on ties. On PostgreSQL, queries whose terms all
+  have trigrams are prefiltered through the ``pg_trgm`` GIN index on the text (migration
+  0003) and matched with ``ILIKE``/``strpos``; on SQLite the same query runs with
+  ``LIKE``/``instr`` (case-insensitive for ASCII) as the fallback.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from django.db import connection
+
+from memory import assertions
+from memory.embeddings import Embedder, configured_embedder, index_timeline, nearest
+from memory.models import TimelineEntry
+from memory.services import serialize_entry
+
+RRF_K = 60
+LIST_MAX = 100
+MAX_TERMS = 16
+FUNCTION_CHARS = set("的了吗呢吧啊呀是在有我你他她它们这那哪什么怎谁个些一不就都也还和与或把被让给叫说")
+LATIN_STOP = {
+    "the", "a", "an", "what", "which", "who", "is", "was", "were", "are", "did", "do", "does", "i", "you", "me", "my",
+    "it", "to", "of", "in", "on", "at", "and", "or", "that", "this", "for", "with", "about", "how", "when", "where",
+}
+TIMELINE_CUES = re.compile(
+    r"刚才|刚刚|昨天|前天|今天|早上|晚上|上次|上周|那天|之前|以前|说过|提到|聊过|聊到|讲过|问过|什么时候|几点|"
+    r"\b(when|yesterday|today|earlier|last time|said|say|mentioned|talked|told|asked)\b"
+)
+L5_CUES = re.compile(
+    r"看到|看见|画面|照片|图片|拍的|视频|录音|听到|那家店|店名|招牌|"
+    r"\b(saw|see|seen|photo|picture|image|video|recording|heard|shop|store|sign)\b"
+)
+
+K = TypeVar("K", bound=Hashable)
+
+
+# --- reciprocal rank fusion ------------------------------------------------------------------
+
+
+def rrf(
+    lists: Sequence[Sequence[K]],
+    *,
+    alive: Callable[[K], bool] | None = None,
+    k: int = RRF_K,
+    per_list: int = LIST_MAX,
+) -> list[tuple[K, float]]:
+    """Fuse ranked lists: ``score(x) = Σ 1/(k + rank)`` over the lists containing ``x``,
+    rank from 0. Each list is cut to ``per_list`` items first; an item for which
+    ``alive`` is false is skipped in place (its rank stays taken, nothing from below the
+    cut moves up). Ties keep the order of first appearance."""
+    scores: dict[K, float] = {}
+    for items in lists:
+        for rank, item in enumerate(items[:per_list]):
+            if alive is not None and not alive(item):
+                continue
+            scores[item] = scores.get(item, 0.0) + 1.0 / (k + rank)
+    order = {item: i for i, item in enumerate(scores)}
+    return sorted(scores.items(), key=lambda kv: (-kv[1], order[kv[0]]))
+
+
+# --- keyword search ----------------------------------------------------------------------------
+
+
+def query_terms(text: str) -> list[tuple[str, float]]:
+    """Search terms with weights: Latin words (≥2 characters, no stop words) and, for each
+    run of CJK characters, the run itself if it is 1-2 characters long, else its bigrams.
+    A term made only of function characters is dropped; one containing any weighs 0.5."""
+    normalized = unicodedata.normalize("NFKC", text).lower()
+    terms: dict[str, float] = {}
+    for word in re.findall(r"[a-z0-9][a-z0-9_'-]*", normalized):
+        if len(word) >= 2 and word not in LATIN_STOP:
+            terms.setdefault(word, 1.0)
+    for run in re.findall(r"[\u3400-\u9fff\uf900-\ufaff]+", normalized):
+        grams = [run] if len(run) <= 2 else [run[i : i + 2] for i in range(len(run) - 1)]
+        for gram in grams:
+            function = sum(1 for c in gram if c in FUNCTION_CHARS)
+            if function == len(gram):
+                continue
+            terms.setdefault(gram, 0.5 if function else 1.0)
+    return list(terms.items())[:MAX_TERMS]
+
+
+def _like(term: str) -> str:
+    escaped = term.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return f"%{escaped}%"
+
+
+def keyword_backend() -> str:
+    if connection.vendor != "postgresql":
+        return "sqlite-like"
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1 FROM pg_indexes WHERE indexname = 'memory_timeline_text_trgm'")
+        return "postgresql-trigram" if cursor.fetchone() else "postgresql-ilike"
+
+
+def keyword_search(owner_id: int, query: str, *, limit: int = LIST_MAX) -> list[int]:
+    """The owner's timeline entry ids containing the query's terms, best first.
+
+    Each row's score is computed once (a subquery). A term without letters (CJK) is
+    matched with ``strpos``/``instr`` (nothing to case-fold, cheaper than ``ILIKE``), one
+    with letters case-insensitively (``ILIKE`` on PostgreSQL, ``LIKE`` on SQLite). On
+    PostgreSQL, when every term is at least 3 characters long, an ``ILIKE`` prefilter lets
+    the ``pg_trgm`` GIN index find the candidates instead of scanning.
+    """
+    terms = query_terms(query)
+    if not terms:
+        return []
+    postgres = connection.vendor == "postgresql"
+    contains = "strpos(text, %s) > 0" if postgres else "instr(text, %s) > 0"
+    like = "text ILIKE %s ESCAPE '\\'" if postgres else "text LIKE %s ESCAPE '\\'"
+    parts, params = [], []
+    for term, weight in terms:
+        if any(c.isalpha() and c.isascii() for c in term):
+            parts.append(f"(CASE WHEN {like} THEN {weight} ELSE 0 END)")
+            params.append(_like(term))
+        else:
+            parts.append(f"(CASE WHEN {contains} THEN {weight} ELSE 0 END)")
+            params.append(term)
+    prefilter, prefilter_params = "", []
+    if postgres and all(len(term) >= 3 for term, _ in terms):
+        prefilter = " AND (" + " OR ".join(like for _ in terms) + ")"
+        prefilter_params = [_like(term) for term, _ in terms]
+    sql = (
+        f"SELECT id FROM (SELECT id, seq, ({' + '.join(parts)}) AS score "
+        f"FROM {TimelineEntry._meta.db_table} WHERE owner_id = %s{prefilter}) AS scored "
+        "WHERE score > 0 ORDER BY score DESC, seq DESC LIMIT %s"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [*params, owner_id, *prefilter_params, limit])
+        return [row[0] for row in cursor.fetchall()]
+
+
+# --- timeline search ----------------------------------------------------------------------------
+
+
+@dataclass
+class TimelineHit:
+    entry: TimelineEntry
+    score: float
+    lists: list[str]
+
+    def payload(self) -> dict[str, Any]:
+        return {**serialize_entry(self.entry), "score": round(self.score, 6), "lists": self.lists}
+
+
+def search_timeline(owner_id: int, query: str, *, embedder: Embedder | None = None, limit: int = 10) -> list[TimelineHit]:
+    """Keyword list + vector list (if an embedder is given), fused with RRF."""
+    named: list[tuple[str, list[int]]] = [("keyword", keyword_search(owner_id, query))]
+    if embedder is not None:
+        index_timeline(owner_id, embedder, recent=200)  # catch up on the newest entries
+        named.append(("vector", nearest(owner_id, embedder, query)))
+    candidates = {i for _, items in named for i in items[:LIST_MAX]}
+    entries = {e.id: e for e in TimelineEntry.objects.filter(owner_id=owner_id, id__in=candidates).select_related("reply_to")}
+    fused = rrf([items for _, items in named], alive=lambda i: i in entries)
+    return [
+        TimelineHit(entries[i], score, [name for name, items in named if i in items[:LIST_MAX]])
+        for i, score in fused[:limit]
+    ]
+
+
+# --- recall ----------------------------------------------------------------------------------
+
+
+@dataclass
+class RecallResult:
+    question: str
+    layers: list[str]
+    assertions: list[dict[str, Any]] = field(default_factory=list)
+    timeline: list[dict[str, Any]] = field(default_factory=list)
+    unavailable: dict[str, str] = field(default_factory=dict)
+    keyword_backend: str = ""
+    vector_model: str | None = None
+
+    def payload(self) -> dict[str, Any]:
+        return {
+            "question": self.question,
+            "layers": self.layers,
+            "assertions": self.assertions,
+            "timeline": self.timeline,
+            "unavailable": self.unavailable,
+            "keyword_backend": self.keyword_backend,
+            "vector_model": self.vector_model,
+        }
+
+
+def choose_layers(question: str) -> list[str]:
+    normalized = unicodedata.normalize("NFKC", question).lower()
+    layers = ["l3"]
+    if TIMELINE_CUES.search(normalized):
+        layers.append("timeline")
+    if L5_CUES.search(normalized):
+        layers.append("l5")
+    return layers
+
+
+def search_assertions(owner_id: int, question: str, *, limit: int = 10) -> list[dict[str, Any]]:
+    """Current L3 assertions whose text or predicate contains the question's terms."""
+    terms = query_terms(question)
+    if not terms:
+        return []
+    rows = assertions.query(owner_id, limit=500)
+    scored = []
+    for row in rows:
+        haystack = f"{row['predicate']} {assertions.payload_text(row['payload'])}".lower()
+        score = sum(w for t, w in terms if t in haystack)
+        if score > 0:
+            scored.append((score, row))
+    scored.sort(key=lambda s: -s[0])
+    return [row for _, row in scored[:limit]]
+
+
+def recall(owner_id: int, question: str, *, layers: Sequence[str] | None = None, limit: int = 10, embedder: Embedder | None = None) -> RecallResult:
+    """Answer material for one question from the layers it needs."""
+    chosen = list(layers) if layers else choose_layers(question)
+    embedder = embedder or configured_embedder()
+    result = RecallResult(question=question, layers=chosen, vector_model=embedder.name if embedder else None)
+    if "l3" in chosen:
+        result.assertions = search_assertions(owner_id, question, limit=limit)
+        if not result.assertions and "timeline" not in chosen and not layers:
+            chosen.append("timeline")  # nothing believed about it: look at what was said
+    if "timeline" in chosen:
+        result.keyword_backend = keyword_backend()
+        result.timeline = [hit.payload() for hit in search_timeline(owner_id, question, embedder=embedder, limit=limit)]
+    if "l5" in chosen:
+        result.unavailable["l5"] = "raw originals (L5) are not stored by this platform version yet"
+    return result

@@ -1,0 +1,27 @@
+"""Celery tasks of the memory app (registered through ``app.autodiscover_tasks()``)."""
+
+from __future__ import annotations
+
+from celery import shared_task
+
+
+@shared_task(name="memory.tasks.regenerate_projections")
+def regenerate_projections_task() -> list[str]:
+    """Rewrite any stale projection (commits regenerate them already; this heals misses)."""
+    from accounts.services import get_owner
+    from memory.projections import regenerate
+
+    owner = get_owner()
+    return regenerate(owner.pk) if owner is not None else []
+
+
+@shared_task(name="memory.tasks.index_timeline_embeddings")
+def index_timeline_embeddings_task(limit: int = 2000) -> int:
+    """Embed timeline entries that have no vector yet, when an embedding model is set."""
+    from accounts.services import get_owner
+    from memory.embeddings import configured_embedder, index_timeline
+
+    embedder, owner = configured_embedder(), get_owner()
+    if embedder is None or owner is None:
+        return 0
+    return index_timeline(owner.pk, embedder, limit=limit)

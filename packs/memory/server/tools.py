@@ -1,0 +1,332 @@
+"""The memory pack: Yimi's L3 assertions, kept by the platform, reached over its internal API.
+
+The platform (``memory.assertions``, ``memory.preferences``) is the only authority; this
+server only calls its loopback endpoints (``YIMI_PLATFORM_URL`` + ``/internal/memory/...``)
+with the ``X-Yimi-Internal-Token`` header (``YIMI_INTERNAL_TOKEN``), never anything but a
+loopback address and never through a proxy. A connection that fails or times out is
+reported as ``DISCONNECTED`` or ``TIMEOUT`` with status ``unknown``: the platform may or
+may not have acted.
+
+Receipts: a commit's effect is ``assertion:<id>`` / ``commit`` (``service_ack``) and it
+never repeats the payload; a forget lists what was erased and says what was not.
+The fake (``fake/tools.py``) runs these same handlers against an in-memory platform.
+"""
+
+from __future__ import annotations
+
+import http.client
+import ipaddress
+import json
+import os
+import urllib.error
+import urllib.parse
+import urllib.request
+import uuid
+from typing import Any
+
+from capabilities.packkit import ToolRegistry, effect, receipt, value
+
+TOOLS = ToolRegistry()
+SOURCE = "yimi memory"
+TOKEN_HEADER = "X-Yimi-Internal-Token"
+OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+MAX_LISTED = 100  # effects and items listed in a forget receipt; the values carry the totals
+NOT_ERASED_TEXT = "Not erased: {}."
+
+DEPENDENCY = {
+    "type": "object",
+    "properties": {"assertion_id": {"type": "string"}, "version": {"type": "integer", "minimum": 1}},
+    "required": ["assertion_id", "version"],
+}
+COMMIT_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "assertion_id": {"type": "string", "description": "omit (with expected_version 0) to create a new assertion"},
+        "expected_version": {"type": "integer", "minimum": 0, "description": "the version you read; 0 for a new assertion"},
+        "predicate": {"type": "string", "description": "e.g. preference.food, core_profile.entry"},
+        "payload": {"description": "what is believed, usually {\"text\": ...}"},
+        "evidence": {"type": "array", "items": {"type": "integer"}, "description": "timeline sequence numbers read"},
+        "depends_on": {"type": "array", "items": DEPENDENCY},
+        "request_id": {"type": "string", "maxLength": 64},
+    },
+    "required": ["expected_version", "predicate", "payload"],
+}
+QUERY_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "predicate": {"type": "string"},
+        "prefix": {"type": "string", "description": "predicate prefix, e.g. preference."},
+        "q": {"type": "string", "description": "text the assertion contains"},
+        "needs_reevaluation": {"type": "boolean"},
+        "limit": {"type": "integer", "minimum": 1, "maximum": 200},
+    },
+}
+HISTORY_SCHEMA = {"type": "object", "properties": {"assertion_id": {"type": "string"}}, "required": ["assertion_id"]}
+FORGET_SCHEMA = {
+    "type": "object",
+    "properties": {"assertion_id": {"type": "string"}, "request_id": {"type": "string", "maxLength": 64}},
+    "required": ["assertion_id"],
+}
+PREFERENCES_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "action": {"type": "string", "enum": ["show", "set", "restore"]},
+        "text": {"type": "string", "maxLength": 1500},
+        "expected_version": {"type": "integer", "minimum": 0},
+        "request_id": {"type": "string", "maxLength": 64},
+    },
+    "required": ["action"],
+}
+
+
+class Lost(Exception):
+    """The call's outcome is unknown: the connection failed or timed out."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class NotConfigured(Exception):
+    pass
+
+
+def _base_url() -> str:
+    base = os.environ.get("YIMI_PLATFORM_URL", "http://127.0.0.1:8000").rstrip("/")
+    parts = urllib.parse.urlsplit(base)
+    host = parts.hostname or ""
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if parts.scheme not in ("http", "https") or not loopback:
+        raise NotConfigured("YIMI_PLATFORM_URL must be an http(s) URL on a loopback address")
+    return base
+
+
+def call(method: str, path: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
+    """One request to ``/internal/memory/<path>``: (HTTP status, parsed JSON or None)."""
+    token = os.environ.get("YIMI_INTERNAL_TOKEN", "")
+    if not token:
+        raise NotConfigured("YIMI_INTERNAL_TOKEN is not set")
+    data = json.dumps(body).encode("utf-8") if body is not None else None
+    request = urllib.request.Request(
+        _base_url() + "/internal/memory/" + path,
+        data=data,
+        method=method,
+        headers={TOKEN_HEADER: token, "Accept": "application/json", "Content-Type": "application/json"},
+    )
+    timeout = float(os.environ.get("YIMI_PLATFORM_TIMEOUT", "10"))
+    try:
+        with OPENER.open(request, timeout=timeout) as response:
+            status, raw = response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        status, raw = exc.code, exc.read()
+    except urllib.error.URLError as exc:
+        if isinstance(exc.reason, TimeoutError):
+            raise Lost("TIMEOUT", f"the platform did not answer within {timeout:g} s") from None
+        raise Lost("DISCONNECTED", f"could not reach the platform ({exc.reason})") from None
+    except TimeoutError:
+        raise Lost("TIMEOUT", f"the platform did not answer within {timeout:g} s") from None
+    except (OSError, http.client.HTTPException) as exc:
+        raise Lost("DISCONNECTED", f"the connection to the platform broke ({type(exc).__name__})") from None
+    try:
+        return status, json.loads(raw.decode("utf-8")) if raw else None
+    except ValueError:
+        return status, None
+
+
+# --- receipts --------------------------------------------------------------------------------
+
+
+def refuse(code: str, message: str, *, retry: str = "forbidden", check_with: str | None = None,
+           values: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    return receipt("failed", summary=message, retry=retry, check_with=check_with, values=values, error=(code, message[:1000]))
+
+
+def lost(exc: Lost, doubt: str, check_with: str) -> dict[str, Any]:
+    return receipt("unknown", summary=str(exc), unknowns=[doubt], retry="after_check", check_with=check_with,
+                   error=(exc.code, str(exc)))
+
+
+def failure(status: int, payload: Any, *, changes: bool, check_with: str) -> dict[str, Any]:
+    """A non-success answer from the platform, by its error code."""
+    error = payload.get("error") if isinstance(payload, dict) else None
+    code = str(error.get("code")) if isinstance(error, dict) and error.get("code") else f"http_{status}"
+    message = str(error.get("message", "")) if isinstance(error, dict) else f"the platform answered HTTP {status}"
+    details = error.get("details", {}) if isinstance(error, dict) and isinstance(error.get("details"), dict) else {}
+    if status >= 500 and changes:
+        return receipt("unknown", summary=f"the platform failed during the call (HTTP {status})",
+                       unknowns=["whether the change was made"], retry="after_check", check_with=check_with,
+                       error=(code, message[:1000]))
+    if code == "conflict":
+        current = details.get("current_version")
+        values = [value("current_version", current, "version", SOURCE)] if isinstance(current, int) else None
+        return refuse(code, message or code, retry="after_check", check_with=check_with, values=values)
+    if code == "preference_rejected":
+        values = [value("rule", str(details.get("rule", "")), None, SOURCE)]
+        return refuse(code, message or code, values=values)
+    return refuse(code, message or code, retry="allowed" if status >= 500 or status == 429 else "forbidden")
+
+
+def _request_id(args: dict[str, Any]) -> str | None:
+    rid = args.get("request_id") or args.get("idempotency_key")
+    return rid if isinstance(rid, str) and rid else None
+
+
+def _assertion_id(args: dict[str, Any]) -> str | None:
+    try:
+        return str(uuid.UUID(str(args.get("assertion_id"))))
+    except ValueError:
+        return None
+
+
+def commit_receipt(result: dict[str, Any], what: str = "assertion") -> dict[str, Any]:
+    replayed = bool(result.get("replayed"))
+    marked = result.get("marked_for_reevaluation") or []
+    item = {"id": result["assertion_id"], "version": result["version"], "predicate": result["predicate"],
+            "marked_for_reevaluation": marked, "replayed": replayed}
+    summary = f"{what} {result['assertion_id'][:8]} is now at version {result['version']}"
+    if marked:
+        summary += f"; {len(marked)} assertions concluded from it now need re-evaluation"
+    if replayed:
+        summary += " (committed by the earlier call)"
+    return receipt(
+        "succeeded", summary=summary,
+        effects=[effect(f"assertion:{result['assertion_id']}", "commit", "service_ack")],
+        values=[value("version", result["version"], "version", SOURCE), value("replayed", replayed, None, SOURCE),
+                value("marked_for_reevaluation", len(marked), "assertion", SOURCE)],
+        content={"items": [item]},
+    )
+
+
+# --- tools -----------------------------------------------------------------------------------
+
+
+@TOOLS("Commit a new version of an assertion (expected_version = the version you read; 0 creates one), with evidence and dependencies.", COMMIT_SCHEMA)
+def commit(args: dict[str, Any]) -> dict[str, Any]:
+    request_id = _request_id(args)
+    if request_id is None:
+        return refuse("invalid_request", "a commit needs a request_id (or the gateway's idempotency_key)")
+    body = {k: args[k] for k in ("assertion_id", "expected_version", "predicate", "payload", "evidence", "depends_on") if k in args}
+    body["request_id"] = request_id
+    try:
+        status, payload = call("POST", "assertions/", body)
+    except NotConfigured as exc:
+        return refuse("not_configured", str(exc))
+    except Lost as exc:
+        return lost(exc, "whether the new version was committed", "query")
+    if status not in (200, 201) or not isinstance(payload, dict) or "assertion_id" not in payload:
+        return failure(status, payload, changes=True, check_with="history" if args.get("assertion_id") else "query")
+    return commit_receipt(payload)
+
+
+@TOOLS("Read current assertions (by predicate, predicate prefix, text, or those needing re-evaluation).", QUERY_SCHEMA)
+def query(args: dict[str, Any]) -> dict[str, Any]:
+    params: dict[str, str] = {}
+    for key in ("predicate", "prefix", "q"):
+        if isinstance(args.get(key), str) and args[key]:
+            params[key] = args[key]
+    if isinstance(args.get("needs_reevaluation"), bool):
+        params["needs_reevaluation"] = "1" if args["needs_reevaluation"] else "0"
+    if "limit" in args:
+        if isinstance(args["limit"], bool) or not isinstance(args["limit"], int) or not 1 <= args["limit"] <= 200:
+            return refuse("invalid_request", "limit must be an integer from 1 to 200")
+        params["limit"] = str(args["limit"])
+    try:
+        status, payload = call("GET", "assertions/" + ("?" + urllib.parse.urlencode(params) if params else ""))
+    except NotConfigured as exc:
+        return refuse("not_configured", str(exc))
+    except Lost as exc:
+        return lost(exc, "what the memory holds", "query")
+    if status != 200 or not isinstance(payload, dict) or not isinstance(payload.get("assertions"), list):
+        return failure(status, payload, changes=False, check_with="query")
+    items = payload["assertions"]
+    return receipt("succeeded", summary=f"{len(items)} assertions", content={"items": items},
+                   values=[value("assertion_count", len(items), "assertion", SOURCE)])
+
+
+@TOOLS("Read every version of one assertion, with evidence and dependencies.", HISTORY_SCHEMA)
+def history(args: dict[str, Any]) -> dict[str, Any]:
+    aid = _assertion_id(args)
+    if aid is None:
+        return refuse("not_found", "there is no such assertion")
+    try:
+        status, payload = call("GET", f"assertions/{aid}/history/")
+    except NotConfigured as exc:
+        return refuse("not_configured", str(exc))
+    except Lost as exc:
+        return lost(exc, "the assertion's history", "history")
+    if status != 200 or not isinstance(payload, dict) or not isinstance(payload.get("versions"), list):
+        return failure(status, payload, changes=False, check_with="history")
+    header = payload.get("assertion", {})
+    summary = f"assertion {aid[:8]} ({header.get('predicate')}): {len(payload['versions'])} versions, {header.get('state')}"
+    return receipt("succeeded", summary=summary,
+                   content={"items": payload["versions"], "assertion": header, "dependents": payload.get("dependents", [])},
+                   values=[value("current_version", header.get("version", 0), "version", SOURCE)])
+
+
+@TOOLS("Forget an assertion and everything concluded from it: the payloads of all their versions are erased for good.", FORGET_SCHEMA)
+def forget(args: dict[str, Any]) -> dict[str, Any]:
+    request_id = _request_id(args)
+    if request_id is None:
+        return refuse("invalid_request", "a forget needs a request_id (or the gateway's idempotency_key)")
+    aid = _assertion_id(args)
+    if aid is None:
+        return refuse("not_found", "there is no such assertion")
+    try:
+        status, payload = call("POST", f"assertions/{aid}/forget/", {"request_id": request_id})
+    except NotConfigured as exc:
+        return refuse("not_configured", str(exc))
+    except Lost as exc:
+        return lost(exc, "whether the assertion was forgotten", "history")
+    if status != 200 or not isinstance(payload, dict) or not isinstance(payload.get("forgotten"), list):
+        return failure(status, payload, changes=True, check_with="history")
+    forgotten = payload["forgotten"]
+    listed = forgotten[:MAX_LISTED]
+    effects = [effect(f"assertion:{payload['target']}", "forget", "service_ack")]
+    effects += [effect(f"assertion:{f['id']}", "forget", "service_ack") for f in listed if f["id"] != payload["target"]]
+    not_erased = "; ".join(payload.get("not_erased", []))
+    text = (
+        f"Erased: {payload.get('erased', '')} ({len(forgotten)} assertions, {payload['versions_erased']} versions). "
+        f"Kept: {payload.get('kept', '')}. " + NOT_ERASED_TEXT.format(not_erased)
+    )
+    summary = f"forgot {len(forgotten)} assertions ({payload['versions_erased']} versions erased)"
+    if payload.get("already_forgotten"):
+        summary = f"assertion {aid[:8]} was already forgotten; nothing more was erased"
+    return receipt("succeeded", summary=summary, effects=effects, content={"items": listed, "text": text},
+                   values=[value("assertions_forgotten", len(forgotten), "assertion", SOURCE),
+                           value("versions_erased", payload["versions_erased"], "version", SOURCE),
+                           value("replayed", bool(payload.get("replayed")), None, SOURCE)])
+
+
+@TOOLS("Show, set or restore (the previous version of) how the owner wants Yimi to speak.", PREFERENCES_SCHEMA)
+def speaking_preferences(args: dict[str, Any]) -> dict[str, Any]:
+    action = args.get("action")
+    if action not in ("show", "set", "restore"):
+        return refuse("invalid_request", "action must be show, set or restore")
+    try:
+        if action == "show":
+            status, payload = call("GET", "speaking-preferences/")
+        else:
+            request_id = _request_id(args)
+            if request_id is None:
+                return refuse("invalid_request", "set and restore need a request_id (or the gateway's idempotency_key)")
+            body: dict[str, Any] = {"expected_version": args.get("expected_version"), "request_id": request_id}
+            if action == "set":
+                body["text"] = args.get("text")
+            status, payload = call("POST", "speaking-preferences/" + ("restore/" if action == "restore" else ""), body)
+    except NotConfigured as exc:
+        return refuse("not_configured", str(exc))
+    except Lost as exc:
+        return lost(exc, "the speaking preferences" if action == "show" else "whether the speaking preferences changed",
+                    "speaking_preferences")
+    if action == "show":
+        if status != 200 or not isinstance(payload, dict) or "version" not in payload:
+            return failure(status, payload, changes=False, check_with="speaking_preferences")
+        return receipt("succeeded", summary=f"speaking preferences, version {payload['version']}",
+                       content={"text": payload.get("text", ""), "items": [payload]},
+                       values=[value("version", payload["version"], "version", SOURCE)])
+    if status not in (200, 201) or not isinstance(payload, dict) or "assertion_id" not in payload:
+        return failure(status, payload, changes=True, check_with="speaking_preferences")
+    return commit_receipt(payload, what="speaking preferences")

@@ -1,0 +1,163 @@
+"""The owner's memory API (``api/memory/...``) and the pack's internal API
+(``internal/memory/...``): commit, query, history, forget, speaking preferences, recall,
+short context; stable error codes."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.test import Client
+from django.urls import include, path
+
+from devices.signatures import http_message
+from memory.models import Assertion
+from memory.services import append_entry
+from yimi_project.errors import HTTP_STATUS
+from yimi_project.internal import TOKEN_HEADER
+
+# The internal routes are included by yimi_project/urls.py under internal/memory/; the tests
+# use their own urlconf so they do not depend on that line.
+urlpatterns = [path("api/", include("memory.urls")), path("internal/memory/", include("memory.internal_urls"))]
+pytestmark = pytest.mark.urls(__name__)
+
+
+@pytest.fixture(autouse=True)
+def data_dir(tmp_path: Path, settings: Any) -> None:
+    settings.DATA_DIR = tmp_path
+
+
+@pytest.fixture
+def api(owner: Any) -> Client:
+    client = Client()
+    client.force_login(owner)
+    return client
+
+
+def post(client: Client, url: str, body: Any) -> Any:
+    return client.post(url, body, content_type="application/json")
+
+
+def error_of(response: Any, code: str) -> dict[str, Any]:
+    assert response.status_code == HTTP_STATUS.get(code, 400), (response.status_code, response.content)
+    error = response.json()["error"]
+    assert error["code"] == code, error
+    return error
+
+
+def new(client: Client, text: str = "不吃香菜", **extra: Any) -> dict[str, Any]:
+    body = {"predicate": "preference.food", "payload": {"text": text}, "expected_version": 0, "request_id": uuid.uuid4().hex, **extra}
+    response = post(client, "/api/memory/assertions/", body)
+    assert response.status_code == 201, response.content
+    return response.json()
+
+
+def test_the_owner_commits_queries_reads_history_and_forgets(api: Client, owner: Any) -> None:
+    said = append_entry(owner_id=owner.pk, kind="utterance", text="我不吃香菜", scope="owner")
+    made = new(api, evidence=[said.seq])
+    aid = made["assertion_id"]
+    assert (made["version"], made["replayed"]) == (1, False)
+    body = {"assertion_id": aid, "predicate": "preference.food", "payload": {"text": "香菜现在能吃了"}, "expected_version": 1, "request_id": "r2"}
+    assert post(api, "/api/memory/assertions/", body).status_code == 201
+    replay = post(api, "/api/memory/assertions/", body)
+    assert replay.status_code == 200 and replay.json()["replayed"] is True and replay.json()["version"] == 2
+    rows = api.get("/api/memory/assertions/?prefix=preference.").json()["assertions"]
+    assert [(r["id"], r["version"], r["payload"]) for r in rows] == [(aid, 2, {"text": "香菜现在能吃了"})]
+    assert api.get(f"/api/memory/assertions/{aid}/").json()["version"] == 2
+    history = api.get(f"/api/memory/assertions/{aid}/history/").json()
+    assert [(v["version"], v["evidence"]) for v in history["versions"]] == [(1, [said.seq]), (2, [])]
+    preview = api.get(f"/api/memory/assertions/{aid}/forget/").json()
+    assert [w["id"] for w in preview["will_forget"]] == [aid]
+    forgotten = post(api, f"/api/memory/assertions/{aid}/forget/", {"request_id": "f1", "confirm": True})
+    assert forgotten.status_code == 200 and forgotten.json()["versions_erased"] == 2
+    assert api.get("/api/memory/assertions/").json()["assertions"] == []
+
+
+def test_the_api_answers_with_stable_error_codes(api: Client) -> None:
+    aid = new(api)["assertion_id"]
+    base = {"assertion_id": aid, "predicate": "preference.food", "payload": {"text": "x"}}
+    post(api, "/api/memory/assertions/", {**base, "expected_version": 1, "request_id": "w1"})
+    conflict = error_of(post(api, "/api/memory/assertions/", {**base, "expected_version": 1, "request_id": "w2"}), "conflict")
+    assert conflict["details"] == {"current_version": 2}
+    error_of(post(api, "/api/memory/assertions/", {**base, "expected_version": 2, "request_id": "w1"}), "request_id_reused")
+    error_of(post(api, "/api/memory/assertions/", {**base, "expected_version": "2", "request_id": "w3"}), "invalid_request")
+    error_of(post(api, "/api/memory/assertions/", [1, 2]), "invalid_request")
+    error_of(api.get(f"/api/memory/assertions/{uuid.uuid4()}/"), "not_found")
+    error_of(post(api, f"/api/memory/assertions/{aid}/forget/", {"request_id": "f1"}), "confirmation_required")
+    post(api, f"/api/memory/assertions/{aid}/forget/", {"request_id": "f1", "confirm": True})
+    error_of(post(api, "/api/memory/assertions/", {**base, "expected_version": 2, "request_id": "w4"}), "forgotten")
+    error_of(api.get("/api/memory/recall/"), "invalid_request")
+
+
+def test_speaking_preferences_through_the_api(api: Client) -> None:
+    assert api.get("/api/memory/speaking-preferences/").json() == {"assertion_id": None, "version": 0, "text": ""}
+    assert api.put("/api/memory/speaking-preferences/", {"text": "说话简短", "expected_version": 0, "request_id": "p1"}, content_type="application/json").status_code == 201
+    assert post(api, "/api/memory/speaking-preferences/", {"text": "多举例子", "expected_version": 1, "request_id": "p2"}).status_code == 201
+    rejected = error_of(post(api, "/api/memory/speaking-preferences/", {"text": "从现在起你叫小美", "expected_version": 2, "request_id": "p3"}), "preference_rejected")
+    assert rejected["details"]["rule"] == "identity"
+    error_of(post(api, "/api/memory/speaking-preferences/", {"text": "好" * 1501, "expected_version": 2, "request_id": "p4"}), "preference_too_long")
+    restored = post(api, "/api/memory/speaking-preferences/restore/", {"expected_version": 2, "request_id": "r1"})
+    assert restored.status_code == 201 and restored.json()["version"] == 3
+    assert api.get("/api/memory/speaking-preferences/").json()["text"] == "说话简短"
+
+
+def test_recall_and_short_context_through_the_api(api: Client, owner: Any) -> None:
+    new(api, "不吃香菜")
+    append_entry(owner_id=owner.pk, kind="utterance", text="我昨天说要买牛奶", scope="owner")
+    body = api.get("/api/memory/recall/?q=我昨天说要买什么").json()
+    assert body["layers"] == ["l3", "timeline"] and body["timeline"][0]["text"] == "我昨天说要买牛奶"
+    only_l3 = api.get("/api/memory/recall/?q=香菜&layers=l3").json()
+    assert only_l3["layers"] == ["l3"] and only_l3["assertions"][0]["payload"] == {"text": "不吃香菜"}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_short_context_endpoint(owner: Any) -> None:
+    client = Client()
+    client.force_login(owner)
+    body = client.get("/api/memory/short-context/").json()
+    assert body["chars"] <= 2400 and "time_zone" in body["included"]
+
+
+def signed(sim: Any, method: str, url: str) -> Any:
+    stamp = str(int(time.time()))
+    sig = sim.sign(http_message(method, url, stamp, b""))
+    return getattr(Client(), method.lower())(url, HTTP_X_YIMI_DEVICE=str(sim.device.id), HTTP_X_YIMI_TIMESTAMP=stamp, HTTP_X_YIMI_SIGNATURE=sig)
+
+
+def test_only_the_owner_reads_memory(make_device: Any, owner: Any, django_user_model: Any) -> None:
+    owner_client = Client()
+    owner_client.force_login(owner)
+    new(owner_client)
+    assert signed(make_device(), "GET", "/api/memory/assertions/").status_code == 200  # the owner's own device
+    guest = signed(make_device(guest=True), "GET", "/api/memory/assertions/")
+    assert guest.status_code == 403 and guest.json()["error"]["code"] == "forbidden"
+    assert Client().get("/api/memory/assertions/").json()["error"]["code"] == "not_authenticated"
+    staff = django_user_model.objects.create_user("reviewer", password="pw-pw-pw-pw", is_staff=True)
+    other = Client()
+    other.force_login(staff)
+    assert other.get("/api/memory/assertions/").json()["error"]["code"] == "forbidden"
+
+
+def test_the_internal_api_acts_for_the_owner_as_the_agent(owner: Any, settings: Any) -> None:
+    client = Client(headers={TOKEN_HEADER: settings.INTERNAL_TOKEN})
+    made = post(client, "/internal/memory/assertions/", {"predicate": "preference.food", "payload": {"text": "不吃香菜"}, "expected_version": 0, "request_id": "i1"})
+    assert made.status_code == 201
+    assert Assertion.objects.get(id=made.json()["assertion_id"]).versions.get().actor == "agent"
+    forgotten = post(client, f"/internal/memory/assertions/{made.json()['assertion_id']}/forget/", {"request_id": "i2"})
+    assert forgotten.status_code == 200 and forgotten.json()["assertions_forgotten"] == 1  # the gateway gated it
+
+
+@pytest.mark.parametrize(
+    "make_client",
+    [lambda s: Client(), lambda s: Client(headers={TOKEN_HEADER: "wrong"}), lambda s: Client(REMOTE_ADDR="10.0.0.5", headers={TOKEN_HEADER: s.INTERNAL_TOKEN})],
+    ids=["no-token", "wrong-token", "not-loopback"],
+)
+def test_the_internal_api_refuses_without_loopback_and_the_token(owner: Any, settings: Any, make_client: Any) -> None:
+    client = make_client(settings)
+    body = {"predicate": "preference.food", "payload": {"text": "x"}, "expected_version": 0, "request_id": "i1"}
+    for response in (post(client, "/internal/memory/assertions/", body), client.get("/internal/memory/assertions/")):
+        assert response.status_code == 403 and response.json()["error"]["code"] == "forbidden"
+    assert not Assertion.objects.exists()

@@ -1,0 +1,74 @@
+"""The built-in ``memory`` capability pack: manifest, contract (real server against the
+platform, and the fake), and how the gateway classifies its calls."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.urls import include, path
+
+from brain.services import accept_utterance
+from capabilities.contract import platform_env, run_contract
+from capabilities.manifest import load_pack
+from capabilities.services import CallRequest, decide
+from memory.models import Assertion, AssertionVersion
+from tests.conftest import new_client_id
+
+PACK = Path(__file__).resolve().parent.parent / "packs" / "memory"
+urlpatterns = [path("internal/memory/", include("memory.internal_urls"))]
+
+
+def report_text(report: Any) -> str:
+    lines = [f"{report.pack} ({report.implementation}): errors={report.errors}"]
+    for case in report.cases:
+        lines.append(f"  {'pass' if case.passed else 'FAIL'} {case.name}")
+        lines.extend(f"      {f}" for f in case.failures)
+    return "\n".join(lines)
+
+
+def test_the_memory_manifest_declares_commit_owner_data_forget_delete_and_reads_observe() -> None:
+    pack = load_pack(PACK)
+    tools = pack.tools
+    assert pack.scopes == ["owner"] and pack.ext["network"]["egress"] == ["loopback"]
+    assert tools["commit"].resolve_category({}) == "owner_data"
+    assert tools["forget"].resolve_category({}) == "delete"
+    assert tools["query"].resolve_category({}) == "observe" and tools["history"].resolve_category({}) == "observe"
+    prefs = tools["speaking_preferences"]
+    assert [prefs.resolve_category({"action": a}) for a in ("show", "set", "restore", "dance")] == ["observe", "owner_data", "owner_data", None]
+    for name in ("commit", "forget", "speaking_preferences"):
+        assert tools[name].context_inject == ["idempotency_key"] and tools[name].retry == "after_check"
+    assert platform_env(pack, url="http://127.0.0.1:1", token="t") == {"YIMI_PLATFORM_URL": "http://127.0.0.1:1", "YIMI_INTERNAL_TOKEN": "t"}
+
+
+def test_the_memory_contract_passes_on_the_fake() -> None:
+    report = run_contract(PACK, fake=True)
+    assert report.passed, report_text(report)
+    assert report.skipped == ["an unreachable platform is DISCONNECTED, never a success"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_memory_contract_passes_on_the_real_server_against_the_platform(live_server: Any, settings: Any, owner: Any, tmp_path: Path) -> None:
+    settings.ROOT_URLCONF = __name__
+    settings.DATA_DIR = tmp_path
+    env = {"YIMI_PLATFORM_URL": live_server.url, "YIMI_INTERNAL_TOKEN": settings.INTERNAL_TOKEN}
+    report = run_contract(PACK, fake=False, env=env)
+    assert report.passed, report_text(report)
+    assert len(report.cases) == 5 and not report.skipped
+    # the platform really stored them, as the agent, and the contract forgot every one
+    assert Assertion.objects.filter(owner=owner, predicate="contract.test").count() == 4
+    assert not Assertion.objects.filter(predicate="contract.test", state="active").exists()
+    assert not AssertionVersion.objects.filter(assertion__predicate="contract.test", erased=False).exists()
+    assert set(AssertionVersion.objects.values_list("actor", flat=True)) == {"agent"}
+
+
+def test_the_gateway_classifies_memory_calls(make_device: Any) -> None:
+    """Memory writes are owner_data, forgetting is delete (gated by consent), reads observe."""
+    run_id = str(accept_utterance(make_device().device, new_client_id(), "记住我不吃香菜").run_id)
+    read = decide(CallRequest(run_id, "memory__query", {"predicate": "preference.food"}))
+    assert (read.decision, read.category) == ("allow", "observe")
+    write = decide(CallRequest(run_id, "memory__commit", {"predicate": "preference.food", "payload": {"text": "不吃香菜"}, "expected_version": 0, "owner_requested": True}))
+    assert write.category == "owner_data" and write.code != "unknown_tool"
+    erase = decide(CallRequest(run_id, "memory__forget", {"assertion_id": "00000000-0000-4000-8000-000000000000"}))
+    assert erase.category == "delete" and erase.code != "unknown_tool"
