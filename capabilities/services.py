@@ -102,8 +102,10 @@ def decide(request: CallRequest) -> Decision:
     ``retry=forbidden`` is blocked, and one whose last result is unknown/partial and
     needs a check is blocked until the ``check_with`` tool ran; 5. category: resolve
     ``effect``/``effect_by_arg`` (unresolvable: block, no default); 6. gate: observe and
-    workspace go ahead, every other category goes to its authority (until those land,
-    blocked with a code naming the missing authority). Allowed calls get the trusted
+    workspace go ahead; owner_data, send, account, delete and physical go to the consent
+    authority (allow, ``ask`` with a card, or block; the same action already waiting for
+    a card is ``already_waiting``), spend to the payment authority, and self_change is
+    blocked with ``releases_authority_missing`` until the release authority exists. Allowed calls get the trusted
     fields the tool declared in ``context_inject``; if that changed the arguments the
     result is ``rewrite``. Every decision on a bound run is recorded; a block also
     writes a ``rejected`` receipt, which only the gateway may write.
@@ -144,7 +146,11 @@ def decide(request: CallRequest) -> Decision:
 
     authority = GATE_AUTHORITY[category]
     if authority == "consent":
-        from consent.services import ConsentQuestion, gate
+        from consent.services import ConsentQuestion, gate, pending_card_exists
+
+        if pending_card_exists(binding.owner_id, fingerprint):
+            decision = _blocked("already_waiting", "this exact action is already waiting for the owner's confirmation", category=category)
+            return _record(binding, request, model_args, owner_requested, decision, tool, fingerprint)
 
         question = ConsentQuestion(
             owner_id=binding.owner_id, origin=binding.origin, category=category, owner_requested=owner_requested,
@@ -180,10 +186,6 @@ def decide(request: CallRequest) -> Decision:
 
 
 def _duplicate_or_unchecked(owner_id: int, fingerprint: str, tool: ToolDecl) -> Decision | None:
-    from consent.services import pending_card_exists
-
-    if pending_card_exists(owner_id, fingerprint):
-        return _blocked("already_waiting", "this exact action is already waiting for the owner's confirmation")
     last = (
         ReceiptRecord.objects.filter(owner_id=owner_id, call_fingerprint=fingerprint, written_by_gateway=False)
         .only("status", "receipt", "created_at")

@@ -96,6 +96,11 @@ else:
     # Keep connections open between requests: connecting costs more than a gateway call.
     DATABASES["default"]["CONN_MAX_AGE"] = env.int("YIMI_DB_CONN_MAX_AGE", default=300)
     DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+    if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+        # Server-side parameter binding lets psycopg prepare the hot queries (gateway, timeline).
+        DATABASES["default"].setdefault("OPTIONS", {})["server_side_binding"] = env.bool(
+            "YIMI_DB_SERVER_SIDE_BINDING", default=True
+        )
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- redis: channel layer and Celery broker --------------------------------------------
