@@ -3,25 +3,17 @@ embedding model, rebuilt whenever that model is switched.
 
 Text embedding models need their own runtime (the deployer runs one next to Yimi, e.g. a
 local text-embeddings server serving the catalog's files); Yimi talks to it through the
-OpenAI-compatible ``POST {endpoint}/embeddings``. The index is a derived copy, stored as
-files under ``DATA_DIR/vector_index/<model>@<version>/`` (``vectors.npy`` unit rows,
-``seqs.npy`` timeline numbers, ``meta.json``) and written to a temporary directory first.
-Recall over it belongs to the memory issue; this module only builds and reads it.
+OpenAI-compatible ``POST {endpoint}/embeddings``. The index is a derived copy stored in
+memory's vector store (``memory.embeddings``, one row per timeline entry and model), the
+same rows recall searches; a rebuild replaces a model's rows in one transaction.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
-import uuid
-from pathlib import Path
 from typing import Any
 
 import httpx
 import numpy as np
-from django.conf import settings
-from django.utils import timezone
 
 from devices import catalog, model_settings
 from devices.catalog import CatalogEntry
@@ -31,10 +23,6 @@ from yimi_project.logs import log_event
 BATCH = 32
 INDEXED_KINDS = ("utterance", "reply")
 TIMEOUT_SECONDS = 30.0
-
-
-def index_dir(entry: CatalogEntry) -> Path:
-    return Path(settings.DATA_DIR) / "vector_index" / entry.key
 
 
 def rebuild_vector_index(model_id: str, version: str) -> str:
@@ -53,16 +41,19 @@ def rebuild_vector_index(model_id: str, version: str) -> str:
         if entry is None:
             raise YimiError("unknown_model", f"embedding {model_id}@{version} is no longer in the catalog")
         catalog.check_entry(entry)
-        items = _timeline_items()
+        owner_id, items = _timeline_items()
         if not model_settings.rebuild_progress(model_id, version, 0, len(items)):
             return "superseded"
         vectors = np.zeros((len(items), int(entry.metadata["dim"])), dtype=np.float32)
         for start in range(0, len(items), BATCH):
             batch = items[start : start + BATCH]
-            vectors[start : start + len(batch)] = embed_texts(entry, [text for _, text in batch])
+            vectors[start : start + len(batch)] = embed_texts(entry, [text for _, _, text in batch])
             if not model_settings.rebuild_progress(model_id, version, start + len(batch), len(items)):
                 return "superseded"
-        _write_index(entry, np.array([seq for seq, _ in items], dtype=np.int64), vectors)
+        if owner_id is not None:
+            from memory.embeddings import replace_model_vectors
+
+            replace_model_vectors(owner_id, entry.key, [entry_id for entry_id, _, _ in items], vectors)
     except YimiError as exc:
         model_settings.fail_rebuild(model_id, version, exc)
         return "failed"
@@ -72,20 +63,21 @@ def rebuild_vector_index(model_id: str, version: str) -> str:
     return "effective"
 
 
-def _timeline_items() -> list[tuple[int, str]]:
+def _timeline_items() -> tuple[int | None, list[tuple[int, int, str]]]:
+    """The owner and their (entry id, seq, text) utterances and replies."""
     from accounts.services import get_owner
     from memory import services as timeline
 
     owner = get_owner()
     if owner is None:
-        return []
-    items: list[tuple[int, str]] = []
+        return None, []
+    items: list[tuple[int, int, str]] = []
     after = 0
     while True:
         page = timeline.page_after(owner_id=owner.id, after=after, limit=200)
-        items.extend((e.seq, e.text) for e in page.entries if e.kind in INDEXED_KINDS and e.text.strip())
+        items.extend((e.id, e.seq, e.text) for e in page.entries if e.kind in INDEXED_KINDS and e.text.strip())
         if not page.has_more:
-            return items
+            return owner.id, items
         after = page.next_after
 
 
@@ -115,28 +107,15 @@ def embed_texts(entry: CatalogEntry, texts: list[str]) -> np.ndarray:
     return (matrix / norms).astype(np.float32)
 
 
-def _write_index(entry: CatalogEntry, seqs: np.ndarray, vectors: np.ndarray) -> None:
-    target = index_dir(entry)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = target.parent / f".{entry.key}.tmp-{uuid.uuid4().hex}"
-    staging.mkdir()
-    np.save(staging / "vectors.npy", vectors)
-    np.save(staging / "seqs.npy", seqs)
-    meta = {"model": entry.key, "digest_summary": entry.digest_summary, "dim": vectors.shape[1],
-            "count": int(len(seqs)), "built_at": timezone.now().isoformat()}
-    (staging / "meta.json").write_text(json.dumps(meta))
-    old = target.parent / f".{entry.key}.old-{uuid.uuid4().hex}"
-    if target.exists():
-        os.replace(target, old)
-    os.replace(staging, target)
-    shutil.rmtree(old, ignore_errors=True)
-
-
 def read_index(entry: CatalogEntry) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
     """(timeline numbers, unit vectors, meta) of a built index; ``index_missing`` if none."""
-    target = index_dir(entry)
-    try:
-        meta = json.loads((target / "meta.json").read_text())
-        return np.load(target / "seqs.npy"), np.load(target / "vectors.npy"), meta
-    except (OSError, ValueError):
-        raise YimiError("index_missing", f"there is no vector index for {entry.key}") from None
+    from accounts.services import get_owner
+    from memory.embeddings import model_vectors
+
+    owner = get_owner()
+    rows = model_vectors(owner.id, entry.key) if owner is not None else []
+    if not rows:
+        raise YimiError("index_missing", f"there is no vector index for {entry.key}")
+    seqs = np.array([seq for seq, _ in rows], dtype=np.int64)
+    vectors = np.frombuffer(b"".join(bytes(v) for _, v in rows), dtype=np.float32).reshape(len(rows), -1)
+    return seqs, vectors, {"model": entry.key, "dim": int(vectors.shape[1]), "count": len(rows)}

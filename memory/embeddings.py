@@ -1,9 +1,10 @@
 """Text embeddings for recall's vector list: the interface, a test embedder, the index.
 
-An embedding model comes from the local model catalog (the voice issue builds it); the
-catalog registers a factory under the model's name with ``register_embedder`` and the
-deployer names it in ``settings.YIMI_EMBEDDING_MODEL``. Without one, recall uses keyword
-search alone. Nothing here downloads anything.
+An embedding model comes from the local model catalog: once a switch's index rebuild has
+finished (``devices.vector_index``, which stores its vectors here), the catalog's effective
+embedding model is recall's embedder. ``settings.YIMI_EMBEDDING_MODEL`` can name a
+registered embedder instead (tests, benchmarks). Without either, recall uses keyword search
+alone. Nothing here downloads anything.
 
 ``HashingEmbedder`` is a real but tiny embedder for tests and benchmarks: character
 unigrams and bigrams hashed (BLAKE2b) into signed buckets, L2-normalized. Texts sharing
@@ -85,11 +86,33 @@ def register_embedder(name: str, factory: Callable[[], Embedder]) -> None:
     _FACTORIES[name] = factory
 
 
+class CatalogEmbedder:
+    """The local model catalog's embedding model, served by its own runtime
+    (``devices.vector_index.embed_texts``); vectors are stored under ``model@version``."""
+
+    def __init__(self, entry: Any) -> None:
+        self.entry = entry
+        self.name = entry.key
+        self.dim = int(entry.metadata["dim"])
+
+    def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        from devices.vector_index import embed_texts
+
+        return [list(map(float, row)) for row in embed_texts(self.entry, list(texts))]
+
+
 def configured_embedder() -> Embedder | None:
-    """The embedder named by ``settings.YIMI_EMBEDDING_MODEL``, or None (keyword only)."""
+    """The embedder named by ``settings.YIMI_EMBEDDING_MODEL``; else the catalog's effective
+    embedding model (effective only once its index was rebuilt); else None (keyword only)."""
     name = getattr(settings, "YIMI_EMBEDDING_MODEL", "") or ""
     if not name:
-        return None
+        from devices import model_settings
+
+        try:
+            entry = model_settings.effective_entry("embedding")
+        except Exception:  # noqa: BLE001 - no catalog, or an unreadable one: keyword only
+            return None
+        return CatalogEmbedder(entry) if entry is not None else None
     factory = _FACTORIES.get(name)
     if factory is None:
         log_event("embedding_model_unknown", model=name)
@@ -137,6 +160,31 @@ def index_timeline(owner_id: int, embedder: Embedder, *, limit: int = 500, batch
         with _CACHE_LOCK:
             _CACHE.pop((connection.settings_dict.get("NAME") or "", owner_id, embedder.name), None)
     return stored
+
+
+def replace_model_vectors(owner_id: int, model: str, entry_ids: Sequence[int], vectors: Any) -> int:
+    """Store a freshly built index for one model at once (the catalog's rebuild after a
+    switch): the owner's old rows for that model are replaced in one transaction."""
+    from django.db import transaction
+
+    dim = int(vectors.shape[1]) if len(entry_ids) else 0
+    rows = [
+        TimelineEmbedding(entry_id=eid, owner_id=owner_id, model=model, dim=dim, vector=to_bytes(list(map(float, vec))))
+        for eid, vec in zip(entry_ids, vectors)
+    ]
+    with transaction.atomic():
+        TimelineEmbedding.objects.filter(owner_id=owner_id, model=model).delete()
+        TimelineEmbedding.objects.bulk_create(rows, batch_size=500)
+    with _CACHE_LOCK:
+        _CACHE.pop((connection.settings_dict.get("NAME") or "", owner_id, model), None)
+    return len(rows)
+
+
+def model_vectors(owner_id: int, model: str) -> list[tuple[int, bytes]]:
+    """(timeline seq, vector bytes) of every stored row for one model, in timeline order."""
+    return list(
+        TimelineEmbedding.objects.filter(owner_id=owner_id, model=model).order_by("entry__seq").values_list("entry__seq", "vector")
+    )
 
 
 @dataclass

@@ -314,6 +314,12 @@ def test_embedding_switch_becomes_effective_only_after_the_index_rebuild(
     seqs, vectors, meta_read = read_index(catalog.load_catalog().find("embedding", "text-embed", "2"))
     assert len(seqs) == 40 and vectors.shape == (40, 16) and meta_read["model"] == "text-embed@2"
     assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0)
+    # recall searches the same rows, with the catalog's effective model as its embedder
+    from memory.embeddings import configured_embedder, nearest
+
+    embedder = configured_embedder()
+    assert embedder is not None and embedder.name == "text-embed@2" and embedder.dim == 16
+    assert len(nearest(sim.device.owner_id, embedder, "note number 3 about the garden", limit=5)) == 5
     # a failed rebuild shows its error and leaves the effective model alone
     embeddings_server.fail = True
     with django_capture_on_commit_callbacks(execute=True):
