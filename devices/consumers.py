@@ -258,8 +258,42 @@ class DeviceConsumer(AsyncWebsocketConsumer):
         )
         await self._send({"type": "ride.permission.ok", "id": frame.get("id"), "expires_at": permission.expires_at.isoformat()})
 
+    async def _on_model_catalog(self, frame: dict[str, Any]) -> None:
+        """The local models a device may switch to, with the digests a switch signs."""
+        from devices import catalog, model_settings
+
+        def listing() -> list[dict[str, Any]]:
+            rows = []
+            for entry in catalog.load_catalog().entries:
+                row = model_settings.selection(entry.kind)
+                rows.append({
+                    "kind": entry.kind, "model_id": entry.id, "version": entry.version,
+                    "digest_summary": entry.digest_summary, "selected": row.selected_key == entry.key,
+                    "effective": row.effective_key == entry.key, "state": row.state,
+                })
+            return rows
+
+        assert self.device is not None
+        if self.device.is_guest:
+            raise YimiError("forbidden", "a guest device cannot see or switch the owner's models")
+        await self._send({"type": "model.catalog", "id": frame.get("id"), "models": await database_sync_to_async(listing)()})
+
+    async def _on_model_switch(self, frame: dict[str, Any]) -> None:
+        """A switch signed on this device (``devices.model_settings.model_switch_message``)."""
+        from devices.model_settings import SignedSwitch, switch_model
+
+        assert self.device is not None
+        payload = {**frame, "device_id": str(self.device.id)}
+        row = await database_sync_to_async(lambda: switch_model(SignedSwitch.from_payload(payload)))()
+        await self._send({
+            "type": "model.switch.ok", "id": frame.get("id"), "kind": row.kind, "state": row.state,
+            "selected": row.selected_key, "effective": row.effective_key, "previous": row.previous_key,
+        })
+
     HANDLERS = {
         "text": _on_text,
+        "model.catalog": _on_model_catalog,
+        "model.switch": _on_model_switch,
         "ride.permission": _on_ride_permission,
         "ack": _on_ack,
         "sync": _on_sync,

@@ -375,3 +375,29 @@ def test_settings_page_shows_selected_effective_previous_progress_and_errors(
     html = client.get("/admin/devices/modelselection/").content.decode()
     row_html = html[html.index('class="kind-vad"') :].split("</tr>")[0]
     assert '<td class="previous">silero-vad@6</td>' in row_html and '<td class="effective">silero-vad@6.1</td>' in row_html
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_device_lists_the_catalog_and_switches_a_model_with_a_signed_frame(voice_catalog: dict[str, Any], make_device: Any, tmp_path: Path) -> None:
+    from channels.db import database_sync_to_async
+
+    from tests.conftest import open_socket, receive_until
+
+    sim = await database_sync_to_async(make_device)()
+    copy = tmp_path / "vad-2.onnx"
+    shutil.copy(voice_catalog["vad_model"], copy)
+    await database_sync_to_async(add_entries)(voice_catalog, entry("vad", "silero-vad", "6.1", {"model": str(copy)}))
+    comm, _ = await open_socket(sim)
+    await comm.send_json_to({"type": "model.catalog", "id": "c"})
+    listing = await receive_until(comm, "model.catalog")
+    vad = {m["version"]: m for m in listing["models"] if m["kind"] == "vad"}
+    assert vad["6"]["effective"] and not vad["6.1"]["selected"] and vad["6.1"]["digest_summary"]
+    switch = await database_sync_to_async(signed)(sim, "vad", "silero-vad", "6.1")
+    frame = {"type": "model.switch", "id": "s", "kind": "vad", "model_id": "silero-vad", "version": "6.1",
+             "issued_at": switch.issued_at, "nonce": switch.nonce}
+    await comm.send_json_to({**frame, "signature": sim.sign(b"not the switch")})
+    assert (await receive_until(comm, "error"))["code"] == "bad_signature"
+    await comm.send_json_to({**frame, "signature": switch.signature})
+    done = await receive_until(comm, "model.switch.ok")
+    assert (done["state"], done["selected"], done["effective"]) == ("pending_restart", "silero-vad@6.1", "silero-vad@6")
+    await comm.disconnect()
