@@ -29,31 +29,17 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from urllib.parse import urlsplit
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from bench.support import percentile, recreate_database  # noqa: E402
 
 WORDS_ZH = ["咖啡", "香菜", "开会", "妈妈", "电话", "周末", "杭州", "外卖", "牛奶", "跑步", "电影", "机票", "医生", "猫粮", "快递", "雨伞"]
 WORDS_EN = ["coffee", "meeting", "train", "dinner", "invoice", "garden", "bakery", "flight", "doctor", "parcel"]
 QUERIES = ["刚才那家店叫什么", "我昨天说要买什么牛奶", "周末和妈妈打电话", "when is the flight", "山茶咖啡的招牌", "医生说了什么"]
 
 
-def recreate_database(url: str) -> None:
-    import psycopg
-    from psycopg import sql
-
-    parts = urlsplit(url)
-    name = parts.path.lstrip("/")
-    admin = url.replace(parts.path, "/postgres", 1)
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-
-
-def percentile(samples: list[float], q: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
 def main() -> None:

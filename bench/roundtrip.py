@@ -18,7 +18,6 @@ import asyncio
 import json
 import os
 import re
-import socket
 import statistics
 import subprocess
 import sys
@@ -28,18 +27,16 @@ import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import httpx  # noqa: E402
-import psycopg  # noqa: E402
 import redis  # noqa: E402
-from psycopg import sql  # noqa: E402
 from websockets.asyncio.client import connect as ws_connect  # noqa: E402
 from websockets.asyncio.server import ServerConnection, serve  # noqa: E402
 
+from bench.support import free_port, recreate_database  # noqa: E402
 from brain.fake_server import FakeBrainServer, Rule, Script  # noqa: E402
 from devices.simulator import DeviceConnection, SimulatorError, pair  # noqa: E402
 
@@ -48,20 +45,6 @@ REPLY = "Noted. This is the benchmark reply, sent in a few chunks."
 FRAME_TIMEOUT = 60.0  # longest wait for any single frame
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def recreate_database(url: str) -> None:
-    """Drop and create the database named in ``url``, via the ``postgres`` database."""
-    parts = urlsplit(url)
-    name = parts.path.lstrip("/")
-    admin = parts._replace(path="/postgres").geturl().replace("postgres://", "postgresql://", 1)
-    with psycopg.connect(admin, autocommit=True, connect_timeout=10) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
 
 
 def manage(env: dict[str, str], *args: str) -> str:

@@ -10,22 +10,13 @@ through a proxy. A connection that fails or times out is reported as ``DISCONNEC
 
 from __future__ import annotations
 
-import http.client
-import ipaddress
-import json
-import os
-import urllib.error
-import urllib.parse
-import urllib.request
 import uuid
 from typing import Any
 
-from capabilities.packkit import ToolRegistry, effect, receipt, value
+from capabilities.packkit import PlatformLost, PlatformNotConfigured, ToolRegistry, effect, platform_call, receipt, value
 
 TOOLS = ToolRegistry()
 SOURCE = "yimi platform"
-TOKEN_HEADER = "X-Yimi-Internal-Token"
-OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 CREATE_SCHEMA = {
     "type": "object",
@@ -40,61 +31,13 @@ LIST_SCHEMA = {"type": "object", "properties": {"include_done": {"type": "boolea
 CANCEL_SCHEMA = {"type": "object", "properties": {"reminder_id": {"type": "string"}}, "required": ["reminder_id"]}
 
 
-class Lost(Exception):
-    """The call's outcome is unknown: the connection failed or timed out."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-class NotConfigured(Exception):
-    pass
-
-
-def _base_url() -> str:
-    base = os.environ.get("YIMI_PLATFORM_URL", "http://127.0.0.1:8000").rstrip("/")
-    parts = urllib.parse.urlsplit(base)
-    host = parts.hostname or ""
-    try:
-        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        loopback = False
-    if parts.scheme not in ("http", "https") or not loopback:
-        raise NotConfigured("YIMI_PLATFORM_URL must be an http(s) URL on a loopback address")
-    return base
+Lost = PlatformLost
+NotConfigured = PlatformNotConfigured
 
 
 def call(method: str, path: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
-    """One request to the internal API: (HTTP status, parsed JSON or None)."""
-    token = os.environ.get("YIMI_INTERNAL_TOKEN", "")
-    if not token:
-        raise NotConfigured("YIMI_INTERNAL_TOKEN is not set")
-    data = json.dumps(body).encode("utf-8") if body is not None else None
-    request = urllib.request.Request(
-        _base_url() + "/internal/" + path,
-        data=data,
-        method=method,
-        headers={TOKEN_HEADER: token, "Accept": "application/json", "Content-Type": "application/json"},
-    )
-    timeout = float(os.environ.get("YIMI_PLATFORM_TIMEOUT", "10"))
-    try:
-        with OPENER.open(request, timeout=timeout) as response:
-            status, raw = response.status, response.read()
-    except urllib.error.HTTPError as exc:
-        status, raw = exc.code, exc.read()
-    except urllib.error.URLError as exc:
-        if isinstance(exc.reason, TimeoutError):
-            raise Lost("TIMEOUT", f"the platform did not answer within {timeout:g} s") from None
-        raise Lost("DISCONNECTED", f"could not reach the platform ({exc.reason})") from None
-    except TimeoutError:
-        raise Lost("TIMEOUT", f"the platform did not answer within {timeout:g} s") from None
-    except (OSError, http.client.HTTPException) as exc:
-        raise Lost("DISCONNECTED", f"the connection to the platform broke ({type(exc).__name__})") from None
-    try:
-        return status, json.loads(raw.decode("utf-8")) if raw else None
-    except ValueError:
-        return status, None
+    """One request to ``/internal/<path>``: (HTTP status, parsed JSON or None)."""
+    return platform_call(method, "" + path, body)
 
 
 def lost(exc: Lost, doubt: str) -> dict[str, Any]:
