@@ -72,3 +72,31 @@ def test_the_gateway_classifies_memory_calls(make_device: Any) -> None:
     assert write.category == "owner_data" and write.code != "unknown_tool"
     erase = decide(CallRequest(run_id, "memory__forget", {"assertion_id": "00000000-0000-4000-8000-000000000000"}))
     assert erase.category == "delete" and erase.code != "unknown_tool"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_memory_tools_run_through_the_gateway_with_consent(live_server: Any, settings: Any, make_device: Any, tmp_path: Path) -> None:
+    """An owner-requested commit runs over MCP against the live platform and is receipted;
+    an unrequested forget waits for the owner's card and changes nothing."""
+    import asyncio
+
+    from capabilities.client import call_tool
+    from capabilities.mcp_host import runtime
+    from consent.models import ConsentCard
+    from memory.models import Assertion
+
+    settings.YIMI_PLATFORM_URL = live_server.url
+    runtime.reset_for_tests()
+    try:
+        run_id = str(accept_utterance(make_device().device, new_client_id(), "记住我不吃香菜").run_id)
+        commit = asyncio.run(call_tool(run_id, "", "memory__commit", {
+            "predicate": "preference.food", "payload": {"text": "不吃香菜"}, "expected_version": 0, "owner_requested": True,
+        }))
+        assert commit.executed and commit.receipt is not None and commit.receipt["status"] == "succeeded", commit.model_text
+        stored = Assertion.objects.get(predicate="preference.food")
+        forget = asyncio.run(call_tool(run_id, "", "memory__forget", {"assertion_id": str(stored.id)}))
+        assert (forget.decision, forget.executed) == ("ask", False)
+        assert ConsentCard.objects.get(call_id=forget.call_id).category == "delete"
+        assert Assertion.objects.get(id=stored.id).state == "active"
+    finally:
+        runtime.reset_for_tests()
