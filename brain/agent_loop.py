@@ -190,7 +190,7 @@ async def subagent_loop(task: AgentTask) -> str:
         for addition in await database_sync_to_async(agents.take_steering)(task.id):
             messages.append({"role": "user", "content": f"The owner adds: {addition}"})
         pack_names = [p.name for p in load_packs().packs.values() if scope in p.scopes]
-        listed = await on_host_loop(lambda m, names=pack_names: m.list_tools(names)) if pack_names else {}
+        listed = await _list_pack_tools(pack_names) if pack_names else {}
         tools = [tool_spec(name, t.description or "", dict(t.input_schema)) for name, t in sorted(listed.items())]
         if task.depth < settings.MAX_DELEGATION_DEPTH:
             tools.append(MAIN_TOOLS[0])
@@ -219,6 +219,10 @@ async def subagent_loop(task: AgentTask) -> str:
                     ),
                 }
             )
+
+
+async def _list_pack_tools(pack_names: list[str]) -> dict[str, Any]:
+    return await on_host_loop(lambda manager: manager.list_tools(pack_names))
 
 
 async def _one_call(task: AgentTask, name: str, args: dict[str, Any] | None, listed: dict[str, Any]) -> str:

@@ -20,6 +20,7 @@ from django.utils import timezone
 
 from brain.models import AgentTask, Run
 from yimi_project.errors import YimiError
+from yimi_project.ids import uuid_or_nil
 
 ACTIVE = (AgentTask.State.QUEUED, AgentTask.State.RUNNING)
 
@@ -103,7 +104,7 @@ def steer(run_id: Any, task_id: Any, message: str) -> AgentTask:
     """Queue an owner addition for a working sub-agent (delivered at its next tool-result
     boundary; if it finished first, the addition comes back with its result)."""
     with transaction.atomic():
-        task = AgentTask.objects.select_for_update().filter(id=_uuid(task_id), run__owner_id=_owner_of(run_id)).first()
+        task = AgentTask.objects.select_for_update().filter(id=uuid_or_nil(task_id), run__owner_id=_owner_of(run_id)).first()
         if task is None:
             raise YimiError("not_found", "there is no such background task")
         if task.state not in ACTIVE:
@@ -150,12 +151,3 @@ def tasks_to_recover() -> list[Any]:
 
 def _owner_of(run_id: Any) -> int | None:
     return Run.objects.filter(id=run_id).values_list("owner_id", flat=True).first()
-
-
-def _uuid(value: Any) -> str | None:
-    import uuid
-
-    try:
-        return str(uuid.UUID(str(value)))
-    except ValueError:
-        return None

@@ -221,7 +221,8 @@ def runs_to_recover() -> tuple[list[Any], list[Any]]:
     pending = Run.objects.filter(
         Q(state=Run.State.QUEUED, created_at__lt=queued_grace) | Q(state=Run.State.RUNNING, heartbeat_at__lt=stale_heartbeat)
     ).values_list("id", "inbound__created_at")
-    again, expire = [], []
+    again: list[Any] = []
+    expire: list[Any] = []
     for run_id, created in pending:
         (expire if created < too_old else again).append(run_id)
     return again, expire

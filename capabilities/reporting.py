@@ -24,6 +24,7 @@ from capabilities import services, truth
 from capabilities.client import ToolOutcome
 from capabilities.models import ReceiptRecord, ToolCall
 from devices.services import device_group, owner_group
+from yimi_project.ids import uuid_or_nil
 
 CHUNK_CHARS = 24
 
@@ -62,7 +63,7 @@ async def model_text(owner_id: int, outcome: ToolOutcome) -> str:
     """The receipt and the facts about it the owner has not been told yet."""
 
     def build() -> str:
-        record = ReceiptRecord.objects.select_related("call").filter(call_id=outcome.call_id).order_by("-revision").first()
+        record = ReceiptRecord.objects.select_related("call").filter(call_id=uuid_or_nil(outcome.call_id)).order_by("-revision").first()
         facts = _facts_for([record]) if record is not None else []
         delivered = services.delivered_fact_ids(owner_id, [f.id for f in facts])
         new = [f.text for f in facts if f.id not in delivered]

@@ -21,6 +21,7 @@ from capabilities.manifest import SEPARATOR, ToolDecl, load_packs
 from capabilities.models import ReceiptRecord, ToldFact, ToolCall
 from capabilities.receipts import needs_check, normalize
 from yimi_project.errors import YimiError
+from yimi_project.ids import uuid_or_nil
 
 TRUSTED_FIELDS = (
     "session_id",
@@ -167,12 +168,12 @@ def decide(request: CallRequest) -> Decision:
     if authority == "payments":
         from payments.services import gate as payment_gate
 
-        verdict = payment_gate(binding)
-        if verdict.kind == "block":
-            decision = _blocked(verdict.code, verdict.reason, category=category)
+        payment = payment_gate(binding)
+        if payment.kind == "block":
+            decision = _blocked(payment.code, payment.reason, category=category)
         else:
-            decision = Decision(ToolCall.Decision.ASK, verdict.code, verdict.reason, category=category, overridden=overridden)
-        return _record(binding, request, model_args, owner_requested, decision, tool, fingerprint, verdict.intent)
+            decision = Decision(ToolCall.Decision.ASK, payment.code, payment.reason, category=category, overridden=overridden)
+        return _record(binding, request, model_args, owner_requested, decision, tool, fingerprint, payment.intent)
     if authority is not None:
         decision = _blocked(
             f"{authority}_authority_missing",
@@ -333,7 +334,7 @@ def _store_gateway_receipt(call: ToolCall, receipt: dict[str, Any]) -> ReceiptRe
 def record_gateway_receipt(call_id: Any, status: str, summary: str, *, check_first: bool = False) -> ReceiptRecord:
     """A receipt only the gateway writes about a call: ``cancelled`` (denied, expired,
     failed recheck) or ``unknown`` (an interrupted execution), as the call's next revision."""
-    call = ToolCall.objects.get(id=_uuid(call_id))
+    call = ToolCall.objects.get(id=uuid_or_nil(call_id))
     receipt: dict[str, Any] = {"receipt_schema": 1, "status": status, "summary": summary}
     if check_first:
         tool = load_packs().tool(call.tool)
@@ -345,7 +346,7 @@ def recheck_approved(call_id: Any) -> Decision:
     """Check an approved call again before it runs (the card is the credential): the
     pack and tool still exist and serve the run's scope, the call did not already
     succeed, and its category is still the one the owner approved."""
-    call = ToolCall.objects.select_related("run").get(id=_uuid(call_id))
+    call = ToolCall.objects.select_related("run").get(id=uuid_or_nil(call_id))
     packs = load_packs()
     tool = packs.tool(call.tool)
     if tool is None:
@@ -395,7 +396,7 @@ def record_receipt(call_id: Any, result: Any, *, transport_error: str | None = N
     increase (``stale_revision`` otherwise) and earlier ones are kept as history.
     """
     call = (
-        ToolCall.objects.filter(id=_uuid(call_id))
+        ToolCall.objects.filter(id=uuid_or_nil(call_id))
         .only("id", "owner_id", "decision", "tool", "category", "fingerprint", "arguments")
         .order_by()
         .first()
@@ -469,7 +470,7 @@ def observe(call_id: Any, *, duration_ms: Any, error: Any = "") -> None:
     """Record how long a call took and its error, if any. Never touches a receipt."""
     if isinstance(duration_ms, bool) or not isinstance(duration_ms, int) or duration_ms < 0:
         raise YimiError("invalid_request", "duration_ms must be a non-negative integer")
-    updated = ToolCall.objects.filter(id=_uuid(call_id)).update(
+    updated = ToolCall.objects.filter(id=uuid_or_nil(call_id)).update(
         duration_ms=duration_ms, observed_error=str(error or "")[:300], observed_at=timezone.now()
     )
     if not updated:
@@ -502,12 +503,3 @@ def facts_carried(owner_id: int, entry_id: int, fact_ids: list[str]) -> None:
 def acknowledge_entry(entry_id: int) -> int:
     """A device ACKed the reply ``entry_id``: the facts it carried are now told."""
     return ToldFact.objects.filter(entry_id=entry_id, acknowledged_at__isnull=True).update(acknowledged_at=timezone.now())
-
-
-def _uuid(value: Any) -> str | None:
-    import uuid
-
-    try:
-        return str(uuid.UUID(str(value)))
-    except ValueError:
-        return None

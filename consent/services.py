@@ -22,6 +22,7 @@ from consent.models import ConsentCard, ExecutionToken, RememberedConsent, RideP
 from devices import signatures
 from devices.models import Device
 from yimi_project.errors import YimiError
+from yimi_project.ids import uuid_or_nil
 from yimi_project.logs import log_event
 
 DOOR_LOCK_TASK_TYPES = frozenset({"door_lock", "lock"})
@@ -180,7 +181,7 @@ def answer_card(device: Device, card_id: Any, answer: Any, signature: Any) -> Co
         raise YimiError("invalid_frame", "answer must be approve or deny")
     if device.is_guest:
         raise YimiError("forbidden", "a guest device cannot answer the owner's cards")
-    card = ConsentCard.objects.filter(id=_uuid(card_id), owner_id=device.owner_id).select_related("call").first()
+    card = ConsentCard.objects.filter(id=uuid_or_nil(card_id), owner_id=device.owner_id).select_related("call").first()
     if card is None:
         raise YimiError("not_found", "there is no such card")
     if not signatures.verify(device.public_key, card_message(card, answer), signature):
@@ -248,7 +249,7 @@ def claim_execution(card_id: Any) -> ConsentCard | None:
     """Take the card's execution token (``ready`` → ``executing``). Only one caller ever
     gets it: a second approval, a replayed answer or a racing worker gets None."""
     claimed = ExecutionToken.objects.filter(
-        card_id=_uuid(card_id), state=ExecutionToken.State.READY, card__state=ConsentCard.State.APPROVED
+        card_id=uuid_or_nil(card_id), state=ExecutionToken.State.READY, card__state=ConsentCard.State.APPROVED
     ).update(state=ExecutionToken.State.EXECUTING, claimed_at=timezone.now())
     if claimed != 1:
         return None
@@ -282,14 +283,6 @@ def mark_card_reported(card_id: Any, entry_id: int) -> bool:
     """At most one report per event (the card)."""
     return bool(ConsentCard.objects.filter(id=card_id, reported_entry=None).update(reported_entry_id=entry_id))
 
-
-def _uuid(value: Any) -> str | None:
-    import uuid
-
-    try:
-        return str(uuid.UUID(str(value)))
-    except ValueError:
-        return None
 
 
 def push_card_after_commit(card: ConsentCard) -> None:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import re
 import threading
-import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -33,6 +32,7 @@ from devices import catalog, signatures
 from devices.catalog import CatalogEntry
 from devices.models import Device, ModelSelection, ModelSwitch
 from yimi_project.errors import YimiError
+from yimi_project.ids import uuid_or_nil
 from yimi_project.logs import log_event
 
 RESTART_KINDS = ("asr", "vad", "wake_word")
@@ -181,7 +181,7 @@ class SignedSwitch:
             issued = int(issued)
         if isinstance(issued, bool) or not isinstance(issued, int):
             missing.append("issued_at")
-        if missing:
+        if missing or not isinstance(issued, int):
             raise YimiError("invalid_request", f"missing or invalid fields: {', '.join(missing)}")
         return cls(**{n: data[n] for n in names}, issued_at=issued)
 
@@ -199,7 +199,7 @@ def switch_model(switch: SignedSwitch, *, now: datetime | None = None) -> ModelS
     docstring). An embedding rebuild is dispatched after commit. Any refusal changes nothing.
     """
     now = now or timezone.now()
-    device = Device.objects.filter(id=_uuid_or_none(switch.device_id), revoked_at=None).first()
+    device = Device.objects.filter(id=uuid_or_nil(switch.device_id), revoked_at=None).first()
     if device is None:
         raise YimiError("forbidden", "the switch must be signed by one of the owner's active devices")
     if device.is_guest:
@@ -255,12 +255,6 @@ def _apply_switch(row: ModelSelection, entry: CatalogEntry, device: Device) -> N
     if row.state == State.NEEDS_ENROLLMENT:
         _settle_voiceprint(row, device.owner_id)
 
-
-def _uuid_or_none(value: str) -> str | None:
-    try:
-        return str(uuid.UUID(value))
-    except ValueError:
-        return None
 
 
 # --- voiceprint: effective once the channels in use are enrolled again -------------------------
@@ -363,7 +357,7 @@ def settings_overview() -> list[dict[str, Any]]:
                 "effective": sel.effective_key,
                 "previous": sel.previous_key,
                 "state": sel.state,
-                "note": STATE_NOTES.get(sel.state, ""),
+                "note": STATE_NOTES.get(State(sel.state), ""),
                 "progress": f"{sel.progress_done}/{sel.progress_total}" if sel.progress_total or sel.state == State.REBUILDING else "",
                 "error": f"{sel.error_code}: {sel.error_message}" if sel.error_code else "",
                 "entries": [

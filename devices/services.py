@@ -22,6 +22,7 @@ from devices import signatures
 from devices.models import Delivery, Device, PairingCode, PairingFailure
 from memory.models import TimelineEntry
 from yimi_project.errors import YimiError
+from yimi_project.ids import uuid_or_nil
 from yimi_project.logs import log_event
 
 # Crockford's base32 without I, L, O, U: easy to read aloud and to type.
@@ -162,7 +163,7 @@ def _claim_code_and_create(request: PairingRequest, code: str) -> Device:
     relay = None
     if request.relay_via:
         relay = Device.objects.filter(
-            id=_uuid_or_none(request.relay_via), owner_id=pairing.owner_id, kind=Device.Kind.PHONE, revoked_at=None
+            id=uuid_or_nil(request.relay_via), owner_id=pairing.owner_id, kind=Device.Kind.PHONE, revoked_at=None
         ).first()
         if relay is None:
             raise YimiError("invalid_request", "relay_via must be one of the owner's paired phones")
@@ -187,21 +188,13 @@ def _claim_code_and_create(request: PairingRequest, code: str) -> Device:
     return device
 
 
-def _uuid_or_none(value: str) -> str | None:
-    import uuid
-
-    try:
-        return str(uuid.UUID(value))
-    except ValueError:
-        return None
-
 
 # --- authentication and revocation ------------------------------------------------------
 
 
 def active_device(device_id: Any) -> Device:
     """The device, if it exists and is not revoked; raises otherwise."""
-    device = Device.objects.filter(id=_uuid_or_none(str(device_id))).first()
+    device = Device.objects.filter(id=uuid_or_nil(device_id)).first()
     if device is None:
         raise YimiError("not_authenticated", "unknown device")
     if device.revoked_at is not None:

@@ -138,8 +138,8 @@ class CommitRequest:
             raise YimiError("invalid_request", "evidence must be a list of timeline sequence numbers")
         return cls(
             owner_id=owner_id,
-            request_id=data.get("request_id") if isinstance(data.get("request_id"), str) else "",
-            predicate=data.get("predicate") if isinstance(data.get("predicate"), str) else "",
+            request_id=_text(data.get("request_id")),
+            predicate=_text(data.get("predicate")),
             payload=data.get("payload"),
             expected_version=_int(data.get("expected_version"), "expected_version"),
             assertion_id=assertion_id,
@@ -173,6 +173,10 @@ class CommitRequest:
         if self.assertion_id is not None and any(d.assertion_id == self.assertion_id for d in self.depends_on):
             raise YimiError("invalid_request", "an assertion cannot depend on itself")
         _validate_predicate_payload(self.predicate, self.payload)
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else ""
 
 
 def _uuid_or_invalid(value: Any, name: str) -> uuid.UUID:

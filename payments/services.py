@@ -29,6 +29,7 @@ from devices import signatures
 from devices.models import Device
 from payments.models import PaymentAuthorization, PaymentIntent, UnlockLease
 from yimi_project.errors import YimiError
+from yimi_project.ids import uuid_or_nil
 from yimi_project.logs import log_event
 
 CENT = Decimal("0.01")
@@ -117,6 +118,7 @@ def open_authorization(intent: PaymentIntent, call: Any) -> PaymentAuthorization
     now = timezone.now()
     PaymentIntent.objects.filter(id=intent.id).update(state=PaymentIntent.State.AUTHORIZING)
     intent.refresh_from_db()
+    assert intent.amount is not None, "gate() lets a payment ask only after the checkout amount was read"
     auto = autopay_check(intent)
     auth = PaymentAuthorization.objects.create(
         intent=intent,
@@ -230,7 +232,7 @@ def answer_card(device: Device, authorization_id: Any, answer: Any, signature: A
 def _authorization_for(device: Device, authorization_id: Any) -> PaymentAuthorization:
     auth = (
         PaymentAuthorization.objects.select_related("intent")
-        .filter(id=_uuid(authorization_id), intent__owner_id=device.owner_id)
+        .filter(id=uuid_or_nil(authorization_id), intent__owner_id=device.owner_id)
         .first()
     )
     if auth is None:
@@ -288,7 +290,7 @@ def claim_authorization(authorization_id: Any) -> PaymentAuthorization | None:
     now = timezone.now()
     with transaction.atomic():
         claimed = (
-            PaymentAuthorization.objects.filter(id=_uuid(authorization_id), state=PaymentAuthorization.State.AUTHORIZED, expires_at__gt=now)
+            PaymentAuthorization.objects.filter(id=uuid_or_nil(authorization_id), state=PaymentAuthorization.State.AUTHORIZED, expires_at__gt=now)
             .filter(Q(undo_until__isnull=True) | Q(undo_until__lte=now))
             .update(state=PaymentAuthorization.State.USED, used_at=now)
         )
@@ -489,12 +491,3 @@ def voice_confirm(device: Device, authorization_id: Any, utterance_seq: Any) -> 
     if not authorize(auth, method=PaymentAuthorization.Method.VOICE, device=device):
         raise YimiError("card_closed", "this payment card was already answered")
     return auth
-
-
-def _uuid(value: Any) -> str | None:
-    import uuid
-
-    try:
-        return str(uuid.UUID(str(value)))
-    except ValueError:
-        return None
