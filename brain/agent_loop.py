@@ -29,8 +29,8 @@ from django.conf import settings
 
 from brain import agents
 from brain.client import BrainError, Completion, complete
+from brain.dispatch import keep_claim
 from brain.models import AgentTask, Run
-from brain.prompts import OWNER_SYSTEM
 from capabilities import reporting
 from capabilities.client import ToolOutcome, call_tool
 from capabilities.manifest import load_packs
@@ -39,7 +39,6 @@ from devices.services import device_group, owner_group
 from yimi_project.errors import YimiError
 from yimi_project.logs import log_event
 
-HEARTBEAT_SECONDS = 5.0
 DELEGATED_ACK = "好，我去办，办好了告诉你。"
 
 MAIN_TOOLS = [
@@ -153,7 +152,7 @@ async def execute_agent_task(task_id: Any) -> str:
     task = await database_sync_to_async(agents.claim_task)(task_id)
     if task is None:
         return "skipped"
-    beat = asyncio.ensure_future(_heartbeat(task))
+    beat = asyncio.ensure_future(keep_claim(lambda: agents.task_heartbeat(task)))
     try:
         state, result, code = AgentTask.State.SUCCEEDED, "", ""
         try:
@@ -173,13 +172,6 @@ async def execute_agent_task(task_id: Any) -> str:
     if task.depth == 1:
         await report_task(task.id)
     return state
-
-
-async def _heartbeat(task: AgentTask) -> None:
-    while True:
-        await asyncio.sleep(HEARTBEAT_SECONDS)
-        if not await database_sync_to_async(agents.task_heartbeat)(task):
-            return
 
 
 async def subagent_loop(task: AgentTask) -> str:
@@ -258,17 +250,8 @@ async def report_task(task_id: Any) -> None:
     )()
     if task.reported_entry_id is not None:
         return
-    run = task.run
     report = await reporting.prepare_report(task)
-    messages = [
-        {"role": "system", "content": OWNER_SYSTEM},
-        {"role": "user", "content": run.inbound.text},
-        {"role": "user", "content": report.prompt},
-    ]
-    try:
-        completion = await complete(messages)
-        draft = completion.text
-    except BrainError as exc:
-        log_event("followup_failed", task_id=str(task.id), error_code=exc.code)
-        draft = ""
-    await reporting.deliver_report(task, report, draft)
+    await reporting.report_turn(
+        task.run, report, lambda entry_id: agents.mark_reported(task.id, entry_id),
+        context=[{"role": "user", "content": task.run.inbound.text}], event=f"task {task.id}",
+    )

@@ -108,6 +108,20 @@ def remember_loop() -> None:
     _main_loop = asyncio.get_running_loop()
 
 
+HEARTBEAT_SECONDS = 5.0
+
+
+async def keep_claim(beat: Any) -> None:
+    """Refresh a claim (a run's or a sub-agent task's heartbeat) every 5 s until ``beat``
+    says the claim was lost; the caller cancels it when the work ends."""
+    from channels.db import database_sync_to_async
+
+    while True:
+        await asyncio.sleep(HEARTBEAT_SECONDS)
+        if not await database_sync_to_async(beat)():
+            return
+
+
 def _keep(task: asyncio.Task) -> None:
     _tasks.add(task)
     task.add_done_callback(_tasks.discard)

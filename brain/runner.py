@@ -25,14 +25,12 @@ from channels.layers import get_channel_layer
 from brain import services
 from brain.agent_loop import main_turn
 from brain.client import BrainError
-from brain.dispatch import dispatch_task
+from brain.dispatch import dispatch_task, keep_claim
 from brain.models import Run
 from brain.prompts import accept_memory, build_messages, prepare_memory, with_memory
 from devices.services import device_group, owner_group
 from memory.models import TimelineEntry
 from yimi_project.logs import log_event
-
-HEARTBEAT_SECONDS = 5.0
 
 
 async def execute_run(run_id: Any) -> str:
@@ -51,7 +49,7 @@ async def execute_run(run_id: Any) -> str:
     # memory hook (issue 5): core profile + incremental L3 facts (brain.prompts.with_memory)
     memory = await database_sync_to_async(prepare_memory)(run.owner_id, run.scope, run.inbound.seq)
     messages = with_memory(messages, history, memory)
-    beat = asyncio.ensure_future(_heartbeat(run))
+    beat = asyncio.ensure_future(keep_claim(lambda: services.heartbeat(run)))
     layer = get_channel_layer()
     sent = 0
     delegated: list = []
@@ -84,13 +82,6 @@ async def execute_run(run_id: Any) -> str:
     for task in delegated:  # after the reply is stored, so the report comes after it
         await dispatch_task(task.id)
     return state
-
-
-async def _heartbeat(run: Run) -> None:
-    while True:
-        await asyncio.sleep(HEARTBEAT_SECONDS)
-        if not await database_sync_to_async(services.heartbeat)(run):
-            return
 
 
 async def _announce(run: Run, entry: TimelineEntry) -> None:

@@ -25,6 +25,7 @@ from capabilities.client import ToolOutcome
 from capabilities.models import ReceiptRecord, ToolCall
 from devices.services import device_group, owner_group
 from yimi_project.ids import uuid_or_nil
+from yimi_project.logs import log_event
 
 CHUNK_CHARS = 24
 
@@ -104,10 +105,20 @@ async def prepare_report(task: AgentTask) -> Report:
     return await database_sync_to_async(build)()
 
 
-async def deliver_report(task: AgentTask, report: Report, draft: str) -> None:
-    from brain.agents import mark_reported
+async def report_turn(run: Any, report: Report, claim: Callable[[int], bool], *, context: list[dict[str, Any]] | None = None, event: str) -> None:
+    """One report turn: the model drafts from the report's prompt (after ``context``), the
+    draft is checked and delivered once (``claim``). If the model call fails, the facts are
+    told from templates alone."""
+    from brain.client import BrainError, complete
+    from brain.prompts import OWNER_SYSTEM
 
-    await deliver_checked_reply(task.run, report, draft, lambda entry_id: mark_reported(task.id, entry_id))
+    messages = [{"role": "system", "content": OWNER_SYSTEM}, *(context or []), {"role": "user", "content": report.prompt}]
+    try:
+        draft = (await complete(messages)).text
+    except BrainError as exc:
+        log_event("report_turn_failed", about=event, error_code=exc.code)
+        draft = ""
+    await deliver_checked_reply(run, report, draft, claim)
 
 
 async def deliver_checked_reply(run: Any, report: Report, draft: str, claim: Callable[[int], bool]) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field
-from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
@@ -449,15 +448,10 @@ def record_receipt(call_id: Any, result: Any, *, transport_error: str | None = N
 def _approved_and_executing(call_id: Any) -> bool:
     """An asked call may report a result only while an approval is being used for it: a
     consent card's execution token, or a payment authorization just used."""
-    from consent.models import ConsentCard, ExecutionToken
-    from payments.models import PaymentAuthorization
+    from consent.services import execution_in_progress
+    from payments.services import authorization_in_use
 
-    if ExecutionToken.objects.filter(
-        card__call_id=call_id, card__state=ConsentCard.State.APPROVED, state=ExecutionToken.State.EXECUTING
-    ).exists():
-        return True
-    recent = timezone.now() - timedelta(seconds=settings.PACK_CALL_TIMEOUT_SECONDS + 60)
-    return PaymentAuthorization.objects.filter(call_id=call_id, state=PaymentAuthorization.State.USED, used_at__gte=recent).exists()
+    return execution_in_progress(call_id) or authorization_in_use(call_id)
 
 
 def _replay(existing: ReceiptRecord, content_fp: str) -> ReceiptOutcome:

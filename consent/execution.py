@@ -14,8 +14,6 @@ from typing import Any
 from channels.db import database_sync_to_async
 from django.conf import settings
 
-from brain.client import BrainError, complete
-from brain.prompts import OWNER_SYSTEM
 from capabilities import reporting, services
 from capabilities.mcp_host.runtime import on_host_loop
 from capabilities.models import ReceiptRecord
@@ -61,9 +59,4 @@ async def report_card(card_id: Any) -> None:
     if built is None:
         return
     card, report = built
-    try:
-        draft = (await complete([{"role": "system", "content": OWNER_SYSTEM}, {"role": "user", "content": report.prompt}])).text
-    except BrainError as exc:
-        log_event("consent_report_failed", card_id=str(card.id), error_code=exc.code)
-        draft = ""
-    await reporting.deliver_checked_reply(card.run, report, draft, lambda entry_id: consent.mark_card_reported(card.id, entry_id))
+    await reporting.report_turn(card.run, report, lambda entry_id: consent.mark_card_reported(card.id, entry_id), event=f"card {card.id}")

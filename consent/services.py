@@ -158,9 +158,9 @@ def card_frame(card: ConsentCard) -> dict[str, Any]:
 
 def card_devices(owner_id: int) -> list[Any]:
     """Where cards go: the owner's phones and glasses; any owner device if there are none."""
-    devices = Device.objects.filter(owner_id=owner_id, revoked_at__isnull=True, is_guest=False)
-    preferred = [d.id for d in devices if d.kind in (Device.Kind.PHONE, Device.Kind.GLASSES)]
-    return preferred or [d.id for d in devices]
+    from devices.services import owner_devices_preferring
+
+    return owner_devices_preferring(owner_id, (Device.Kind.PHONE, Device.Kind.GLASSES))
 
 
 def pending_cards(owner_id: int) -> list[ConsentCard]:
@@ -254,6 +254,13 @@ def claim_execution(card_id: Any) -> ConsentCard | None:
     if claimed != 1:
         return None
     return ConsentCard.objects.select_related("call", "run", "run__inbound").get(id=card_id)
+
+
+def execution_in_progress(call_id: Any) -> bool:
+    """An approved card's call is being executed right now (its token is ``executing``)."""
+    return ExecutionToken.objects.filter(
+        card__call_id=call_id, card__state=ConsentCard.State.APPROVED, state=ExecutionToken.State.EXECUTING
+    ).exists()
 
 
 def finish_execution(card_id: Any, outcome: str) -> None:

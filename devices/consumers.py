@@ -308,7 +308,7 @@ class DeviceConsumer(AsyncWebsocketConsumer):
     # --- messages from the channel layer ------------------------------------------------
 
     async def reply_chunk(self, event: dict[str, Any]) -> None:
-        await self._send({k: v for k, v in event.items()})
+        await self._send(dict(event))
 
     async def reply_done(self, event: dict[str, Any]) -> None:
         await self._send(dict(event))

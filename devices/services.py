@@ -228,6 +228,14 @@ def revoke_device(device: Device) -> bool:
     return bool(changed)
 
 
+def owner_devices_preferring(owner_id: int, kinds: tuple[str, ...]) -> list[Any]:
+    """Ids of the owner's active, non-guest devices of ``kinds``; all of them if none is of
+    those kinds (so a card is never addressed to nobody)."""
+    devices = list(Device.objects.filter(owner_id=owner_id, revoked_at__isnull=True, is_guest=False).only("id", "kind"))
+    preferred = [d.id for d in devices if d.kind in kinds]
+    return preferred or [d.id for d in devices]
+
+
 def send_to_group(group: str, message: dict[str, Any]) -> None:
     """Send a channel-layer message from synchronous code (services, Celery tasks)."""
     layer = get_channel_layer()

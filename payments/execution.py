@@ -15,8 +15,6 @@ from typing import Any
 from channels.db import database_sync_to_async
 from django.conf import settings
 
-from brain.client import BrainError, complete
-from brain.prompts import OWNER_SYSTEM
 from capabilities import reporting, services
 from capabilities.mcp_host.runtime import on_host_loop
 from capabilities.models import ReceiptRecord
@@ -69,9 +67,6 @@ async def report_payment(intent_id: Any) -> None:
     if built is None:
         return
     intent, report = built
-    try:
-        draft = (await complete([{"role": "system", "content": OWNER_SYSTEM}, {"role": "user", "content": report.prompt}])).text
-    except BrainError as exc:
-        log_event("payment_report_failed", intent_id=str(intent.id), error_code=exc.code)
-        draft = ""
-    await reporting.deliver_checked_reply(intent.run, report, draft, lambda entry_id: payments.mark_intent_reported(intent.id, entry_id))
+    await reporting.report_turn(
+        intent.run, report, lambda entry_id: payments.mark_intent_reported(intent.id, entry_id), event=f"intent {intent.id}"
+    )

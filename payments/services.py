@@ -180,9 +180,9 @@ def card_frame(auth: PaymentAuthorization) -> dict[str, Any]:
 
 def card_devices(owner_id: int) -> list[Any]:
     """Payment cards go to the owner's phones (any owner device if there is none)."""
-    devices = Device.objects.filter(owner_id=owner_id, revoked_at__isnull=True, is_guest=False)
-    phones = [d.id for d in devices if d.kind == Device.Kind.PHONE]
-    return phones or [d.id for d in devices]
+    from devices.services import owner_devices_preferring
+
+    return owner_devices_preferring(owner_id, (Device.Kind.PHONE,))
 
 
 def push_card_after_commit(auth: PaymentAuthorization) -> None:
@@ -299,6 +299,12 @@ def claim_authorization(authorization_id: Any) -> PaymentAuthorization | None:
         auth = PaymentAuthorization.objects.select_related("intent", "call").get(id=authorization_id)
         PaymentIntent.objects.filter(id=auth.intent_id).update(state=PaymentIntent.State.PAYING)
     return auth
+
+
+def authorization_in_use(call_id: Any) -> bool:
+    """An authorization for this pay call was just used: the executor is paying with it."""
+    recent = timezone.now() - timedelta(seconds=settings.PACK_CALL_TIMEOUT_SECONDS + 60)
+    return PaymentAuthorization.objects.filter(call_id=call_id, state=PaymentAuthorization.State.USED, used_at__gte=recent).exists()
 
 
 @dataclass

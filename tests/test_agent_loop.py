@@ -4,7 +4,6 @@ text → run → delegate → workspace tool over MCP → receipt → checked re
 from __future__ import annotations
 
 import asyncio
-import json
 import threading
 from pathlib import Path
 from typing import Any
@@ -284,4 +283,17 @@ async def test_text_to_delegate_to_workspace_tool_to_checked_reply_acked(make_de
     kinds = await db_async(lambda: list(TimelineEntry.objects.order_by("seq").values_list("kind", flat=True)))()
     assert kinds == ["utterance", "reply", "reply"]
     await comm.disconnect()
-    json.dumps(card)
+
+
+async def test_a_failed_report_turn_still_tells_the_facts_from_templates(make_device: Any, brain: Any, packs: Path) -> None:
+    sim = await db_async(make_device)()
+    run = await db_async(new_run)(sim, "save a note")
+    task = await db_async(agents.delegate)(run.id, "write hello into notes/b.txt")
+    script(brain, requires_tool="workspace__write_file", reply="", tool_calls=[
+        {"name": "workspace__write_file", "arguments": {"path": "notes/b.txt", "content": "hello", "owner_requested": True}},
+    ])
+    script(brain, when="tool", requires_tool="workspace__write_file", reply="Saved.")
+    script(brain, match="Background task finished", status=500)
+    assert await execute_agent_task(task.id) == "succeeded"
+    report = await db_async(TimelineEntry.objects.get)(kind="reply")
+    assert "5" in report.text  # bytes_written, from the fact templates alone

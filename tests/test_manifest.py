@@ -6,7 +6,7 @@ from typing import Any
 import pytest
 
 from capabilities.manifest import load_packs, manifest_errors
-from tests.gateway_support import deep, extension, manifest, write_pack
+from tests.gateway_support import deep, manifest, write_pack
 
 
 def with_tools(tools: dict[str, Any], **overrides: Any) -> dict[str, Any]:
@@ -88,6 +88,3 @@ def test_the_shipped_packs_load() -> None:
     packs = load_packs(settings.YIMI_PACKS_DIR)
     assert "workspace" in packs.packs, packs.refused
 
-
-def test_extension_helper_is_complete() -> None:
-    assert set(extension()) >= {"schema", "tools", "provenance"}
