@@ -2,6 +2,7 @@
 execute in-process (a Celery worker is started only by the end-to-end test), the
 data directory is a temporary one, and channel names get their own prefix."""
 
+import os
 import tempfile
 from pathlib import Path
 
@@ -12,7 +13,8 @@ CELERY_BROKER_URL = None
 YIMI_EMBEDDED_SWEEPER = False
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 if REDIS_URL:  # noqa: F405
-    CHANNEL_LAYERS["default"]["CONFIG"]["prefix"] = "yimi-test"  # noqa: F405
+    # Several test runs may share one Redis (parallel checkouts): each can name its own prefix.
+    CHANNEL_LAYERS["default"]["CONFIG"]["prefix"] = os.environ.get("YIMI_TEST_CHANNEL_PREFIX", "yimi-test")  # noqa: F405
 WS_AUTH_TIMEOUT_SECONDS = 1.0
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":  # noqa: F405
     # A file, not shared-cache memory: concurrent writers then wait on the lock
