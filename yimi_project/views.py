@@ -1,26 +1,46 @@
 from __future__ import annotations
 
+from typing import Any
+
 from django.conf import settings
 from django.db import connection
 from django.http import HttpRequest, JsonResponse
 
+from yimi_project.internal import is_loopback
+
+
+def shows_health_details(request: HttpRequest) -> bool:
+    """Details (database vendor, channel layer, brain mode) only for a loopback peer
+    (``REMOTE_ADDR``: a local monitor, the end-to-end tests) or the logged-in owner."""
+    if is_loopback(request.META.get("REMOTE_ADDR")):
+        return True
+    user = getattr(request, "user", None)
+    return bool(user is not None and user.is_authenticated and getattr(user, "is_owner", False))
+
 
 def health(request: HttpRequest) -> JsonResponse:
-    """Unauthenticated health check: the database and, when configured, Redis answer."""
-    body = {
-        "status": "ok",
+    """Unauthenticated health check: the database and, when configured, Redis answer.
+
+    Everyone gets ``{"status": "ok"}`` (200) or ``{"status": "degraded"}`` (503); what
+    runs behind it is told only to the peers ``shows_health_details`` admits."""
+    details: dict[str, Any] = {
         "database": connection.vendor,
         "channel_layer": "redis" if settings.REDIS_URL else "in-memory",
         "brain": "demo" if settings.BRAIN_IS_DEMO else "configured",
     }
+    status = "ok"
     with connection.cursor() as cursor:
         cursor.execute("SELECT 1")
     if settings.REDIS_URL:
         import redis
 
         try:
-            redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2).ping()
+            with redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2) as client:
+                client.ping()
         except redis.RedisError:
-            body.update(status="degraded", channel_layer="redis (unreachable)")
-            return JsonResponse(body, status=503)
-    return JsonResponse(body)
+            status = "degraded"
+            details["channel_layer"] = "redis (unreachable)"
+    body: dict[str, Any] = {"status": status}
+    if shows_health_details(request):
+        body.update(details)
+    return JsonResponse(body, status=200 if status == "ok" else 503)
