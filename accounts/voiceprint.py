@@ -29,6 +29,9 @@ UNCERTAIN_FROM = 0.45  # uncertain from here up to the threshold; unmatched belo
 LEARNING_MIN_VOICED_MS = 1000
 LEARNING_MIN_QUALITY = 0.5
 LEARNING_MIN_COSINE = 0.65
+# A learning sample (the anchor included) must score at least the uncertain band against the
+# channel's enrolled centroid: a trust window vouches for a call, never for a stranger's voice.
+LEARNING_MIN_ENROLLED_SCORE = UNCERTAIN_FROM
 LEARNING_CAP = 20  # per channel; then learning stops (no rolling replacement)
 # Automatic raising (docs/voice.md): with at least 10 confirmed samples on a channel, the
 # threshold may rise to (lowest confirmed score − 0.05), by at most 0.05 per step, never
@@ -262,7 +265,7 @@ def match(owner_id: int, model_key: str, embedding: Sequence[float] | np.ndarray
 @dataclass(frozen=True)
 class LearningOutcome:
     learned: bool
-    reason: str  # anchor, learned, too_short, low_quality, learning_full, inconsistent_with_anchor, inconsistent_with_set
+    reason: str  # anchor, learned, too_short, low_quality, learning_full, not_enrolled, inconsistent_with_enrollment, inconsistent_with_anchor, inconsistent_with_set
     threshold_raised_to: float | None = None
 
 
@@ -274,10 +277,13 @@ def add_learning_sample(
     The caller has checked that the speech is inside an open trust window, in normal mode
     and not Yimi's own echo. Steps: 1. at least 1,000 ms voiced and quality ≥ 0.5;
     2. lock the channel (its threshold row), so concurrent samples queue; 3. stop at 20
-    learning samples on the channel (no rolling replacement); 4. the first sample is the
-    anchor; every later one needs cosine ≥ 0.65 with the anchor and with the centroid of
-    the existing learning set; 5. store it, fold it into the channel's centroid (if the
-    channel is enrolled) and apply the automatic raising rule.
+    learning samples on the channel (no rolling replacement); 4. the channel must be
+    enrolled, and the sample — the anchor too — must score at least the uncertain band
+    (0.45) against the centroid of the enrolled segments alone, so a stranger speaking in
+    the owner's trust window never becomes the anchor or a sample; 5. the first sample is
+    the anchor; every later one needs cosine ≥ 0.65 with the anchor and with the centroid
+    of the existing learning set; 6. store it, fold it into the channel's centroid and
+    apply the automatic raising rule.
     """
     if voiced_ms < LEARNING_MIN_VOICED_MS:
         return LearningOutcome(False, "too_short")
@@ -293,6 +299,11 @@ def add_learning_sample(
         )
         if len(learned) >= LEARNING_CAP:
             return LearningOutcome(False, "learning_full")
+        enrolled = _enrolled_centroid(owner_id, channel, model_key)
+        if enrolled is None or enrolled.size != x.size:
+            return LearningOutcome(False, "not_enrolled")
+        if float(np.dot(x, enrolled)) < LEARNING_MIN_ENROLLED_SCORE:
+            return LearningOutcome(False, "inconsistent_with_enrollment")
         is_anchor = not learned
         if not is_anchor:
             anchor = next((s for s in learned if s.is_anchor), learned[0])
@@ -309,6 +320,19 @@ def add_learning_sample(
         raised = _apply_raising_rule(lock, owner_id, channel, model_key)
     log_event("voiceprint_learned", channel=channel, model=model_key, anchor=is_anchor, samples=len(learned) + 1)
     return LearningOutcome(True, "anchor" if is_anchor else "learned", raised)
+
+
+def _enrolled_centroid(owner_id: int, channel: str, model_key: str) -> np.ndarray | None:
+    """The centroid of the channel's enrolled segments alone (learned samples excluded), or
+    None when the channel is not enrolled under this model."""
+    enrolled = list(
+        VoiceprintSample.objects.filter(
+            owner_id=owner_id, channel=channel, model_key=model_key, source=VoiceprintSample.Source.ENROLLED
+        )
+    )
+    if not enrolled:
+        return None
+    return weighted_centroid([unit(s.embedding) for s in enrolled], [s.voiced_ms * s.quality for s in enrolled])
 
 
 def _refresh_centroid(owner_id: int, channel: str, model_key: str) -> None:

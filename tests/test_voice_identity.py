@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 import time
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import numpy as np
@@ -350,6 +350,7 @@ def learn(sim: Any, x: np.ndarray, at: Any, *, voiced_ms: int = 1200, quality: f
 
 def test_learning_sample_needs_1000_ms_quality_0_5_and_cosine_0_65_to_anchor_and_set(make_device: Any) -> None:
     sim = make_device()
+    enroll(sim.device.owner, base=basis(0))
     window = voice.open_trust_window(sim.device, **attest(sim))
     at = window.opened_at + timedelta(seconds=1)
     e1, e2 = basis(0), basis(1)
@@ -367,6 +368,8 @@ def test_learning_sample_needs_1000_ms_quality_0_5_and_cosine_0_65_to_anchor_and
 
 def test_learning_stops_at_20_samples_per_channel(make_device: Any) -> None:
     sim = make_device()
+    enroll(sim.device.owner, "phone_app")
+    enroll(sim.device.owner, "glasses")
     window = voice.open_trust_window(sim.device, **attest(sim))
     at = window.opened_at + timedelta(seconds=1)
     xs = near(B, 0.95, 21, seed=300)
@@ -379,6 +382,60 @@ def test_learning_stops_at_20_samples_per_channel(make_device: Any) -> None:
         device=sim.device, channel="glasses", embedding=xs[20], model_key=MODEL, voiced_ms=1200, quality=0.9, started_at=at
     )
     assert other_channel.reason == "anchor"  # the cap is per channel
+
+
+def test_learning_samples_and_the_anchor_need_the_uncertain_band_against_the_enrolled_centroid(make_device: Any) -> None:
+    sim = make_device()
+    voiceprint.enroll_channel(sim.device.owner_id, "phone_app", MODEL, segments([B] * 5))  # the enrolled centroid is B
+    window = voice.open_trust_window(sim.device, **attest(sim))
+    at = window.opened_at + timedelta(seconds=1)
+    assert learn(sim, unit_with_cosine(B, 0.4499, seed=11), at).reason == "inconsistent_with_enrollment"
+    assert not VoiceprintSample.objects.filter(source="learned").exists()  # a stranger does not set the anchor
+    anchor = unit_with_cosine(B, 0.9, seed=12)
+    assert learn(sim, anchor, at).reason == "anchor"
+    side = (anchor - 0.9 * B) / np.linalg.norm(anchor - 0.9 * B)
+    drift = np.cos(np.radians(65)) * B + np.sin(np.radians(65)) * side  # 0.42 to the enrollment, 0.78 to the anchor
+    assert voiceprint.cosine(drift, anchor) >= 0.65
+    assert learn(sim, drift, at).reason == "inconsistent_with_enrollment"
+    assert learn(sim, unit_with_cosine(B, 0.88, seed=13), at).reason == "learned"
+    assert VoiceprintSample.objects.filter(source="learned").count() == 2
+
+
+def test_a_channel_without_an_enrollment_learns_nothing(make_device: Any) -> None:
+    sim = make_device()
+    enroll(sim.device.owner, "glasses")
+    window = voice.open_trust_window(sim.device, **attest(sim))
+    assert learn(sim, B, window.opened_at + timedelta(seconds=1)).reason == "not_enrolled"  # nothing to judge it against
+    assert not VoiceprintSample.objects.filter(source="learned").exists()
+
+
+def test_a_stranger_in_the_trust_window_never_teaches_the_voiceprint(voice_catalog: dict[str, Any], make_device: Any) -> None:
+    """Real speech through the real speaker model: inside the owner's trust window a guest
+    speaks first. The window still admits the call, but the guest (unmatched against the
+    channel's enrollment) becomes neither the anchor nor a learning sample, so the
+    voiceprint does not move towards the guest; the owner's speech afterwards is learned."""
+    speech = voice_catalog["speech"]
+    sim = make_device()
+    owner_id = sim.device.owner_id
+    segs = [EnrollmentSegment(embed(speech.say(t)).tolist(), 2000, 1.0) for t in SENTENCES[:5]]
+    voiceprint.enroll_channel(owner_id, "phone_app", MODEL, segs)
+    issued = 1_700_000_000  # the clock is injected: no test depends on how fast this one runs
+    window = voice.open_trust_window(sim.device, **attest(sim, issued_at=issued), now=datetime.fromtimestamp(issued, tz=UTC))
+    at = window.opened_at + timedelta(seconds=2)
+    call = voice.start_call(sim.device, "guest-first", "phone_app")
+    probe = embed(speech.say(SENTENCES[7], GUEST_VOICE))
+    guest_before = voiceprint.match(owner_id, MODEL, probe).score
+    for text in SENTENCES[5:7]:
+        x = embed(speech.say(text, GUEST_VOICE))
+        decision = decide(sim, x, at=at, call=call)
+        assert (decision.scope, decision.reason, decision.band) == ("owner", "trust_window_call", "unmatched")
+        assert learn(sim, x, at).reason == "inconsistent_with_enrollment"
+    assert not VoiceprintSample.objects.filter(source="learned").exists()
+    assert voiceprint.match(owner_id, MODEL, probe).score == pytest.approx(guest_before)
+    owner_speech = embed(speech.say(SENTENCES[7], OWNER_VOICE))
+    assert learn(sim, owner_speech, at).reason == "anchor"
+    assert learn(sim, embed(speech.say(SENTENCES[6], OWNER_VOICE)), at).reason == "learned"
+    assert list(VoiceprintSample.objects.filter(source="learned").order_by("id").values_list("is_anchor", flat=True)) == [True, False]
 
 
 # --- call anchors ------------------------------------------------------------------------------------
