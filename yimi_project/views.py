@@ -1,12 +1,18 @@
 from __future__ import annotations
 
+import ipaddress
 from typing import Any
 
 from django.conf import settings
 from django.db import connection
 from django.http import HttpRequest, JsonResponse
 
-from yimi_project.internal import is_loopback
+
+def is_loopback(address: str | None) -> bool:
+    try:
+        return ipaddress.ip_address(address or "").is_loopback
+    except ValueError:
+        return False
 
 
 def shows_health_details(request: HttpRequest) -> bool:
