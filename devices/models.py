@@ -48,11 +48,18 @@ class PairingCode(models.Model):
     used_by = models.ForeignKey(Device, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
 
 
-class PairingFailure(models.Model):
-    """One failed guess at a pairing code, for rate limiting."""
+class PairingGuessSlot(models.Model):
+    """One of the guesses at pairing codes that a scope (one client address, or everyone)
+    may have counted per window. A guess takes a free slot (``taken_at`` older than the
+    window) with a compare-and-set UPDATE before the code is looked at, so concurrent
+    guesses can never take more slots than there are (``services.pair_device``)."""
 
-    client_ip = models.CharField(max_length=64, db_index=True)
-    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    scope = models.CharField(max_length=80, help_text="address:<client address>, or everyone")
+    number = models.PositiveSmallIntegerField()
+    taken_at = models.DateTimeField(db_index=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["scope", "number"], name="one_pairing_guess_slot_per_number")]
 
 
 class Delivery(models.Model):

@@ -1,6 +1,6 @@
 """Devices: pairing, authentication, revocation and delivery ACKs.
 
-The only code that writes ``Device``, ``PairingCode``, ``PairingFailure`` and ``Delivery``.
+The only code that writes ``Device``, ``PairingCode``, ``PairingGuessSlot`` and ``Delivery``.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import hashlib
 import re
 import secrets
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from asgiref.sync import async_to_sync
@@ -19,7 +19,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from devices import signatures
-from devices.models import Delivery, Device, PairingCode, PairingFailure
+from devices.models import Delivery, Device, PairingCode, PairingGuessSlot
 from memory.models import TimelineEntry
 from yimi_project.errors import YimiError
 from yimi_project.ids import uuid_or_nil
@@ -68,13 +68,76 @@ def issue_pairing_code(owner, *, for_guest: bool = False) -> tuple[PairingCode, 
     return pairing, format_code(code)
 
 
-def _check_rate_limit(client_ip: str) -> None:
-    since = timezone.now() - timedelta(seconds=settings.PAIRING_FAILURE_WINDOW_SECONDS)
-    recent = PairingFailure.objects.filter(created_at__gte=since)
-    if recent.filter(client_ip=client_ip).count() >= settings.PAIRING_FAILURES_PER_IP:
-        raise YimiError("rate_limited", "too many wrong pairing codes from this address; wait 10 minutes")
-    if recent.count() >= settings.PAIRING_FAILURES_GLOBAL:
+# --- counting guesses at pairing codes ---------------------------------------------------
+# Each scope (one client address, or everyone) has as many slots as it may have failed
+# guesses per window. A guess takes a slot before the code is looked at; a wrong, used or
+# expired code keeps it for the window, any other outcome gives it back. Taking is a
+# compare-and-set UPDATE, so concurrent guesses cannot take more slots than there are.
+
+GUESS_SCOPE_EVERYONE = "everyone"
+
+
+@dataclass(frozen=True)
+class GuessSlot:
+    slot_id: int
+    previous: datetime
+    taken_at: datetime
+
+
+def _address_scope(client_ip: str) -> str:
+    return f"address:{client_ip}"[:80]
+
+
+def _take_guess_slot(scope: str, limit: int, now: datetime) -> GuessSlot | None:
+    """Take one free guess slot of ``scope``; ``None`` when all ``limit`` are taken.
+
+    Steps: 1. make sure the scope's ``limit`` slots exist (INSERT … ON CONFLICT DO
+    NOTHING; a new slot is free, as if taken just before the window began); 2. read the
+    free ones (taken before the window began), oldest first; 3. take one with
+    ``UPDATE … SET taken_at = now WHERE id = ? AND taken_at = <as read>``: a row count of
+    0 means a concurrent guess took it first, so try the next one; 4. if every free slot
+    was lost to others, read again (at most three rounds). A slot is free again
+    ``PAIRING_FAILURE_WINDOW_SECONDS`` after it was taken, so at most ``limit`` guesses
+    count in any window of that length.
+    """
+    since = now - timedelta(seconds=settings.PAIRING_FAILURE_WINDOW_SECONDS)
+    slots = PairingGuessSlot.objects.filter(scope=scope, number__lt=limit)
+    for _ in range(3):
+        if slots.count() < limit:
+            PairingGuessSlot.objects.bulk_create(
+                [PairingGuessSlot(scope=scope, number=n, taken_at=since - timedelta(seconds=1)) for n in range(limit)],
+                ignore_conflicts=True,
+            )
+        free = list(slots.filter(taken_at__lt=since).order_by("taken_at", "number").values_list("id", "taken_at"))
+        if not free:
+            return None
+        for slot_id, taken_at in free:
+            if PairingGuessSlot.objects.filter(id=slot_id, taken_at=taken_at).update(taken_at=now) == 1:
+                return GuessSlot(slot_id=slot_id, previous=taken_at, taken_at=now)
+    return None
+
+
+def _give_back(slot: GuessSlot) -> None:
+    """The guess did not count: the slot is as free as it was (unless its window passed)."""
+    PairingGuessSlot.objects.filter(id=slot.slot_id, taken_at=slot.taken_at).update(taken_at=slot.previous)
+
+
+def _take_guess(client_ip: str, now: datetime) -> list[GuessSlot]:
+    """One slot of everyone's and one of this address's, or ``rate_limited`` (and none)."""
+    everyone = _take_guess_slot(GUESS_SCOPE_EVERYONE, settings.PAIRING_FAILURES_GLOBAL, now)
+    if everyone is None:
         raise YimiError("rate_limited", "too many wrong pairing codes; pairing is paused for a few minutes")
+    address = _take_guess_slot(_address_scope(client_ip), settings.PAIRING_FAILURES_PER_IP, now)
+    if address is None:
+        _give_back(everyone)
+        raise YimiError("rate_limited", "too many wrong pairing codes from this address; wait 10 minutes")
+    # Other addresses' slots that have been free for a whole window are as good as absent
+    # (a new slot is free for less than that, so this never deletes one about to be taken).
+    window = timedelta(seconds=settings.PAIRING_FAILURE_WINDOW_SECONDS)
+    PairingGuessSlot.objects.filter(scope__startswith="address:", taken_at__lt=now - 2 * window).exclude(
+        scope=_address_scope(client_ip)
+    ).delete()
+    return [everyone, address]
 
 
 @dataclass(frozen=True)
@@ -126,33 +189,40 @@ class PairingRequest:
         signatures.decode_public_key(self.public_key)
 
 
-def pair_device(request: PairingRequest, *, client_ip: str) -> Device:
+def pair_device(request: PairingRequest, *, client_ip: str, now: datetime | None = None) -> Device:
     """Pair a device with a single-use code.
 
-    Steps: 1. refuse if this address (or everyone) guessed wrong too often recently;
-    2. validate the request and the signature over (code, public key), proving the
-    device holds the key; 3. find the code by digest: unknown, used or expired codes
-    are failures that count towards the rate limit; 4. claim the code with a
-    conditional UPDATE (``used_at IS NULL``): losing that race means someone else
-    used it; 5. create the device in the same transaction.
+    Steps: 1. validate the request and the signature over (code, public key), proving the
+    device holds the key (bad input is no guess and changes nothing); 2. take a guess
+    slot of everyone's and of this address's (``_take_guess``, compare-and-set), or
+    refuse with ``rate_limited``; 3. find the code by digest and claim it with a
+    conditional UPDATE (``used_at IS NULL``): losing that race means someone else used
+    it; 4. create the device in the same transaction; 5. an unknown, used or expired code
+    is a failed guess and keeps its slots for the window; any other outcome (success
+    included) gives them back.
     """
-    _check_rate_limit(client_ip)
+    now = now or timezone.now()
     request.validate()
     code = normalize_code(request.code)
     if not signatures.verify(request.public_key, signatures.pairing_message(code, request.public_key), request.signature):
         raise YimiError("bad_signature", "the signature over the pairing code does not match the public key")
+    slots = _take_guess(client_ip, now)
+    counted = False
     try:
-        return _claim_code_and_create(request, code)
+        return _claim_code_and_create(request, code, now)
     except YimiError as exc:
         if exc.code in ("invalid_code", "code_used", "code_expired"):
-            PairingFailure.objects.create(client_ip=client_ip)
+            counted = True
             log_event("pairing_failed", reason=exc.code, client_ip=client_ip)
         raise
+    finally:
+        if not counted:
+            for slot in slots:
+                _give_back(slot)
 
 
 @transaction.atomic
-def _claim_code_and_create(request: PairingRequest, code: str) -> Device:
-    now = timezone.now()
+def _claim_code_and_create(request: PairingRequest, code: str, now: datetime) -> Device:
     pairing = PairingCode.objects.filter(digest=_digest(code)).first()
     if pairing is None:
         raise YimiError("invalid_code", "this pairing code is not valid")

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import threading
 from datetime import timedelta
 from typing import Any
 
@@ -7,9 +8,10 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from devices.models import Device, PairingCode, PairingFailure
-from devices.services import issue_pairing_code
+from devices.models import Device, PairingCode
+from devices.services import PairingRequest, issue_pairing_code, pair_device
 from tests.conftest import new_keypair, pairing_payload
+from yimi_project.errors import YimiError
 
 pytestmark = pytest.mark.django_db
 
@@ -76,8 +78,7 @@ def test_guessing_codes_is_rate_limited_per_address(owner: Any, settings: Any) -
 def test_guessing_codes_is_rate_limited_globally(owner: Any, settings: Any) -> None:
     settings.PAIRING_FAILURES_GLOBAL = 3
     for i in range(3):
-        post_pair(pairing_payload("AAAA-AAAA")[0], ip=f"10.1.0.{i}")
-    assert PairingFailure.objects.count() == 3
+        assert post_pair(pairing_payload("AAAA-AAAA")[0], ip=f"10.1.0.{i}").json()["error"]["code"] == "invalid_code"
     _, code = issue_pairing_code(owner)
     assert post_pair(pairing_payload(code)[0], ip="10.2.0.1").json()["error"]["code"] == "rate_limited"
 
@@ -120,3 +121,74 @@ def test_guest_code_pairs_a_guest_device(owner: Any) -> None:
     _, code = issue_pairing_code(owner, for_guest=True)
     response = post_pair(pairing_payload(code)[0])
     assert Device.objects.get(id=response.json()["device_id"]).is_guest
+
+
+def guess(body: dict[str, Any], ip: str, now: Any = None) -> str:
+    try:
+        pair_device(PairingRequest.from_payload(body), client_ip=ip, **({"now": now} if now is not None else {}))
+    except YimiError as exc:
+        return exc.code
+    return "paired"
+
+
+def guess_at_once(bodies_and_ips: list[tuple[dict[str, Any], str]]) -> list[str]:
+    """Every guess on its own thread and database connection, released together."""
+    from django.db import connection
+
+    outcomes: list[str] = []
+    start = threading.Barrier(len(bodies_and_ips))
+
+    def one(body: dict[str, Any], ip: str) -> None:
+        try:
+            start.wait(timeout=30)
+            outcomes.append(guess(body, ip))
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=one, args=pair) for pair in bodies_and_ips]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert len(outcomes) == len(bodies_and_ips)
+    return outcomes
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_guesses_from_one_address_count_at_most_the_limit(owner: Any, settings: Any) -> None:
+    wrong = [(pairing_payload("AAAA-AAAA")[0], "10.3.0.1") for _ in range(24)]
+    outcomes = guess_at_once(wrong)
+    assert outcomes.count("invalid_code") == settings.PAIRING_FAILURES_PER_IP
+    assert outcomes.count("rate_limited") == len(wrong) - settings.PAIRING_FAILURES_PER_IP
+    _, code = issue_pairing_code(owner)
+    assert guess(pairing_payload(code)[0], "10.3.0.1") == "rate_limited"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_guesses_from_everyone_count_at_most_the_global_limit(owner: Any, settings: Any) -> None:
+    settings.PAIRING_FAILURES_GLOBAL = 3
+    wrong = [(pairing_payload("AAAA-AAAA")[0], f"10.4.0.{i}") for i in range(12)]
+    outcomes = guess_at_once(wrong)
+    assert outcomes.count("invalid_code") == 3 and outcomes.count("rate_limited") == 9
+
+
+def test_a_failed_guess_counts_for_ten_minutes(owner: Any, settings: Any) -> None:
+    start = timezone.now()
+    for _ in range(settings.PAIRING_FAILURES_PER_IP):
+        assert guess(pairing_payload("AAAA-AAAA")[0], "10.5.0.1", now=start) == "invalid_code"
+    _, code = issue_pairing_code(owner)
+    almost = start + timedelta(seconds=settings.PAIRING_FAILURE_WINDOW_SECONDS - 1)
+    assert guess(pairing_payload(code)[0], "10.5.0.1", now=almost) == "rate_limited"
+    after = start + timedelta(seconds=settings.PAIRING_FAILURE_WINDOW_SECONDS + 1)
+    PairingCode.objects.update(expires_at=after + timedelta(minutes=10))  # the code itself is still fresh then
+    assert guess(pairing_payload(code)[0], "10.5.0.1", now=after) == "paired"
+
+
+def test_right_codes_and_bad_input_are_not_counted_as_guesses(owner: Any, settings: Any) -> None:
+    for _ in range(settings.PAIRING_FAILURES_PER_IP + 1):
+        _, code = issue_pairing_code(owner)
+        assert guess(pairing_payload(code)[0], "10.6.0.1") == "paired"
+        bad = pairing_payload(code)[0] | {"kind": "toaster"}
+        assert guess(bad, "10.6.0.1") == "invalid_request"
+    _, code = issue_pairing_code(owner)
+    assert guess(pairing_payload(code)[0], "10.6.0.1") == "paired"
