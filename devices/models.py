@@ -62,6 +62,18 @@ class PairingGuessSlot(models.Model):
         constraints = [models.UniqueConstraint(fields=["scope", "number"], name="one_pairing_guess_slot_per_number")]
 
 
+class SignedRequestNonce(models.Model):
+    """The nonce of a signed HTTP request, kept until the request's timestamp leaves the
+    skew window: a second request with the same nonce from the same device is a replay."""
+
+    device = models.ForeignKey(Device, on_delete=models.CASCADE, related_name="+")
+    nonce = models.CharField(max_length=64)
+    expires_at = models.DateTimeField(db_index=True, help_text="the request's timestamp + the allowed skew")
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["device", "nonce"], name="one_use_per_request_nonce")]
+
+
 class Delivery(models.Model):
     """A device's ACK that a timeline entry reached its person: ``rendered`` (text) or
     ``played`` (speech). Facts count as told only when such an ACK covers them."""

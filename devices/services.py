@@ -9,7 +9,7 @@ import hashlib
 import re
 import secrets
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from asgiref.sync import async_to_sync
@@ -19,7 +19,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from devices import signatures
-from devices.models import Delivery, Device, PairingCode, PairingGuessSlot
+from devices.models import Delivery, Device, PairingCode, PairingGuessSlot, SignedRequestNonce
 from memory.models import TimelineEntry
 from yimi_project.errors import YimiError
 from yimi_project.ids import uuid_or_nil
@@ -270,6 +270,27 @@ def active_device(device_id: Any) -> Device:
     if device.revoked_at is not None:
         raise YimiError("device_revoked", "this device was revoked by its owner")
     return device
+
+
+def accept_request_nonce(device: Device, nonce: str, timestamp: int, *, now: datetime | None = None) -> None:
+    """Accept the nonce of a signed HTTP request once; raise ``request_replayed`` if this
+    device used it before.
+
+    Steps: 1. forget nonces whose requests can no longer pass the timestamp check
+    (``expires_at`` in the past); 2. INSERT (device, nonce, expires_at = timestamp + the
+    allowed skew): the unique constraint makes a second use fail in any process, and that
+    request is refused. A nonce is kept exactly as long as a replay could otherwise pass.
+    """
+    now = now or timezone.now()
+    SignedRequestNonce.objects.filter(expires_at__lt=now).delete()
+    expires_at = datetime.fromtimestamp(timestamp + settings.HTTP_SIGNATURE_MAX_SKEW_SECONDS, tz=UTC)
+    try:
+        with transaction.atomic():
+            SignedRequestNonce.objects.create(device=device, nonce=nonce, expires_at=expires_at)
+    except IntegrityError:
+        raise YimiError(
+            "request_replayed", "this request's X-Yimi-Nonce was already used; sign every request with a fresh nonce"
+        ) from None
 
 
 def authenticate_challenge(device_id: Any, nonce: str, signature: Any) -> Device:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import re
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
@@ -49,6 +50,15 @@ def auth_message(nonce: str, device_id: str) -> bytes:
     return f"yimi-ws-auth-v1\n{nonce}\n{device_id}".encode()
 
 
-def http_message(method: str, path: str, timestamp: str, body: bytes) -> bytes:
+# X-Yimi-Nonce: fresh for every signed HTTP request.
+HTTP_NONCE = re.compile(r"[A-Za-z0-9_-]{16,64}")
+
+
+def http_message(method: str, host: str, path: str, timestamp: str, nonce: str, body: bytes) -> bytes:
+    """What a device signs for one HTTP request (docs/protocol.md, "HTTP API for devices"):
+    the lines ``yimi-http-v2``, the method (upper case), the Host header (lower case), the
+    path with its query as in the request line, the timestamp (unix seconds, decimal),
+    the nonce, and the SHA-256 of the body (lower-case hex), joined by ``\\n`` (no trailing
+    newline), UTF-8."""
     digest = hashlib.sha256(body).hexdigest()
-    return f"yimi-http-v1\n{method.upper()}\n{path}\n{timestamp}\n{digest}".encode()
+    return f"yimi-http-v2\n{method.upper()}\n{host.lower()}\n{path}\n{timestamp}\n{nonce}\n{digest}".encode()

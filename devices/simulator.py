@@ -10,17 +10,21 @@ import asyncio
 import base64
 import json
 import os
+import secrets
+import time
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import websockets
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from devices.signatures import auth_message, challenge_message, pairing_message
+from devices.signatures import auth_message, challenge_message, http_message, pairing_message
 
 
 class SimulatorError(Exception):
@@ -100,6 +104,41 @@ async def pair(
         kind=kind,
         name=name,
     )
+
+
+def signed_headers(
+    sign: Callable[[bytes], str],
+    device_id: str,
+    method: str,
+    host: str,
+    path: str,
+    body: bytes = b"",
+    *,
+    timestamp: int | None = None,
+    nonce: str | None = None,
+) -> dict[str, str]:
+    """The headers of a signed device HTTP request (docs/protocol.md). ``host`` is the
+    Host header the request carries (``127.0.0.1:8000``); ``path`` includes the query."""
+    stamp = str(int(time.time()) if timestamp is None else timestamp)
+    nonce = nonce or secrets.token_urlsafe(18)  # 24 characters of A-Z a-z 0-9 - _
+    return {
+        "Host": host,
+        "X-Yimi-Device": device_id,
+        "X-Yimi-Timestamp": stamp,
+        "X-Yimi-Nonce": nonce,
+        "X-Yimi-Signature": sign(http_message(method, host, path, stamp, nonce, body)),
+    }
+
+
+async def read_timeline(identity: DeviceIdentity, after: int = 0, limit: int = 50) -> dict[str, Any]:
+    """One page of the timeline over the signed HTTP API (``GET /api/timeline/``)."""
+    path = f"/api/timeline/?after={after}&limit={limit}"
+    headers = signed_headers(identity.sign, identity.device_id, "GET", urlsplit(identity.server).netloc, path)
+    async with httpx.AsyncClient(timeout=10) as client:
+        response = await client.get(identity.server + path, headers=headers)
+    if response.status_code != 200:
+        raise SimulatorError(f"timeline refused: HTTP {response.status_code} {response.text}")
+    return response.json()
 
 
 class DeviceConnection:

@@ -81,6 +81,14 @@ class SimDevice:
     def sign(self, message: bytes) -> str:
         return base64.b64encode(self.key.sign(message)).decode()
 
+    def signed(self, method: str, path: str, body: bytes = b"", *, host: str = "testserver", **kwargs: Any) -> dict[str, str]:
+        """Django test-client headers (``HTTP_…``) for a signed device request, made by the
+        simulator's ``signed_headers`` (the protocol's reference client)."""
+        from devices.simulator import signed_headers
+
+        headers = signed_headers(self.sign, str(self.device.id), method, host, path, body, **kwargs)
+        return {"HTTP_" + name.upper().replace("-", "_"): value for name, value in headers.items()}
+
 
 def new_keypair() -> tuple[Ed25519PrivateKey, str]:
     key = Ed25519PrivateKey.generate()

@@ -22,7 +22,7 @@ from django.db import connection
 
 from devices.models import Delivery
 from devices.services import issue_pairing_code
-from devices.simulator import DeviceConnection, pair
+from devices.simulator import DeviceConnection, pair, read_timeline
 from tests.conftest import need, script
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
@@ -137,6 +137,9 @@ async def test_text_from_one_device_is_answered_there_and_synced_to_another(plat
         assert [(e["seq"], e["kind"]) for e in entries] == [(1, "utterance"), (2, "reply")]
         assert entries[0]["device_id"] == phone.device_id and entries[1]["text"] == done["text"]
         assert entries[0]["scope"] == "owner"
+        # The same entries over the signed HTTP API (Host and a fresh nonce signed).
+        page = await read_timeline(mac, after=0)
+        assert [e["seq"] for e in page["entries"]] == [1, 2]
 
     deadline = time.monotonic() + 5
     while not await db_async(Delivery.objects.filter(entry__seq=done["seq"], status="rendered").exists)():

@@ -1,21 +1,23 @@
 from __future__ import annotations
 
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 from django.test import Client
 
-from devices.signatures import http_message
+from devices.models import SignedRequestNonce
+from devices.services import accept_request_nonce
 from memory.services import append_entry
+from yimi_project.errors import YimiError
 
 pytestmark = pytest.mark.django_db
 
 
-def signed_get(sim: Any, path: str, *, ts: int | None = None, sign_path: str | None = None) -> Any:
-    stamp = str(ts if ts is not None else int(time.time()))
-    sig = sim.sign(http_message("GET", sign_path or path, stamp, b""))
-    return Client().get(path, HTTP_X_YIMI_DEVICE=str(sim.device.id), HTTP_X_YIMI_TIMESTAMP=stamp, HTTP_X_YIMI_SIGNATURE=sig)
+def signed_get(sim: Any, path: str, *, ts: int | None = None, sign_path: str | None = None, **kwargs: Any) -> Any:
+    headers = sim.signed("GET", sign_path or path, timestamp=ts, **kwargs)
+    return Client().get(path, **headers)
 
 
 def test_device_reads_the_timeline_in_pages_with_a_signed_request(make_device: Any) -> None:
@@ -43,6 +45,50 @@ def test_signature_for_another_path_is_refused(make_device: Any) -> None:
     sim = make_device()
     response = signed_get(sim, "/api/timeline/?after=0", sign_path="/api/timeline/?after=5")
     assert response.json()["error"]["code"] == "not_authenticated"
+
+
+def test_replayed_request_is_refused(make_device: Any) -> None:
+    sim = make_device()
+    headers = sim.signed("GET", "/api/timeline/")
+    assert Client().get("/api/timeline/", **headers).status_code == 200
+    replay = Client().get("/api/timeline/", **headers)
+    assert replay.status_code == 401 and replay.json()["error"]["code"] == "request_replayed"
+    # a fresh nonce is a new request
+    assert signed_get(sim, "/api/timeline/").status_code == 200
+
+
+def test_request_signed_for_another_host_is_refused(make_device: Any) -> None:
+    sim = make_device()
+    headers = sim.signed("GET", "/api/timeline/", host="localhost")
+    assert Client().get("/api/timeline/", **headers).status_code == 200
+    headers = sim.signed("GET", "/api/timeline/", host="localhost") | {"HTTP_HOST": "127.0.0.1"}
+    moved = Client().get("/api/timeline/", **headers)
+    assert moved.status_code == 401 and moved.json()["error"]["code"] == "not_authenticated"
+
+
+def test_request_without_a_nonce_is_refused(make_device: Any) -> None:
+    sim = make_device()
+    headers = sim.signed("GET", "/api/timeline/")
+    del headers["HTTP_X_YIMI_NONCE"]
+    assert Client().get("/api/timeline/", **headers).json()["error"]["code"] == "not_authenticated"
+    short = sim.signed("GET", "/api/timeline/", nonce="too-short")
+    assert Client().get("/api/timeline/", **short).json()["error"]["code"] == "not_authenticated"
+
+
+def test_a_nonce_is_remembered_until_its_timestamp_leaves_the_window(make_device: Any, settings: Any) -> None:
+    device = make_device().device
+    stamp = 1_900_000_000
+    window = settings.HTTP_SIGNATURE_MAX_SKEW_SECONDS
+
+    def at(seconds: int) -> datetime:
+        return datetime.fromtimestamp(seconds, tz=UTC)
+
+    accept_request_nonce(device, "n" * 16, stamp, now=at(stamp - window))  # sent from a clock that runs ahead
+    with pytest.raises(YimiError) as replay:
+        accept_request_nonce(device, "n" * 16, stamp, now=at(stamp + window))  # the last second it could pass
+    assert replay.value.code == "request_replayed"
+    accept_request_nonce(device, "m" * 16, stamp + 2 * window, now=at(stamp + window + 1))
+    assert list(SignedRequestNonce.objects.values_list("nonce", flat=True)) == ["m" * 16]  # the first one is forgotten
 
 
 def test_revoked_device_cannot_read(make_device: Any) -> None:

@@ -4,7 +4,6 @@ short context; stable error codes."""
 
 from __future__ import annotations
 
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -13,7 +12,6 @@ import pytest
 from django.test import Client
 from django.urls import include, path
 
-from devices.signatures import http_message
 from memory.models import Assertion
 from memory.services import append_entry
 from yimi_project.errors import HTTP_STATUS
@@ -122,9 +120,7 @@ def test_the_short_context_endpoint(owner: Any) -> None:
 
 
 def signed(sim: Any, method: str, url: str) -> Any:
-    stamp = str(int(time.time()))
-    sig = sim.sign(http_message(method, url, stamp, b""))
-    return getattr(Client(), method.lower())(url, HTTP_X_YIMI_DEVICE=str(sim.device.id), HTTP_X_YIMI_TIMESTAMP=stamp, HTTP_X_YIMI_SIGNATURE=sig)
+    return getattr(Client(), method.lower())(url, **sim.signed(method, url))
 
 
 def test_only_the_owner_reads_memory(make_device: Any, owner: Any, django_user_model: Any) -> None:

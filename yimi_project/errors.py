@@ -17,6 +17,7 @@ HTTP_STATUS = {
     "code_used": 400,
     "invalid_public_key": 400,
     "bad_signature": 401,
+    "request_replayed": 401,
     "not_authenticated": 401,
     "device_revoked": 403,
     "forbidden": 403,
