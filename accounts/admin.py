@@ -2,17 +2,21 @@ from django.contrib import admin
 from django.contrib.auth.admin import UserAdmin
 
 from accounts.models import AdmissionRecord, ChannelThreshold, TrustWindow, User, VoiceCall, VoiceprintEnrollment
+from accounts.owner_admin import OwnerContentAdmin
 
 
 @admin.register(User)
-class YimiUserAdmin(UserAdmin):
+class YimiUserAdmin(OwnerContentAdmin, UserAdmin):
+    """Accounts, the owner's included: only the owner manages them (another superuser
+    could otherwise reset the owner's password and become the owner)."""
+
     list_display = ("username", "is_owner", "is_staff", "time_zone")
     fieldsets = (*UserAdmin.fieldsets, ("Yimi", {"fields": ("is_owner", "time_zone")}))
     readonly_fields = ("is_owner",)
 
 
 @admin.register(AdmissionRecord)
-class AdmissionRecordAdmin(admin.ModelAdmin):
+class AdmissionRecordAdmin(OwnerContentAdmin):
     list_display = ("created_at", "device", "channel", "scope", "reason")
     list_filter = ("scope", "channel")
 
@@ -23,8 +27,8 @@ class AdmissionRecordAdmin(admin.ModelAdmin):
         return False
 
 
-class _ReadOnly(admin.ModelAdmin):
-    """Voice identity is written by its services only; the admin shows it."""
+class _ReadOnly(OwnerContentAdmin):
+    """Voice identity is written by its services only; the admin shows it, to the owner."""
 
     def has_add_permission(self, request):  # type: ignore[no-untyped-def]
         return False

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass
+from typing import Any
 
 from django.db import transaction
 
@@ -20,6 +21,38 @@ def get_owner() -> User | None:
     return User.objects.filter(is_owner=True).first()
 
 
+def is_owner(user: Any) -> bool:
+    """Is ``user`` the owner — the one person this Yimi belongs to?
+
+    The one answer to "may this account see or act on the owner's content": signed in,
+    active, and the account marked ``is_owner`` (one per instance, by constraint). Staff
+    and superuser flags grant nothing here: a second superuser is not the owner."""
+    return bool(
+        user is not None
+        and getattr(user, "is_authenticated", False)
+        and getattr(user, "is_active", False)
+        and getattr(user, "is_owner", False)
+    )
+
+
+def is_owner_device(device: Any) -> bool:
+    """Does ``device`` speak for the owner? Only a non-guest device paired to the owner's
+    own account. A device of any other account (a second superuser's, say) never does."""
+    if device.is_guest:
+        return False
+    return User.objects.filter(pk=device.owner_id, is_owner=True, is_active=True).exists()
+
+
+def device_scope_limit(device: Any) -> tuple[str, str] | None:
+    """``(guest, reason)`` when a device may not be admitted above ``guest`` — a guest
+    device, or a device whose account is not the owner's; None for an owner device."""
+    if device.is_guest:
+        return Scope.GUEST, "guest_device"
+    if not is_owner_device(device):
+        return Scope.GUEST, "not_owner_device"
+    return None
+
+
 @transaction.atomic
 def ensure_owner(username: str = "owner", password: str | None = None) -> OwnerCreated | None:
     """Create the owner account if there is none. Returns None when an owner exists."""
@@ -34,10 +67,10 @@ def ensure_owner(username: str = "owner", password: str | None = None) -> OwnerC
 
 
 def admit_text(device) -> AdmissionRecord:  # type: ignore[no-untyped-def]
-    """Admission, first version: text from a paired owner device runs in scope ``owner``;
-    a device marked as guest runs in scope ``guest``. (Voice identity sets
-    ``owner_uncertain`` once voiceprints land.)"""
-    scope, reason = (Scope.GUEST, "guest_device") if device.is_guest else (Scope.OWNER, "paired_owner_device")
+    """Admission of typed text: a paired owner device (``is_owner_device``: not a guest
+    device, and paired to the owner's account) runs in scope ``owner``; a guest device, or
+    a device of any other account, runs in scope ``guest``."""
+    scope, reason = device_scope_limit(device) or (Scope.OWNER, "paired_owner_device")
     return AdmissionRecord.objects.create(
         owner_id=device.owner_id, device=device, channel=AdmissionRecord.Channel.TEXT, scope=scope, reason=reason
     )
@@ -46,11 +79,13 @@ def admit_text(device) -> AdmissionRecord:  # type: ignore[no-untyped-def]
 def admit_voice(device, *, scope: str, reason: str) -> AdmissionRecord:  # type: ignore[no-untyped-def]
     """Admission for a spoken request: the scope was decided from the voice itself
     (``accounts.voice.decide_speaker``: voiceprint, trust window or call anchor), not
-    from the device. A guest device can never be admitted above ``guest``."""
+    from the device. A guest device, or a device not paired to the owner's account, can
+    never be admitted above ``guest``."""
     if scope not in (Scope.OWNER, Scope.OWNER_UNCERTAIN, Scope.GUEST):
         raise ValueError(f"a voice admission cannot have scope {scope!r}")
-    if device.is_guest:
-        scope, reason = Scope.GUEST, "guest_device"
+    limit = device_scope_limit(device)
+    if limit is not None:
+        scope, reason = limit
     return AdmissionRecord.objects.create(
         owner_id=device.owner_id, device=device, channel=AdmissionRecord.Channel.VOICE, scope=scope, reason=reason[:64]
     )

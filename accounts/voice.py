@@ -30,6 +30,7 @@ from django.utils import timezone
 
 from accounts import voiceprint
 from accounts.models import CallAnchor, Scope, TrustWindow, VoiceCall
+from accounts.services import device_scope_limit, is_owner_device
 from devices import signatures
 from yimi_project.errors import YimiError
 from yimi_project.logs import log_event
@@ -54,14 +55,15 @@ def trust_window_message(device_id: str, attestation_id: str, method: str, issue
 def open_trust_window(device: Any, *, attestation_id: Any, method: Any, issued_at: Any, signature: Any, now: datetime | None = None) -> TrustWindow:
     """Open a 60-second trust window on a biometric attestation.
 
-    Steps: 1. only an owner device (not a guest device) can vouch for the owner;
+    Steps: 1. only an owner device (``is_owner_device``: not a guest device, paired to
+    the owner's account) can vouch for the owner;
     2. the attestation is well-formed, names Face ID or Touch ID, and was issued within
     30 s of the server clock; 3. the device's signature over ``trust_window_message``
     verifies; 4. the attestation id is single use (unique constraint): a replay opens nothing.
     """
     now = now or timezone.now()
-    if device.is_guest:
-        raise YimiError("forbidden", "a guest device cannot open a trust window")
+    if not is_owner_device(device):
+        raise YimiError("forbidden", "only one of the owner's own devices can open a trust window")
     if not isinstance(attestation_id, str) or not ID.match(attestation_id):
         raise YimiError("invalid_frame", "attestation_id: 1-64 characters of letters, digits, '_', '.', ':' or '-'")
     if method not in ATTESTATION_METHODS:
@@ -150,7 +152,7 @@ def _bound_window(call: VoiceCall | None, device: Any, started_at: datetime) -> 
 @dataclass(frozen=True)
 class SpeakerDecision:
     scope: str
-    reason: str  # voiceprint_verified, trust_window_call, call_anchor, voiceprint_uncertain, voiceprint_unmatched, no_voiceprint, guest_device
+    reason: str  # voiceprint_verified, trust_window_call, call_anchor, voiceprint_uncertain, voiceprint_unmatched, no_voiceprint, guest_device, not_owner_device
     band: str  # the voiceprint's own band ("" when there was nothing to compare)
     score: float | None
     model_key: str
@@ -172,7 +174,8 @@ def decide_speaker(
 ) -> SpeakerDecision:
     """Decide the scope of one utterance.
 
-    Steps: 1. a guest device speaks as a guest; 2. the voiceprint match (s = max over
+    Steps: 1. a guest device, or a device not paired to the owner's account, speaks as a
+    guest; 2. the voiceprint match (s = max over
     channels; verified against each channel's own threshold); 3. verified → owner, and the
     first such sentence of a call becomes its anchor; 4. otherwise, in normal mode, a call
     whose speech started inside a trust window is bound to it → owner for this call;
@@ -183,8 +186,9 @@ def decide_speaker(
     """
     if mode not in MODES:
         raise YimiError("invalid_frame", f"mode must be one of {', '.join(MODES)}")
-    if device.is_guest:
-        return SpeakerDecision(Scope.GUEST, "guest_device", "", None, model_key)
+    limit = device_scope_limit(device)
+    if limit is not None:
+        return SpeakerDecision(limit[0], limit[1], "", None, model_key)
     if call is not None and call.ended_at is not None:
         call = None
     result = (
@@ -235,7 +239,7 @@ def learn_in_trust_window(
 ) -> voiceprint.LearningOutcome | None:
     """Offer speech to the channel's learning set if it lies inside an open trust window of
     this device (normal mode, not echo, owner device). None when no window applies."""
-    if device.is_guest or mode != "normal" or echo or not model_key:
+    if mode != "normal" or echo or not model_key or not is_owner_device(device):
         return None
     if open_window_at(device, started_at) is None:
         return None

@@ -1,10 +1,11 @@
 from django.contrib import admin
 
+from accounts.owner_admin import OwnerContentAdmin
 from brain.models import Run
 
 
 @admin.register(Run)
-class RunAdmin(admin.ModelAdmin):
+class RunAdmin(OwnerContentAdmin):
     list_display = ("id", "scope", "state", "attempts", "error_code", "created_at", "finished_at")
     list_filter = ("state", "scope")
     readonly_fields = [f.name for f in Run._meta.fields]

@@ -4,12 +4,13 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
+from accounts.owner_admin import OwnerContentAdmin
 from consent.models import ConsentCard, RememberedConsent, RidePermission
 from consent.services import revoke_remembered
 
 
 @admin.register(ConsentCard)
-class ConsentCardAdmin(admin.ModelAdmin):
+class ConsentCardAdmin(OwnerContentAdmin):
     list_display = ("created_at", "category", "tool", "target", "owner_requested", "state", "expires_at", "answered_at")
     list_filter = ("state", "category")
     readonly_fields = [f.name for f in ConsentCard._meta.fields]
@@ -22,7 +23,7 @@ class ConsentCardAdmin(admin.ModelAdmin):
 
 
 @admin.register(RememberedConsent)
-class RememberedConsentAdmin(admin.ModelAdmin):
+class RememberedConsentAdmin(OwnerContentAdmin):
     list_display = ("recipient", "task_type", "created_at", "revoked_at")
     list_filter = ("task_type",)
     readonly_fields = ("owner", "recipient", "task_type", "card", "created_at", "revoked_at")
@@ -38,7 +39,7 @@ class RememberedConsentAdmin(admin.ModelAdmin):
 
 
 @admin.register(RidePermission)
-class RidePermissionAdmin(admin.ModelAdmin):
+class RidePermissionAdmin(OwnerContentAdmin):
     list_display = ("granted_at", "expires_at", "revoked_at", "granted_by")
     readonly_fields = ("owner", "granted_by", "granted_at", "expires_at", "revoked_at")
 

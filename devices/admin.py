@@ -4,12 +4,13 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
+from accounts.owner_admin import OwnerContentAdmin
 from devices.models import Delivery, Device, PairingCode
 from devices.services import issue_pairing_code, revoke_device
 
 
 @admin.register(Device)
-class DeviceAdmin(admin.ModelAdmin):
+class DeviceAdmin(OwnerContentAdmin):
     list_display = ("name", "kind", "is_guest", "capture_channels", "relay_via", "paired_at", "last_seen_at", "revoked_at")
     list_filter = ("kind", "is_guest")
     readonly_fields = ("id", "owner", "kind", "public_key", "capture_channels", "relay_via", "is_guest", "paired_at", "last_seen_at", "revoked_at")
@@ -29,7 +30,9 @@ class DeviceAdmin(admin.ModelAdmin):
 
 
 @admin.register(PairingCode)
-class PairingCodeAdmin(admin.ModelAdmin):
+class PairingCodeAdmin(OwnerContentAdmin):
+    """Only the owner pairs devices: the page (and ``issue_pairing_code``) refuses anyone else."""
+
     list_display = ("created_at", "for_guest", "expires_at", "used_at", "used_by")
     fields = ("for_guest",)
 
@@ -49,7 +52,7 @@ class PairingCodeAdmin(admin.ModelAdmin):
 
 
 @admin.register(Delivery)
-class DeliveryAdmin(admin.ModelAdmin):
+class DeliveryAdmin(OwnerContentAdmin):
     list_display = ("entry", "device", "status", "at")
 
     def has_add_permission(self, request: HttpRequest) -> bool:
@@ -64,7 +67,7 @@ from devices.models import VoiceUtterance  # noqa: E402
 
 
 @admin.register(VoiceUtterance)
-class VoiceUtteranceAdmin(admin.ModelAdmin):
+class VoiceUtteranceAdmin(OwnerContentAdmin):
     list_display = ("created_at", "device", "channel", "disposition", "scope", "reason", "band", "score", "voiced_ms", "transcript_source")
     list_filter = ("disposition", "scope", "channel")
 

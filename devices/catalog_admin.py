@@ -16,13 +16,14 @@ from django.contrib import admin, messages
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 
+from accounts.owner_admin import OwnerContentAdmin
 from devices import catalog, model_settings
 from devices.models import Device, ModelSelection, ModelSwitch
 from yimi_project.errors import YimiError
 
 
 @admin.register(ModelSelection)
-class ModelSelectionAdmin(admin.ModelAdmin):
+class ModelSelectionAdmin(OwnerContentAdmin):
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 

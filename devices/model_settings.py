@@ -28,6 +28,7 @@ from typing import Any
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from accounts.services import is_owner_device
 from devices import catalog, signatures
 from devices.catalog import CatalogEntry
 from devices.models import Device, ModelSelection, ModelSwitch
@@ -202,8 +203,8 @@ def switch_model(switch: SignedSwitch, *, now: datetime | None = None) -> ModelS
     device = Device.objects.filter(id=uuid_or_nil(switch.device_id), revoked_at=None).first()
     if device is None:
         raise YimiError("forbidden", "the switch must be signed by one of the owner's active devices")
-    if device.is_guest:
-        raise YimiError("forbidden", "a guest device cannot switch models")
+    if not is_owner_device(device):
+        raise YimiError("forbidden", "only one of the owner's own (non-guest) devices can switch models")
     if abs(now.timestamp() - switch.issued_at) > SWITCH_MAX_SKEW_SECONDS:
         raise YimiError("switch_expired", "the signed switch is older than 5 minutes (or from the future)")
     if not NONCE.match(switch.nonce):

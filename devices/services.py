@@ -18,6 +18,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from accounts.services import is_owner
 from devices import signatures
 from devices.models import Delivery, Device, PairingCode, PairingGuessSlot, SignedRequestNonce
 from memory.models import TimelineEntry
@@ -57,7 +58,13 @@ def format_code(code: str) -> str:
 
 def issue_pairing_code(owner, *, for_guest: bool = False) -> tuple[PairingCode, str]:  # type: ignore[no-untyped-def]
     """Create a single-use pairing code valid for 10 minutes. Returns the stored row
-    (which keeps only a digest) and the code itself, formatted, to show once."""
+    (which keeps only a digest) and the code itself, formatted, to show once.
+
+    Only the owner pairs devices: a code (for an owner device or a guest device) is issued
+    only for the owner's own account (``accounts.services.is_owner``); for anyone else —
+    a second superuser included — it raises ``forbidden`` and nothing is stored."""
+    if not is_owner(owner):
+        raise YimiError("forbidden", "only the owner can issue pairing codes")
     code = "".join(secrets.choice(CODE_ALPHABET) for _ in range(CODE_LENGTH))
     pairing = PairingCode.objects.create(
         owner=owner,

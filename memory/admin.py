@@ -15,13 +15,15 @@ from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 
+from accounts.owner_admin import OwnerContentAdmin
+from accounts.services import is_owner
 from memory import assertions
 from memory.models import Assertion, TimelineEntry
 from yimi_project.errors import YimiError
 
 
 @admin.register(TimelineEntry)
-class TimelineEntryAdmin(admin.ModelAdmin):
+class TimelineEntryAdmin(OwnerContentAdmin):
     list_display = ("seq", "kind", "short_text", "device", "scope", "created_at")
     list_filter = ("kind", "scope")
     search_fields = ("text",)
@@ -42,11 +44,11 @@ class TimelineEntryAdmin(admin.ModelAdmin):
 
 
 def _is_owner(request: HttpRequest) -> bool:
-    return bool(getattr(request.user, "is_owner", False))
+    return is_owner(request.user)
 
 
 @admin.register(Assertion)
-class AssertionAdmin(admin.ModelAdmin):
+class AssertionAdmin(OwnerContentAdmin):
     list_display = ("short_id", "predicate", "current_version", "state", "needs_reevaluation", "short_summary", "updated_at")
     list_filter = ("state", "needs_reevaluation", "predicate")
     search_fields = ("summary", "predicate")
@@ -61,16 +63,7 @@ class AssertionAdmin(admin.ModelAdmin):
     def short_summary(self, obj: Assertion) -> str:
         return obj.summary[:80] if obj.state == Assertion.State.ACTIVE else "(forgotten)"
 
-    # Only the owner reads memory; rows change only through the services.
-    def has_module_permission(self, request: HttpRequest) -> bool:
-        return _is_owner(request)
-
-    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return _is_owner(request)
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return _is_owner(request)
-
+    # Only the owner reads memory (OwnerContentAdmin); rows change only through the services.
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 

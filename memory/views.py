@@ -9,6 +9,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from accounts.services import is_owner
 from memory import assertions, preferences, recall, short_context
 from memory.services import page_after, serialize_entry
 from yimi_project.errors import YimiError
@@ -29,7 +30,7 @@ class TimelineView(APIView):
         after = _int_param(request, "after", 0)
         limit = min(_int_param(request, "limit", 50), settings.TIMELINE_PAGE_MAX)
         device = getattr(request, "yimi_device", None)
-        if device is None and not getattr(request.user, "is_owner", False):
+        if device is None and not is_owner(request.user):
             raise YimiError("forbidden", "only the owner or a paired device reads the timeline")
         page = page_after(
             owner_id=request.user.pk,
@@ -53,7 +54,9 @@ class TimelineView(APIView):
 
 
 class IsOwner(BasePermission):
-    """The owner, signed in or through one of their own (non-guest) devices."""
+    """The owner (``accounts.services.is_owner``), signed in or through one of their own
+    (non-guest) devices; a device authenticates as its account, so another account's
+    device — a second superuser's included — is refused like any other non-owner."""
 
     message = "only the owner reads and changes memory"
 
@@ -61,7 +64,7 @@ class IsOwner(BasePermission):
         device = getattr(request, "yimi_device", None)
         if device is not None and device.is_guest:
             return False
-        return bool(getattr(request.user, "is_owner", False))
+        return is_owner(request.user)
 
 
 def _body(request: Request) -> dict[str, Any]:

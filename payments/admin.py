@@ -3,6 +3,7 @@ from __future__ import annotations
 from django.contrib import admin
 from django.http import HttpRequest
 
+from accounts.owner_admin import OwnerContentAdmin
 from payments.models import PaymentAuthorization, PaymentIntent
 
 
@@ -18,7 +19,7 @@ class AuthorizationInline(admin.TabularInline):
 
 
 @admin.register(PaymentIntent)
-class PaymentIntentAdmin(admin.ModelAdmin):
+class PaymentIntentAdmin(OwnerContentAdmin):
     """Intents, their authorizations and how each ended. Read-only: payments change only
     through the payment authority."""
 
