@@ -13,6 +13,7 @@ from pathlib import Path
 
 import environ
 
+from yimi_project.proxy import public_origin, trusted_networks
 from yimi_project.secrets import load_or_create_internal_token, load_or_create_secret_key, read_secret
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -29,6 +30,37 @@ INTERNAL_TOKEN = load_or_create_internal_token(SECRETS_DIR, DATA_DIR)
 DEBUG = env.bool("YIMI_DEBUG", default=False)
 ALLOWED_HOSTS = env.list("YIMI_ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "[::1]"])
 CSRF_TRUSTED_ORIGINS = env.list("YIMI_CSRF_TRUSTED_ORIGINS", default=[])
+
+# --- behind a reverse proxy / TLS (README "Behind a proxy / TLS") -------------------------
+# Proxies (addresses or CIDR networks) whose X-Forwarded-For / X-Forwarded-Proto are believed;
+# from any other peer both headers are dropped (yimi_project/proxy.py). None by default.
+YIMI_TRUSTED_PROXIES = env.list("YIMI_TRUSTED_PROXIES", default=[])
+trusted_networks(YIMI_TRUSTED_PROXIES)  # a malformed entry stops the start
+# Where the owner and the devices reach Yimi. Its host is served and its origin may POST;
+# an https:// URL is THE production switch: HTTPS only (redirect, secure cookies, HSTS).
+# Unset (the embedded default): plain http on 127.0.0.1, none of the below.
+YIMI_PUBLIC_URL = env.str("YIMI_PUBLIC_URL", default="")
+SERVED_OVER_HTTPS = YIMI_PUBLIC_URL.strip().lower().startswith("https://")
+if YIMI_PUBLIC_URL:
+    _public_host, _public_origin = public_origin(YIMI_PUBLIC_URL)
+    ALLOWED_HOSTS = [*ALLOWED_HOSTS, _public_host]
+    CSRF_TRUSTED_ORIGINS = [*CSRF_TRUSTED_ORIGINS, _public_origin]
+if SERVED_OVER_HTTPS:
+    # Believed only from YIMI_TRUSTED_PROXIES: the middleware drops it from anyone else.
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SECURE_SSL_REDIRECT = True
+    # The container healthcheck and the internal listener speak plain http, not through the front.
+    SECURE_REDIRECT_EXEMPT = [r"^api/health/$", r"^internal/"]
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+    # HSTS holds for the host on every port, for this long, once a browser that trusts the
+    # certificate has seen it. includeSubDomains and preload are on (check --deploy W005/W021):
+    # the public host is Yimi's own name; preload only allows a submission to browsers'
+    # preload lists, which needs the apex domain. Yimi on an apex whose other subdomains are
+    # not all HTTPS: turn both off (and accept those two warnings).
+    SECURE_HSTS_SECONDS = env.int("YIMI_HSTS_SECONDS", default=31_536_000)
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = env.bool("YIMI_HSTS_INCLUDE_SUBDOMAINS", default=True)
+    SECURE_HSTS_PRELOAD = env.bool("YIMI_HSTS_PRELOAD", default=True)
 
 INSTALLED_APPS = [
     "daphne",
@@ -52,6 +84,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # First: everything below (HTTPS redirect, CSRF, rate limits) sees the real client.
+    "yimi_project.proxy.TrustedProxyMiddleware",
     "django.middleware.security.SecurityMiddleware",
     # daphne serves no static files; the admin's CSS and JS come from here.
     "whitenoise.middleware.WhiteNoiseMiddleware",
