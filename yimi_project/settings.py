@@ -81,6 +81,7 @@ INSTALLED_APPS = [
     "capabilities",
     "workshop",
     "releases",
+    "axes",
 ]
 
 MIDDLEWARE = [
@@ -95,6 +96,8 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Last: turns an admin login refused for a lockout into a 429 page.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "yimi_project.urls"
@@ -200,6 +203,17 @@ TIMELINE_PAGE_MAX = 200
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
 ]
+# Admin login lockout (django-axes; README "Admin login lockout"): after 5 wrong passwords
+# for one username from one address, that username is refused from that address for 15
+# minutes, the right password too. Attempts are kept in the database (every process sees
+# them); the address is REMOTE_ADDR only (yimi_project/login_lockout.py).
+AUTHENTICATION_BACKENDS = ["axes.backends.AxesStandaloneBackend", "django.contrib.auth.backends.ModelBackend"]
+AXES_HANDLER = "axes.handlers.database.AxesDatabaseHandler"
+AXES_FAILURE_LIMIT = env.int("YIMI_ADMIN_LOGIN_FAILURE_LIMIT", default=5)
+AXES_COOLOFF_TIME = env.int("YIMI_ADMIN_LOGIN_COOLOFF_MINUTES", default=15) / 60  # hours
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_CLIENT_IP_CALLABLE = "yimi_project.login_lockout.client_address"
+AXES_RESET_ON_SUCCESS = True
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = env.str("YIMI_TIME_ZONE", default="UTC")
 USE_I18N = True
