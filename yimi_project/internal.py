@@ -57,7 +57,12 @@ _DB_THREADS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="internal-db"
 
 def _with_fresh_connection(fn: Callable[[], T]) -> T:
     close_old_connections()  # drops broken or expired connections, keeps healthy ones
-    return fn()
+    try:
+        return fn()
+    finally:
+        # As at the end of a request: with the PostgreSQL pool (CONN_MAX_AGE 0) this gives
+        # the connection back to the pool, so an idle thread holds none.
+        close_old_connections()
 
 
 async def run_db(fn: Callable[[], T]) -> T:

@@ -129,15 +129,30 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     DATABASES["default"].setdefault("OPTIONS", {}).update(
         {"transaction_mode": "IMMEDIATE", "timeout": 20}
     )
+elif DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+    # One bounded pool of connections per process (psycopg_pool, through Django). ASGI runs
+    # each request's sync code on a thread of its own; a request (or a task) borrows a
+    # connection and gives it back when it ends, so a burst of requests queues for the pool
+    # (up to the pool timeout) instead of opening a connection per thread until PostgreSQL
+    # refuses everyone. Every process's pool counts against the server's max_connections:
+    # README "Database connections". Django keeps no connection of its own (CONN_MAX_AGE 0).
+    DATABASES["default"]["CONN_MAX_AGE"] = 0
+    DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+    DATABASES["default"].setdefault("OPTIONS", {}).update(
+        {
+            # Server-side parameter binding lets psycopg prepare the hot queries (gateway, timeline).
+            "server_side_binding": env.bool("YIMI_DB_SERVER_SIDE_BINDING", default=True),
+            "pool": {
+                "min_size": env.int("YIMI_DB_POOL_MIN_SIZE", default=1),
+                "max_size": env.int("YIMI_DB_POOL_MAX_SIZE", default=20),
+                "timeout": env.float("YIMI_DB_POOL_TIMEOUT_SECONDS", default=30.0),
+            },
+        }
+    )
 else:
     # Keep connections open between requests: connecting costs more than a gateway call.
     DATABASES["default"]["CONN_MAX_AGE"] = env.int("YIMI_DB_CONN_MAX_AGE", default=300)
     DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
-    if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
-        # Server-side parameter binding lets psycopg prepare the hot queries (gateway, timeline).
-        DATABASES["default"].setdefault("OPTIONS", {})["server_side_binding"] = env.bool(
-            "YIMI_DB_SERVER_SIDE_BINDING", default=True
-        )
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- redis: channel layer and Celery broker --------------------------------------------
