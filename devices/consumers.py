@@ -7,6 +7,7 @@ a small state machine: ``challenge`` sent → ``auth`` received and verified →
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import secrets
 from typing import Any
@@ -14,6 +15,8 @@ from typing import Any
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
+from django.db import InterfaceError, OperationalError
+from redis.exceptions import RedisError
 
 from accounts.identity import instance_public_key_b64, sign_as_instance
 from brain.dispatch import dispatch_card_execution, dispatch_payment, dispatch_run, ensure_embedded_sweeper
@@ -31,18 +34,41 @@ PROTOCOL_VERSION = 1
 CLOSE_AUTH_FAILED = 4401
 CLOSE_REVOKED = 4403
 CLOSE_AUTH_TIMEOUT = 4408
+CLOSE_TRY_AGAIN_LATER = 1013  # RFC 6455 registry: a backing service is down
+
+# What Redis (channel layer) and the database raise when they are down or unreachable.
+SERVICE_DOWN_ERRORS = (RedisError, OperationalError, InterfaceError)
 
 
 class DeviceConsumer(AsyncWebsocketConsumer):
     device: Device | None = None
     nonce: str = ""
     _auth_timer: asyncio.Task | None = None
+    _accepted: bool = False
+    _checking_auth: bool = False
+    _told_unavailable: bool = False
 
     # --- connection lifecycle -----------------------------------------------------------
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        """Channels' dispatch loop, plus one rule: when Redis or the database fails (here
+        or in the channel layer's receive loop), the device is told ``service_unavailable``
+        with a ``retry_after`` and the socket closes with 1013, instead of the bare 1011
+        an uncaught exception gives."""
+        try:
+            await super().__call__(scope, receive, send)
+        except SERVICE_DOWN_ERRORS as exc:
+            log_event("ws_service_unavailable", error=type(exc).__name__)
+            if self._auth_timer is not None:
+                self._auth_timer.cancel()
+            await self._close_service_unavailable()
+            with contextlib.suppress(*SERVICE_DOWN_ERRORS):
+                await self.disconnect(CLOSE_TRY_AGAIN_LATER)
 
     async def connect(self) -> None:
         ensure_embedded_sweeper()
         await self.accept()
+        self._accepted = True
         self.nonce = secrets.token_urlsafe(32)
         await self._send(
             {
@@ -57,7 +83,11 @@ class DeviceConsumer(AsyncWebsocketConsumer):
 
     async def _auth_timeout(self) -> None:
         await asyncio.sleep(settings.WS_AUTH_TIMEOUT_SECONDS)
-        if self.device is None:
+        if self.device is None and self._checking_auth:
+            # The auth frame came in time; the server could not check it (the database hangs).
+            log_event("ws_service_unavailable", error="auth_check_timeout")
+            await self._close_service_unavailable()
+        elif self.device is None:
             await self._error("auth_timeout", "no auth frame within the time limit")
             await self.close(code=CLOSE_AUTH_TIMEOUT)
 
@@ -110,6 +140,7 @@ class DeviceConsumer(AsyncWebsocketConsumer):
             await self._error("not_authenticated", "the first frame must be auth")
             await self.close(code=CLOSE_AUTH_FAILED)
             return
+        self._checking_auth = True
         try:
             device = await database_sync_to_async(device_services.authenticate_challenge)(
                 frame.get("device_id"), self.nonce, frame.get("signature")
@@ -131,7 +162,10 @@ class DeviceConsumer(AsyncWebsocketConsumer):
                 "protocol": PROTOCOL_VERSION,
                 "device_id": str(device.id),
                 "scope": "guest" if device.is_guest else "owner",
-                "last_seq": await database_sync_to_async(timeline.last_seq)(device.owner_id),
+                # A guest learns only the last entry it may see, not how long the owner's timeline is.
+                "last_seq": await database_sync_to_async(timeline.last_seq)(
+                    device.owner_id, only_device_id=device.id if device.is_guest else None
+                ),
                 "limits": {"max_frame_bytes": settings.WS_MAX_FRAME_BYTES, "max_text_chars": settings.WS_MAX_TEXT_CHARS},
             }
         )
@@ -338,6 +372,23 @@ class DeviceConsumer(AsyncWebsocketConsumer):
     async def _close_revoked(self) -> None:
         await self._error("device_revoked", "this device was revoked by its owner")
         await self.close(code=CLOSE_REVOKED)
+
+    async def _close_service_unavailable(self) -> None:
+        if self._told_unavailable:  # a check that outlasted the auth deadline failed later
+            return
+        self._told_unavailable = True
+        if not self._accepted:  # the channel layer failed before connect() ran
+            await self.accept()
+            self._accepted = True
+        await self._send(
+            {
+                "type": "error",
+                "code": "service_unavailable",
+                "message": "the server cannot reach its database or message broker; reconnect later",
+                "retry_after": settings.WS_RETRY_AFTER_SECONDS,
+            }
+        )
+        await self.close(code=CLOSE_TRY_AGAIN_LATER)
 
     async def _error(self, code: str, message: str, frame_id: str | None = None) -> None:
         body: dict[str, Any] = {"type": "error", "code": code, "message": message}

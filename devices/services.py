@@ -21,7 +21,7 @@ from django.utils import timezone
 from accounts.services import is_owner
 from devices import signatures
 from devices.models import Delivery, Device, PairingCode, PairingGuessSlot, SignedRequestNonce
-from memory.models import TimelineEntry
+from memory.services import visible_entries
 from yimi_project.errors import YimiError
 from yimi_project.ids import uuid_or_nil
 from yimi_project.logs import log_event
@@ -350,9 +350,15 @@ def record_delivery(device: Device, seq: Any, status: Any) -> Delivery:
         raise YimiError("invalid_frame", "status must be rendered (text) or played (speech)")
     if isinstance(seq, bool) or not isinstance(seq, int):
         raise YimiError("invalid_frame", "seq must be an integer")
-    entry = TimelineEntry.objects.filter(owner_id=device.owner_id, seq=seq).first()
+    # A guest ACKs only what it may see (its own exchange): it never marks the owner's facts
+    # as told, and the answer does not say whether the owner's entry exists.
+    entry = (
+        visible_entries(owner_id=device.owner_id, only_device_id=device.id if device.is_guest else None)
+        .filter(seq=seq)
+        .first()
+    )
     if entry is None:
-        raise YimiError("unknown_entry", f"there is no timeline entry {seq}")
+        raise YimiError("unknown_entry", f"there is no timeline entry {seq} for this device")
     delivery, _ = Delivery.objects.get_or_create(entry=entry, device=device, status=status)
     # The facts this reply carried are now told (capabilities owns that ledger).
     from capabilities.services import acknowledge_entry

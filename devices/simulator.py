@@ -191,8 +191,8 @@ class DeviceConnection:
             pass
         finally:
             if self.closed is not None and not self.closed.done():
-                rcvd = self.ws.close_rcvd
-                self.closed.set_result((rcvd.code if rcvd else None, rcvd.reason if rcvd else ""))
+                # The code the server closed with; 1006 if the connection dropped without one.
+                self.closed.set_result((self.ws.close_code, self.ws.close_reason or ""))
 
     async def close(self) -> None:
         if self.ws is not None:

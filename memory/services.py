@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import Max, Q, QuerySet
 
 from memory.models import TimelineCounter, TimelineEntry
 from yimi_project.errors import YimiError
@@ -56,7 +56,19 @@ def find_by_client_id(device_id: Any, client_id: str) -> TimelineEntry | None:
     return TimelineEntry.objects.filter(device_id=device_id, client_id=client_id).first()
 
 
-def last_seq(owner_id: int) -> int:
+def visible_entries(*, owner_id: int, only_device_id: Any = None) -> QuerySet[TimelineEntry]:
+    """The owner's timeline entries; with ``only_device_id`` (a guest device) only what
+    that device said and what was said back to it. The one rule for what a guest sees."""
+    qs = TimelineEntry.objects.filter(owner_id=owner_id)
+    if only_device_id is not None:
+        qs = qs.filter(Q(device_id=only_device_id) | Q(reply_to__device_id=only_device_id))
+    return qs
+
+
+def last_seq(owner_id: int, *, only_device_id: Any = None) -> int:
+    """The owner's latest sequence number; for a guest device, the latest it may see."""
+    if only_device_id is not None:
+        return visible_entries(owner_id=owner_id, only_device_id=only_device_id).aggregate(m=Max("seq"))["m"] or 0
     return TimelineCounter.objects.filter(owner_id=owner_id).values_list("last_seq", flat=True).first() or 0
 
 
@@ -79,9 +91,7 @@ def page_after(*, owner_id: int, after: int, limit: int, only_device_id: Any = N
     """
     if after < 0 or limit < 1:
         raise YimiError("invalid_request", "after must be >= 0 and limit >= 1")
-    qs = TimelineEntry.objects.filter(owner_id=owner_id, seq__gt=after)
-    if only_device_id is not None:
-        qs = qs.filter(Q(device_id=only_device_id) | Q(reply_to__device_id=only_device_id))
+    qs = visible_entries(owner_id=owner_id, only_device_id=only_device_id).filter(seq__gt=after)
     rows = list(qs.select_related("reply_to").order_by("seq")[: limit + 1])
     return TimelinePage(after=after, entries=rows[:limit], has_more=len(rows) > limit)
 

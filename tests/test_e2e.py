@@ -4,6 +4,8 @@ Redis; two simulated devices speaking the real protocol over real websockets."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import os
 import socket
 import subprocess
@@ -17,13 +19,14 @@ from urllib.parse import quote
 
 import httpx
 import pytest
+import websockets
 from django.conf import settings as django_settings
 from django.db import connection
 
 from devices.models import Delivery
 from devices.services import issue_pairing_code
 from devices.simulator import DeviceConnection, pair, read_timeline
-from tests.conftest import need, script
+from tests.conftest import db_async, need, script
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 ROOT = Path(__file__).resolve().parent.parent
@@ -183,3 +186,137 @@ async def test_delegated_workspace_write_is_receipted_checked_reported_and_acked
     assert record.status == "succeeded" and record.receipt["effects"][0]["verification"] == "verified"
     told = await db_async(lambda: list(ToldFact.objects.filter(entry__seq=report["seq"]).values_list("acknowledged_at", flat=True)))()
     assert told and all(t is not None for t in told)
+
+
+class VoiceConnection(DeviceConnection):
+    """The same signed handshake, on the voice socket."""
+
+    @property
+    def ws_url(self) -> str:
+        return super().ws_url.replace("/ws/device/", "/ws/voice/")
+
+
+# Three of the channel layer's 5 s blocking pops, past redis-py's default 5 s read timeout
+# and the layer's own socket timeout.
+IDLE_SECONDS = 15.0
+
+
+async def test_idle_device_and_voice_sockets_stay_open_on_redis_and_still_get_replies(platform: dict[str, Any], brain: Any) -> None:
+    script(brain, match="still there", reply="Still here, listening.", chunk_chars=6)
+    (_, code), = [await db_async(issue_pairing_code)(platform["owner"])]
+    phone = await pair(platform["base"], code, kind="phone", name="e2e phone")
+    async with DeviceConnection(phone) as device_ws, VoiceConnection(phone) as voice_ws:
+        await asyncio.sleep(IDLE_SECONDS)  # the point of the test: both sockets idle, at once
+        for ws in (device_ws, voice_ws):
+            assert ws.closed is not None
+            assert not ws.closed.done(), f"{ws.ws_url} was closed while idle: {ws.closed.result()}"
+        ack = await device_ws.say("Are you still there?")
+        _, done = await device_ws.reply_to(ack["seq"], timeout=60)
+        assert done["type"] == "reply.done" and done["text"] == "Still here, listening."
+        # The voice socket is in the same device group: the reply reached it through Redis too.
+        heard = await voice_ws.next_frame("reply.done", timeout=30)
+        assert heard["seq"] == done["seq"]
+        await voice_ws.send({"type": "ping", "id": "voice"})
+        assert (await voice_ws.next_frame("pong"))["id"] == "voice"
+
+
+@contextlib.contextmanager
+def bare_daphne(log_name: str, *, kill: bool = False, **env_overrides: str) -> Iterator[str]:
+    """daphne alone (no Celery), with the in-memory channel layer unless told otherwise;
+    yields its base URL once it accepts connections. ``kill``: stop it with SIGKILL (a
+    thread blocked on an unreachable database would hold up a clean exit)."""
+    port = free_port()
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "yimi_project.settings",
+        "REDIS_URL": "",
+        "YIMI_EMBEDDED_SWEEPER": "0",
+        "YIMI_DATA_DIR": str(django_settings.DATA_DIR),
+        "PYTHONUNBUFFERED": "1",
+        **env_overrides,
+    }
+    log = Path(env["YIMI_DATA_DIR"]) / log_name
+    proc = subprocess.Popen(
+        [str(Path(sys.executable).parent / "daphne"), "-b", "127.0.0.1", "-p", str(port), "yimi_project.asgi:application"],
+        cwd=ROOT, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+                break
+            if time.monotonic() > deadline or proc.poll() is not None:
+                pytest.fail("daphne did not start:\n" + log.read_text()[-3000:])
+            time.sleep(0.2)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.kill() if kill else proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def subprocess_test_database_url() -> str:
+    """The test database, as a URL a subprocess can open (PostgreSQL, or the SQLite file)."""
+    if connection.vendor == "postgresql":
+        return database_url_for_subprocesses()
+    return f"sqlite:///{connection.settings_dict['NAME']}"
+
+
+async def test_a_message_over_the_transport_limit_closes_with_1009(owner: Any) -> None:
+    with bare_daphne("daphne-limits.log", DATABASE_URL=subprocess_test_database_url()) as base:
+        (_, code), = [await db_async(issue_pairing_code)(owner)]
+        phone = await pair(base, code, kind="phone", name="big frames")
+        async with DeviceConnection(phone) as ws:
+            # Over the protocol's 64 KiB but under the transport's 1 MiB: refused, the socket stays open.
+            await ws.send({"type": "text", "id": "big", "text": "x" * (django_settings.WS_MAX_FRAME_BYTES + 1)})
+            assert (await ws.next_frame("error"))["code"] == "frame_too_large"
+            await ws.send({"type": "ping", "id": "still-open"})
+            assert (await ws.next_frame("pong"))["id"] == "still-open"
+            # 10 MB: refused by the transport before the application sees it, with the standard close.
+            with contextlib.suppress(websockets.ConnectionClosed):
+                await ws.ws.send(json.dumps({"type": "text", "id": "huge", "text": "y" * 10_000_000}))
+            assert ws.closed is not None
+            code_, reason = await asyncio.wait_for(ws.closed, 30)
+            assert code_ == 1009, (code_, reason)
+            assert "exceeds payload limit of 1048576" in reason
+
+
+class SilentDatabase:
+    """A TCP listener that never answers: a PostgreSQL server that hangs."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.port = self.sock.getsockname()[1]
+
+    def close(self) -> None:
+        self.sock.close()  # the kernel resets the connections nobody accepted: the client unblocks
+
+
+@pytest.mark.parametrize("database", ["refuses", "hangs"])
+async def test_database_down_is_service_unavailable_and_closes_with_1013(tmp_path: Path, database: str) -> None:
+    silent = SilentDatabase()
+    port = silent.port
+    if database == "refuses":
+        silent.close()
+    url = f"postgres://postgres@127.0.0.1:{port}/yimi"
+    # The auth deadline is short so that a hanging database would show up as auth_timeout.
+    with bare_daphne("daphne-db-down.log", kill=True, DATABASE_URL=url, YIMI_DATA_DIR=str(tmp_path),
+                     YIMI_WS_AUTH_TIMEOUT_SECONDS="1") as base:
+        try:
+            async with websockets.connect(base.replace("http://", "ws://") + "/ws/device/", open_timeout=10) as ws:
+                challenge = json.loads(await asyncio.wait_for(ws.recv(), 10))
+                assert challenge["type"] == "challenge"
+                await ws.send(json.dumps({"type": "auth", "device_id": str(uuid.uuid4()), "signature": "AAAA"}))
+                error = json.loads(await asyncio.wait_for(ws.recv(), 30))
+                assert error["type"] == "error" and error["code"] == "service_unavailable", error
+                assert error["retry_after"] == django_settings.WS_RETRY_AFTER_SECONDS
+                with pytest.raises(websockets.ConnectionClosed):
+                    await asyncio.wait_for(ws.recv(), 30)
+                assert ws.close_code == 1013
+        finally:
+            silent.close()  # before daphne stops, so its database thread is not left hanging

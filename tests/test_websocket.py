@@ -2,9 +2,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 from typing import Any
 
 import pytest
+from channels.testing import WebsocketCommunicator
 
 from accounts.models import AdmissionRecord
 from brain.models import Run
@@ -243,3 +245,85 @@ async def test_binary_frames_are_refused_on_the_text_socket(make_device: Any) ->
     assert (await comm.receive_json_from())["code"] == "binary_not_supported"
     await comm.disconnect()
     await asyncio.sleep(0)
+
+
+async def test_a_guest_cannot_ack_an_entry_it_cannot_see(make_device: Any, brain: Any) -> None:
+    from capabilities.models import ToldFact
+
+    owner_dev, guest_dev = await db_async(make_device)(), await db_async(make_device)(guest=True)
+    owner_ws, _ = await open_socket(owner_dev)
+    await owner_ws.send_json_to({"type": "text", "id": "private", "text": "remind me about the clinic"})
+    owner_reply = await receive_until(owner_ws, "reply.done")
+    entry = await db_async(TimelineEntry.objects.get)(seq=owner_reply["seq"])
+    told = await db_async(ToldFact.objects.create)(owner_id=entry.owner_id, entry=entry, fact_id="clinic")
+    guest_ws, _ = await open_socket(guest_dev)
+    for seq in (owner_reply["seq"] - 1, owner_reply["seq"]):  # the owner's utterance and Yimi's reply to it
+        await guest_ws.send_json_to({"type": "ack", "seq": seq, "status": "rendered"})
+        error = await receive_until(guest_ws, "error")
+        assert error["code"] == "unknown_entry"
+    assert await db_async(Delivery.objects.filter(device_id=guest_dev.device.id).exists)() is False
+    await db_async(told.refresh_from_db)()
+    assert told.acknowledged_at is None  # the owner's fact is not marked as told
+    # The guest's own exchange it may ACK.
+    await guest_ws.send_json_to({"type": "text", "id": "g", "text": "what time is it?"})
+    guest_reply = await receive_until(guest_ws, "reply.done")
+    await guest_ws.send_json_to({"type": "ack", "seq": guest_reply["seq"], "status": "rendered"})
+    await guest_ws.send_json_to({"type": "ping", "id": "after-ack"})
+    assert (await receive_until(guest_ws, "pong", "error"))["type"] == "pong"
+    assert await db_async(lambda: list(Delivery.objects.filter(device_id=guest_dev.device.id).values_list("entry__seq", flat=True)))() == [
+        guest_reply["seq"]
+    ]
+    await owner_ws.disconnect()
+    await guest_ws.disconnect()
+
+
+async def test_ready_tells_a_guest_only_the_last_seq_it_may_see(make_device: Any, brain: Any) -> None:
+    owner_dev, guest_dev = await db_async(make_device)(), await db_async(make_device)(guest=True)
+    guest_ws, ready = await open_socket(guest_dev)
+    assert ready["last_seq"] == 0
+    await guest_ws.send_json_to({"type": "text", "id": "g", "text": "hello"})
+    guest_reply = await receive_until(guest_ws, "reply.done")
+    await guest_ws.disconnect()
+    owner_ws, _ = await open_socket(owner_dev)
+    for n in range(2):
+        await owner_ws.send_json_to({"type": "text", "id": f"o{n}", "text": "something private"})
+        await receive_until(owner_ws, "reply.done")
+    await owner_ws.disconnect()
+
+    guest_ws, ready = await open_socket(guest_dev)
+    assert ready["last_seq"] == guest_reply["seq"] == 2  # not the owner's 6
+    await guest_ws.disconnect()
+    owner_ws, ready = await open_socket(owner_dev)
+    assert ready["last_seq"] == 6
+    await owner_ws.disconnect()
+
+
+def closed_port() -> int:
+    """A loopback port nobody listens on: connecting to it is refused, as when Redis is down."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("path", ["/ws/device/", "/ws/voice/"])
+async def test_redis_down_is_service_unavailable_and_closes_with_1013(settings: Any, path: str) -> None:
+    settings.CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [{"address": f"redis://127.0.0.1:{closed_port()}/0",
+                                  "socket_timeout": settings.CHANNEL_LAYER_SOCKET_TIMEOUT_SECONDS}]},
+        }
+    }
+    from yimi_project.asgi import application
+
+    comm = WebsocketCommunicator(application, path)
+    connected, _ = await comm.connect(timeout=10)
+    assert connected
+    frames = []
+    while (output := await comm.receive_output(timeout=10))["type"] != "websocket.close":
+        frames.append(json.loads(output["text"]))
+    assert output["code"] == 1013
+    *before, error = frames
+    assert [f["type"] for f in before] in ([], ["challenge"])  # the channel layer fails at once, or right after the challenge
+    assert error == {"type": "error", "code": "service_unavailable", "message": error["message"],
+                     "retry_after": settings.WS_RETRY_AFTER_SECONDS}

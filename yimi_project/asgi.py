@@ -12,6 +12,10 @@ django_asgi_app = get_asgi_application()
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
 from devices.routing import websocket_urlpatterns  # noqa: E402
+from yimi_project import websocket_transport  # noqa: E402
+
+# Oversized messages close with 1009, and 1013 can be sent (yimi_project/websocket_transport.py).
+websocket_transport.install()
 
 application = ProtocolTypeRouter(
     {

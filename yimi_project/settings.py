@@ -158,11 +158,21 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 # --- redis: channel layer and Celery broker --------------------------------------------
 REDIS_URL = env.str("REDIS_URL", default="")
 CHANNEL_PREFIX = env.str("YIMI_CHANNEL_PREFIX", default="yimi")
+# The channel layer waits for messages with BZPOPMIN blocking 5 s (channels_redis'
+# brpop_timeout); redis-py 8 reads with a 5 s socket timeout by default, so an idle receive
+# would time out and kill every consumer (1011). A host dict becomes
+# ConnectionPool.from_url(address, **rest): the layer's own read timeout, twice the pop.
+# Not in REDIS_URL: Celery shares that URL and kombu refuses ?socket_timeout=.
+CHANNEL_LAYER_SOCKET_TIMEOUT_SECONDS = 10.0
 if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [REDIS_URL], "prefix": CHANNEL_PREFIX, "capacity": 1000},
+            "CONFIG": {
+                "hosts": [{"address": REDIS_URL, "socket_timeout": CHANNEL_LAYER_SOCKET_TIMEOUT_SECONDS}],
+                "prefix": CHANNEL_PREFIX,
+                "capacity": 1000,
+            },
         }
     }
 else:
@@ -211,6 +221,8 @@ PAIRING_FAILURE_WINDOW_SECONDS = 600
 WS_MAX_FRAME_BYTES = 64 * 1024
 WS_MAX_TEXT_CHARS = 8000
 WS_AUTH_TIMEOUT_SECONDS = env.float("YIMI_WS_AUTH_TIMEOUT_SECONDS", default=10.0)
+# Redis or the database is down: the socket closes with 1013 and tells the device to wait this long.
+WS_RETRY_AFTER_SECONDS = 10
 HTTP_SIGNATURE_MAX_SKEW_SECONDS = 300
 TIMELINE_PAGE_MAX = 200
 
