@@ -33,7 +33,7 @@ from brain.dispatch import keep_claim
 from brain.models import AgentTask, Run
 from capabilities import reporting
 from capabilities.client import ToolOutcome, call_tool
-from capabilities.manifest import load_packs
+from capabilities.manifest import load_packs, note_listed_tools
 from capabilities.mcp_host.runtime import on_host_loop
 from devices.services import device_group, owner_group
 from yimi_project.errors import YimiError
@@ -214,7 +214,9 @@ async def subagent_loop(task: AgentTask) -> str:
 
 
 async def _list_pack_tools(pack_names: list[str]) -> dict[str, Any]:
-    return await on_host_loop(lambda manager: manager.list_tools(pack_names))
+    listed = await on_host_loop(lambda manager: manager.list_tools(pack_names))
+    note_listed_tools(listed)  # the gateway's default targets: each tool's required arguments
+    return listed
 
 
 async def _one_call(task: AgentTask, name: str, args: dict[str, Any] | None, listed: dict[str, Any]) -> str:

@@ -9,6 +9,7 @@ rest still load. Tool names the model sees are ``{pack}__{tool}``.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cache, lru_cache
 from pathlib import Path
@@ -21,6 +22,20 @@ EXT = "ai.yimi.capability"
 CONTRACTS = Path(__file__).resolve().parent / "contracts"
 SEPARATOR = "__"
 CATEGORIES = ("observe", "workspace", "owner_data", "send", "account", "delete", "physical", "spend", "self_change")
+
+
+# Arguments the gateway reserves (it injects or strips them: ``capabilities.services``'s
+# trusted fields, ``owner_requested``, ``payment_budget``); a ``target`` may not name them.
+RESERVED_ARGUMENTS = frozenset(
+    {
+        "session_id", "run_id", "call_id", "idempotency_key", "payment_intent_id", "payment_authorization_id",
+        "authorized_amount", "owner_requested", "payment_budget",
+    }
+)
+# Full tool name → the required arguments of its input schema, as a pack host last listed
+# them in this process (``note_listed_tools``): the default target of a tool whose manifest
+# declares none.
+_LISTED_REQUIRED: dict[str, tuple[str, ...]] = {}
 
 
 class ManifestError(Exception):
@@ -64,10 +79,41 @@ class ToolDecl:
     def long_running(self) -> bool:
         return bool(self.spec.get("long_running", False))
 
+    @property
+    def declared_target(self) -> list[str] | None:
+        """The argument names the manifest's ``target`` gives (one name or a list), or None."""
+        declared = self.spec.get("target")
+        if declared is None:
+            return None
+        return [declared] if isinstance(declared, str) else list(declared)
+
+    def target_names(self) -> list[str]:
+        """The arguments that identify what a call of this tool acts on: the manifest's
+        ``target``; else the required arguments of the tool's input schema as a pack host
+        listed it in this process; else none, and the tool as a whole is the target."""
+        declared = self.declared_target
+        if declared is not None:
+            return declared
+        return list(_LISTED_REQUIRED.get(self.full_name, ()))
+
+    def target_key(self, args: dict[str, Any]) -> str:
+        """The target of a call as one comparable string: the values of ``target_names()``
+        (absent ones as null). Two calls with the same key act on the same thing."""
+        return json.dumps(
+            {name: args.get(name) for name in self.target_names()},
+            sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str,
+        )
+
     def target_of(self, args: dict[str, Any]) -> str | None:
-        key = self.spec.get("target")
-        value = args.get(key) if key else None
-        return str(value) if value is not None else None
+        """The declared target as text, for consent (a card's target, a remembered
+        recipient): the value of a single target argument, or the present values of several."""
+        names = self.declared_target or []
+        present = {name: args[name] for name in names if args.get(name) is not None}
+        if not present:
+            return None
+        if len(names) == 1:
+            return str(present[names[0]])
+        return json.dumps(present, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
 
     def resolve_category(self, args: dict[str, Any]) -> str | None:
         """The effect category of this call, or None when it cannot be resolved
@@ -129,6 +175,8 @@ def _readable(error: jsonschema.ValidationError) -> str:
     where = ".".join(str(p) for p in error.absolute_path) or "manifest"
     if error.validator == "not" and "effect" in "".join(str(p) for p in error.absolute_path):
         return f"{where}: a yimi-maintained pack may not declare spend or self_change"
+    if error.validator == "oneOf" and list(error.absolute_path)[-1:] == ["target"]:
+        return f"{where}: target is an argument name or a list of argument names"
     if error.validator == "oneOf" and "tools" in error.absolute_path:
         return f"{where}: a tool declares exactly one of effect or effect_by_arg"
     return f"{where}: {error.message}"
@@ -164,8 +212,26 @@ def load_pack(path: Path) -> Pack:
     for tool_name, spec in ext["tools"].items():
         if spec.get("check_with") and spec["check_with"] not in ext["tools"]:
             raise ManifestError(f"tools.{tool_name}.check_with names {spec['check_with']!r}, not a tool of this pack")
+        target = spec.get("target")
+        reserved = sorted(RESERVED_ARGUMENTS.intersection([target] if isinstance(target, str) else target or []))
+        if reserved:
+            raise ManifestError(f"tools.{tool_name}.target names {', '.join(reserved)}, which the gateway sets itself")
     tools = {name: ToolDecl(data["name"], name, spec) for name, spec in ext["tools"].items()}
     return Pack(data["name"], data["version"], data["description"], path, ext, tools)
+
+
+def note_listed_tools(listed: Mapping[str, Any]) -> None:
+    """Remember the required arguments of tools as a pack host listed them (MCP
+    ``tools/list``; full tool name → tool): the default target of a tool whose manifest
+    declares no ``target``."""
+    for name, tool in listed.items():
+        if isinstance(tool, Mapping):
+            schema = tool.get("input_schema", tool.get("inputSchema"))
+        else:
+            schema = getattr(tool, "input_schema", None) or getattr(tool, "inputSchema", None)
+        required = schema.get("required") if isinstance(schema, Mapping) else None
+        names = [r for r in required if isinstance(r, str) and r not in RESERVED_ARGUMENTS] if isinstance(required, list) else []
+        _LISTED_REQUIRED[name] = tuple(names)
 
 
 def _signature(packs_dir: Path) -> tuple[tuple[str, float], ...]:

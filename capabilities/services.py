@@ -13,6 +13,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
+from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
 from brain.services import run_binding
@@ -135,7 +136,7 @@ def decide(request: CallRequest) -> Decision:
         return _record(binding, request, model_args, owner_requested, decision, tool)
 
     fingerprint = sha256(canonical({"tool": request.tool, "args": model_args}))
-    repeat = _duplicate_or_unchecked(binding.owner_id, fingerprint, tool)
+    repeat = _duplicate_or_unchecked(binding.owner_id, fingerprint, tool, model_args)
     if repeat is not None:
         return _record(binding, request, model_args, owner_requested, repeat, tool, fingerprint)
 
@@ -185,29 +186,68 @@ def decide(request: CallRequest) -> Decision:
     return _record(binding, request, model_args, owner_requested, decision, tool, fingerprint, budget=budget)
 
 
-def _duplicate_or_unchecked(owner_id: int, fingerprint: str, tool: ToolDecl) -> Decision | None:
+def _duplicate_or_unchecked(owner_id: int, fingerprint: str, tool: ToolDecl, model_args: dict[str, Any]) -> Decision | None:
+    """Step 4 of ``decide``: the same call already succeeded with ``retry=forbidden``
+    (by fingerprint: tool and every argument), or the target is held after an unknown."""
     last = (
         ReceiptRecord.objects.filter(owner_id=owner_id, call_fingerprint=fingerprint, written_by_gateway=False)
-        .only("status", "receipt", "created_at")
+        .only("status", "created_at")
         .order_by("-created_at")
         .first()
     )
-    if last is None:
-        return None
-    if last.status == "succeeded" and tool.retry == "forbidden":
+    if last is not None and last.status == "succeeded" and tool.retry == "forbidden":
         return _blocked("already_succeeded", "this already succeeded; it must not be done again")
-    if needs_check(last.receipt):
-        check_tool = last.receipt.get("next", {}).get("check_with") or tool.check_with
+    return _unchecked_target(owner_id, tool, model_args)
+
+
+UNSETTLED = ("unknown", "partial")
+
+
+def _unchecked_target(owner_id: int, tool: ToolDecl, model_args: dict[str, Any]) -> Decision | None:
+    """The unknown-call guard: after an unknown or partial result that needs a check, no
+    call of the same tool on the same target runs until the ``check_with`` tool has run.
+
+    Steps: 1. a read (``observe``) is never held: it cannot repeat an effect; 2. the
+    call's target is the values of the tool's target arguments (``ToolDecl.target_names``:
+    the manifest's ``target``, else the input schema's required arguments, else the tool as
+    a whole), so other arguments — an irrelevant one added — do not make a new target;
+    3. the newest result of this tool on the same target that needs a check (``unknown``
+    or ``partial`` with ``retry=after_check``, the latest revision of its task; a pack's,
+    or the gateway's for an interrupted execution), compared on the executed arguments
+    without the trusted fields; 4. the call is blocked with ``check_first`` unless a result
+    of the check tool (the receipt's ``check_with``, else the manifest's) was recorded
+    after it; with no check tool at all it is blocked until the owner decides.
+    """
+    if tool.resolve_category(model_args) == "observe":
+        return None
+    target = tool.target_key(model_args)
+    later_revision = ReceiptRecord.objects.filter(task_id=OuterRef("task_id"), revision__gt=OuterRef("revision"))
+    unsettled = (
+        ReceiptRecord.objects.filter(
+            owner_id=owner_id, call__tool=tool.full_name, status__in=UNSETTLED, receipt__next__retry="after_check"
+        )
+        .exclude(Exists(later_revision))
+        .order_by("-created_at", "-id")
+        .values_list("status", "receipt", "created_at", "call__arguments")
+    )
+    for status, receipt, created_at, arguments in unsettled:
+        executed = {k: v for k, v in (arguments or {}).items() if k not in TRUSTED_FIELDS}
+        if tool.target_key(executed) != target or not needs_check(receipt):
+            continue
+        check_tool = receipt.get("next", {}).get("check_with") or tool.check_with
         if not check_tool:
-            return _blocked("check_first", "the last result is unknown and there is no tool to check it; ask the owner")
+            return _blocked("check_first", f"the last result on this target is {status} and there is no tool to check it; ask the owner")
         checked = ReceiptRecord.objects.filter(
             owner_id=owner_id,
             call__tool=f"{tool.pack}{SEPARATOR}{check_tool}",
-            created_at__gt=last.created_at,
+            created_at__gt=created_at,
             written_by_gateway=False,
         ).exists()
-        if not checked:
-            return _blocked("check_first", f"the last result is {last.status}; run {tool.pack}{SEPARATOR}{check_tool} to check before trying again")
+        if checked:
+            return None
+        return _blocked(
+            "check_first", f"the last result on this target is {status}; run {tool.pack}{SEPARATOR}{check_tool} to check before trying again"
+        )
     return None
 
 

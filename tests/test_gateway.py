@@ -136,6 +136,70 @@ def test_unknown_result_blocks_a_retry_until_the_check_tool_ran(run: Run) -> Non
     assert call(run, "demo__note", text="maybe").decision == "rewrite"
 
 
+def board_pack(packs_dir: Path) -> None:
+    """A pack whose ``post`` names its target (the board, or the board and thread)."""
+    write_pack(packs_dir, "board", manifest("board", tools={
+        "post": {"effect": "workspace", "target": "board", "retry": "after_check", "check_with": "posts"},
+        "reply": {"effect": "workspace", "target": ["board", "thread"], "check_with": "posts"},
+        "pin": {"effect": "workspace", "check_with": "posts"},
+        "status": {"effect_by_arg": {"arg": "action", "map": {"show": "observe", "set": "workspace"}}, "check_with": "status"},
+        "posts": {"effect": "observe"},
+    }))
+
+
+TIMEOUT = {"receipt_schema": 1, "status": "failed", "error": {"code": "TIMEOUT"}}
+
+
+def test_an_unknown_result_holds_its_target_whatever_other_arguments_are_added(run: Run, packs_dir: Path) -> None:
+    board_pack(packs_dir)
+    record_receipt(call(run, "board__post", board="a", text="hi").call_id, TIMEOUT)
+    for args in ({"text": "hi", "mood": "cheerful"}, {"text": "something else"}, {"text": "hi", "please": True, "owner_requested": True}):
+        held = call(run, "board__post", board="a", **args)
+        assert (held.decision, held.code) == ("block", "check_first"), args
+        assert "board__posts" in held.reason
+    assert call(run, "board__post", board="b", text="hi").decision == "allow"  # another target
+    record_receipt(call(run, "board__posts").call_id, {"receipt_schema": 1, "status": "succeeded"})
+    assert call(run, "board__post", board="a", text="hi", mood="cheerful").decision == "allow"
+
+
+def test_a_target_of_several_arguments_is_held_on_all_of_them_together(run: Run, packs_dir: Path) -> None:
+    board_pack(packs_dir)
+    record_receipt(call(run, "board__reply", board="a", thread=1, text="hi").call_id, TIMEOUT)
+    assert call(run, "board__reply", board="a", thread=1, text="hi", extra="x").code == "check_first"
+    assert call(run, "board__reply", board="a", thread=2, text="hi").decision == "allow"
+    assert call(run, "board__reply", board="b", thread=1, text="hi").decision == "allow"
+
+
+def test_without_a_declared_target_the_listed_required_arguments_are_the_target(run: Run, packs_dir: Path, monkeypatch: Any) -> None:
+    from capabilities import manifest as manifest_module
+
+    board_pack(packs_dir)
+    monkeypatch.setattr(manifest_module, "_LISTED_REQUIRED", {})
+    record_receipt(call(run, "board__pin", board="a", note="x").call_id, TIMEOUT)
+    # not listed in this process: the tool as a whole is the target
+    assert call(run, "board__pin", board="b", note="x").code == "check_first"
+    manifest_module.note_listed_tools({"board__pin": {"input_schema": {"type": "object", "required": ["board"]}}})
+    assert call(run, "board__pin", board="a", note="y", extra=1).code == "check_first"
+    assert call(run, "board__pin", board="b", note="x").decision == "allow"
+
+
+def test_a_read_is_never_held_so_a_tool_can_be_its_own_check(run: Run, packs_dir: Path) -> None:
+    board_pack(packs_dir)
+    record_receipt(call(run, "board__status", action="set", text="away").call_id, TIMEOUT)
+    assert call(run, "board__status", action="set", text="away").code == "check_first"
+    show = call(run, "board__status", action="show")
+    assert show.decision == "allow"
+    record_receipt(show.call_id, {"receipt_schema": 1, "status": "succeeded"})
+    assert call(run, "board__status", action="set", text="away").decision == "allow"
+
+
+def test_an_interrupted_execution_holds_its_target_like_a_pack_result(run: Run, packs_dir: Path) -> None:
+    board_pack(packs_dir)
+    first = call(run, "board__post", board="a", text="hi")
+    services.record_gateway_receipt(first.call_id, "unknown", "the execution was interrupted", check_first=True)
+    assert call(run, "board__post", board="a", text="hi", again=True).code == "check_first"
+
+
 # --- category and gate -------------------------------------------------------------------------
 
 
@@ -178,6 +242,7 @@ def test_success_with_unverified_effects_is_downgraded(run: Run) -> None:
     assert partial.record.status == "partial" and partial.record.contradictions
     none = record_receipt(call(run, "demo__note", text="2").call_id, {"receipt_schema": 1, "status": "succeeded", "effects": effects[1:]})
     assert none.record.status == "unknown"
+    succeed(call(run, "demo__read"))  # an unknown holds demo__note (no target: the whole tool) until checked
     no_effect = record_receipt(call(run, "demo__note", text="3").call_id, {"receipt_schema": 1, "status": "succeeded"})
     assert no_effect.record.status == "unknown"
     assert all(e["category"] == "workspace" for e in partial.record.receipt["effects"])

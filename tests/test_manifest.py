@@ -88,3 +88,37 @@ def test_the_shipped_packs_load() -> None:
     packs = load_packs(settings.YIMI_PACKS_DIR)
     assert "workspace" in packs.packs, packs.refused
 
+
+def test_a_target_is_one_argument_name_or_a_list_of_them(tmp_path: Path) -> None:
+    for target in ("to", ["to", "thread"], []):
+        assert manifest_errors(with_tools({"t": {"effect": "send", "target": target}})) == []
+    for target in (3, [""], ["to", "to"], {"to": 1}):
+        errors = manifest_errors(with_tools({"t": {"effect": "send", "target": target}}))
+        assert errors and any("target" in e for e in errors), target
+    assert "target is an argument name or a list of argument names" in manifest_errors(with_tools({"t": {"effect": "send", "target": 3}}))[0]
+    write_pack(tmp_path, "sneaky", manifest("sneaky", tools={"t": {"effect": "send", "target": ["to", "idempotency_key"]}}))
+    assert load_packs(tmp_path).refused["sneaky"] == "tools.t.target names idempotency_key, which the gateway sets itself"
+
+
+def test_the_reserved_arguments_cover_every_trusted_field_of_the_gateway() -> None:
+    from capabilities.manifest import RESERVED_ARGUMENTS
+    from capabilities.services import OWNER_REQUESTED, PAYMENT_BUDGET, TRUSTED_FIELDS
+
+    assert {*TRUSTED_FIELDS, OWNER_REQUESTED, PAYMENT_BUDGET} <= RESERVED_ARGUMENTS
+
+
+def test_the_default_target_is_the_required_arguments_the_pack_host_listed(tmp_path: Path, monkeypatch: Any) -> None:
+    from capabilities import manifest as manifest_module
+
+    monkeypatch.setattr(manifest_module, "_LISTED_REQUIRED", {})
+    write_pack(tmp_path, "demo", manifest("demo", tools={"pin": {"effect": "workspace"}, "post": {"effect": "send", "target": "to"}}))
+    tools = load_packs(tmp_path).packs["demo"].tools
+    assert tools["pin"].target_names() == [] and tools["post"].target_names() == ["to"]  # nothing listed yet: the tool as a whole
+    manifest_module.note_listed_tools({
+        "demo__pin": {"input_schema": {"type": "object", "required": ["board", "idempotency_key"]}},
+        "demo__post": {"input_schema": {"type": "object", "required": ["to", "text"]}},
+    })
+    assert tools["pin"].target_names() == ["board"]  # reserved arguments are never a target
+    assert tools["post"].target_names() == ["to"]  # a declared target wins
+    assert tools["pin"].target_key({"board": "a", "note": "x"}) == tools["pin"].target_key({"board": "a", "note": "y", "extra": 1})
+    assert tools["pin"].target_key({"board": "a"}) != tools["pin"].target_key({"board": "b"})
