@@ -172,13 +172,21 @@ class DeviceConsumer(AsyncWebsocketConsumer):
         await self._send_pending_cards(device)
 
     async def _send_pending_cards(self, device: Device) -> None:
-        """Cards that were pushed while this device was away."""
-        from consent.services import card_devices, card_frame, pending_cards
+        """Cards that were pushed while this device was away, once per connection: open
+        consent cards (to phones and glasses) and open payment cards (to phones), each as
+        it was first sent."""
+        from consent import services as consent
+        from payments import services as payments
 
         def cards() -> list[dict[str, Any]]:
-            if device.is_guest or device.id not in card_devices(device.owner_id):
+            if device.is_guest:
                 return []
-            return [card_frame(c) for c in pending_cards(device.owner_id)]
+            frames = []
+            if device.id in consent.card_devices(device.owner_id):
+                frames += [consent.card_frame(c) for c in consent.pending_cards(device.owner_id)]
+            if device.id in payments.card_devices(device.owner_id):
+                frames += [payments.card_frame(a) for a in payments.pending_cards(device.owner_id)]
+            return frames
 
         for frame in await database_sync_to_async(cards)():
             await self._send(frame)

@@ -75,6 +75,9 @@ class PaymentAuthorization(models.Model):
     used_at = models.DateTimeField(null=True, blank=True)
     authorized_by = models.ForeignKey("devices.Device", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     void_reason = models.CharField(max_length=100, blank=True)
+    # The phone card as it was issued (the ``payment.card`` frame): a phone that connects
+    # later is sent exactly this, never a card rebuilt from an intent that moved on.
+    card = models.JSONField(default=dict, blank=True)
 
 
 class UnlockLease(models.Model):

@@ -120,7 +120,7 @@ def open_authorization(intent: PaymentIntent, call: Any) -> PaymentAuthorization
     intent.refresh_from_db()
     assert intent.amount is not None, "gate() lets a payment ask only after the checkout amount was read"
     auto = autopay_check(intent)
-    auth = PaymentAuthorization.objects.create(
+    auth = PaymentAuthorization(
         intent=intent,
         call=call,
         amount=intent.amount,
@@ -128,6 +128,9 @@ def open_authorization(intent: PaymentIntent, call: Any) -> PaymentAuthorization
         method=PaymentAuthorization.Method.AUTO if auto.ok else PaymentAuthorization.Method.PHONE_CARD,
         card_expires_at=now + timedelta(seconds=settings.PAYMENT_CARD_TTL_SECONDS),
     )
+    if not auto.ok:
+        auth.card = _issued_card(auth, intent)  # what the phone is shown, now and on reconnect
+    auth.save(force_insert=True)
     if auto.ok:
         authorize(auth, method=PaymentAuthorization.Method.AUTO, device=None, undo_seconds=settings.PAYMENTS_AUTOPAY_UNDO_SECONDS)
     log_event("payment_authorization_opened", intent_id=str(intent.id), method=auth.method, reasons=auto.reasons)
@@ -160,7 +163,14 @@ def payment_card_message(auth: PaymentAuthorization, answer: str) -> bytes:
 
 
 def card_frame(auth: PaymentAuthorization) -> dict[str, Any]:
-    intent = auth.intent
+    """The ``payment.card`` frame: the card as it was issued (stored with the
+    authorization), so every push of it, before or after a reconnect, says the same."""
+    if auth.card:
+        return dict(auth.card)
+    return _issued_card(auth, auth.intent)
+
+
+def _issued_card(auth: PaymentAuthorization, intent: PaymentIntent) -> dict[str, Any]:
     return {
         "type": "payment.card",
         "authorization_id": str(auth.id),
@@ -183,6 +193,23 @@ def card_devices(owner_id: int) -> list[Any]:
     from devices.services import owner_devices_preferring
 
     return owner_devices_preferring(owner_id, (Device.Kind.PHONE,))
+
+
+def pending_cards(owner_id: int, now: datetime | None = None) -> list[PaymentAuthorization]:
+    """Open payment cards: phone cards still waiting for the owner's answer and not
+    expired at ``now``, oldest first. A phone that connects later is sent each of them
+    once per connection (``devices.consumers``); an answered or expired card is not."""
+    now = now or timezone.now()
+    return list(
+        PaymentAuthorization.objects.select_related("intent")
+        .filter(
+            intent__owner_id=owner_id,
+            method=PaymentAuthorization.Method.PHONE_CARD,
+            state=PaymentAuthorization.State.PENDING,
+            card_expires_at__gt=now,
+        )
+        .order_by("created_at", "id")
+    )
 
 
 def push_card_after_commit(auth: PaymentAuthorization) -> None:

@@ -372,3 +372,64 @@ def test_voice_confirm_never_rests_on_a_trust_window(voice_pay_on: Any, phone: A
     with pytest.raises(YimiError) as err:
         payments.voice_confirm(phone.device, auth.id, spoken.entry.seq)
     assert err.value.code == "not_confirmed"
+
+
+# --- payment cards on reconnect ---------------------------------------------------------------------
+
+
+def issue_payment_card(run: Run) -> str:
+    """A phone card through the gateway, as after a checkout that read back 18.00."""
+    PaymentIntent.objects.create(
+        owner=run.owner, run=run, payee="milk-tea-shop", merchant="奶茶小铺", amount=Decimal("18.00"),
+        items=[{"name": "珍珠奶茶", "quantity": 1}], eta="30 分钟",
+    )
+    decision = decide(CallRequest(str(run.id), "shop__pay", {}))
+    assert (decision.decision, decision.code) == ("ask", "waiting_for_authorization")
+    return str(decision.card_id)
+
+
+async def frames_after_ready(comm: Any) -> list[dict[str, Any]]:
+    """Everything the server sent on this connection after ``ready``, up to a ping's pong."""
+    await comm.send_json_to({"type": "ping", "id": "p"})
+    frames = []
+    while (frame := json.loads(await comm.receive_from(timeout=5)))["type"] != "pong":
+        frames.append(frame)
+    return frames
+
+
+def payment_cards(frames: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [f for f in frames if f["type"] == "payment.card"]
+
+
+async def test_an_open_payment_card_reaches_a_phone_that_connects_later_once_as_first_sent(phone: Any, make_device: Any) -> None:
+    mac = await db_async(make_device)("mac")  # payment cards go to phones only
+    first, _ = await open_socket(phone)
+    run = await db_async(new_run)(phone)
+    card_id = await db_async(issue_payment_card)(run)
+    original = await receive_until(first, "payment.card")
+    assert original["authorization_id"] == card_id
+    await first.disconnect()
+    # the intent moves on (another checkout read) while the phone is away: the card does not
+    await db_async(PaymentIntent.objects.filter(run=run).update)(items=[{"name": "芋泥奶茶", "quantity": 2}], eta="45 分钟")
+
+    later, _ = await open_socket(phone)
+    assert payment_cards(await frames_after_ready(later)) == [original]  # once, with the same id and payload
+    await later.disconnect()
+    other, _ = await open_socket(mac)
+    assert payment_cards(await frames_after_ready(other)) == []
+    await other.disconnect()
+
+    await db_async(answer)(phone, card_id, "deny")
+    answered, _ = await open_socket(phone)
+    assert payment_cards(await frames_after_ready(answered)) == []
+    await answered.disconnect()
+
+
+async def test_an_expired_payment_card_is_not_sent_again(phone: Any) -> None:
+    run = await db_async(new_run)(phone)
+    card_id = await db_async(issue_payment_card)(run)
+    await db_async(PaymentAuthorization.objects.filter(id=card_id).update)(card_expires_at=timezone.now() - timedelta(seconds=1))
+    assert await db_async(payments.pending_cards)(run.owner_id) == []
+    comm, _ = await open_socket(phone)
+    assert payment_cards(await frames_after_ready(comm)) == []
+    await comm.disconnect()
