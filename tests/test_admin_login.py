@@ -61,3 +61,9 @@ def test_a_successful_login_starts_the_count_again(owner: Any, settings: Any) ->
     for _ in range(settings.AXES_FAILURE_LIMIT - 1):
         assert log_in(client, "wrong password").status_code == 200
     assert log_in(client, PASSWORD).status_code == 302
+
+
+def test_lockouts_are_not_in_the_admin(owner: Any) -> None:
+    from django.contrib import admin
+
+    assert not [m for m in admin.site._registry if m._meta.app_label == "axes"]

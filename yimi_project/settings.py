@@ -241,6 +241,9 @@ AXES_COOLOFF_TIME = env.int("YIMI_ADMIN_LOGIN_COOLOFF_MINUTES", default=15) / 60
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 AXES_CLIENT_IP_CALLABLE = "yimi_project.login_lockout.client_address"
 AXES_RESET_ON_SUCCESS = True
+# Not in the admin (every admin there shows the owner's content to the owner only): lockouts are
+# listed and lifted with manage.py axes_list_attempts / axes_reset_*.
+AXES_ENABLE_ADMIN = False
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = env.str("YIMI_TIME_ZONE", default="UTC")
 USE_I18N = True
