@@ -19,6 +19,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from brain.models import AgentTask, Run
+from memory.copies import ForgottenContent, rows_in_chunks
 from yimi_project.errors import YimiError
 from yimi_project.ids import uuid_or_nil
 
@@ -151,3 +152,24 @@ def tasks_to_recover() -> list[Any]:
 
 def _owner_of(run_id: Any) -> int | None:
     return Run.objects.filter(id=run_id).values_list("owner_id", flat=True).first()
+
+
+def redact_payload(owner_id: int, content: ForgottenContent) -> dict[str, int]:
+    """Redact copies of forgotten memory payloads in the owner's sub-agent tasks — the goal
+    the main agent wrote, the result, the owner's steering — written back where something
+    changed. Memory's ``forget`` calls this (registered in ``memory.copies``) inside its
+    transaction. Returns rows changed per place."""
+    changed = 0
+    tasks = AgentTask.objects.filter(run__owner_id=owner_id).only("id", "goal", "result", "steer_pending", "steer_delivered")
+    for chunk in rows_in_chunks(tasks):
+        for task in chunk:
+            fields = {
+                "goal": content.redact_text(task.goal),
+                "result": content.redact_text(task.result),
+                "steer_pending": content.redact(task.steer_pending),
+                "steer_delivered": content.redact(task.steer_delivered),
+            }
+            if any(value != getattr(task, name) for name, value in fields.items()):
+                AgentTask.objects.filter(id=task.id).update(**fields)
+                changed += 1
+    return {"agent_tasks": changed}

@@ -4,3 +4,9 @@ from django.apps import AppConfig
 class CapabilitiesConfig(AppConfig):
     name = "capabilities"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from capabilities.services import redact_payload
+        from memory import copies
+
+        copies.register("capabilities", redact_payload)  # forgetting redacts the copies in this app's tables

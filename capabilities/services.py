@@ -20,6 +20,7 @@ from brain.services import run_binding
 from capabilities.manifest import SEPARATOR, ToolDecl, load_packs
 from capabilities.models import ReceiptRecord, ToldFact, ToolCall
 from capabilities.receipts import needs_check, normalize
+from memory.copies import ForgottenContent, redacted_text, rows_in_chunks
 from yimi_project.errors import YimiError
 from yimi_project.ids import uuid_or_nil
 
@@ -537,3 +538,38 @@ def facts_carried(owner_id: int, entry_id: int, fact_ids: list[str]) -> None:
 def acknowledge_entry(entry_id: int) -> int:
     """A device ACKed the reply ``entry_id``: the facts it carried are now told."""
     return ToldFact.objects.filter(entry_id=entry_id, acknowledged_at__isnull=True).update(acknowledged_at=timezone.now())
+
+
+# --- forgetting --------------------------------------------------------------------------------
+
+
+def redact_payload(owner_id: int, content: ForgottenContent) -> dict[str, int]:
+    """Redact copies of forgotten memory payloads in the owner's ledger. Memory's
+    ``forget`` calls this (registered in ``memory.copies``) inside its transaction.
+
+    Steps: 1. every call of the owner, in chunks: its executed arguments, decision reason
+    and observed error are redacted (``ForgottenContent``) and written back where something
+    changed; 2. the same for every receipt: the normalized receipt, its violations and
+    contradictions — the one change a receipt ever gets. Fingerprints and digests stay:
+    they hold no text, and the duplicate and unknown guards need them. A card still
+    waiting on a redacted call is consent's to withdraw (``consent.services.redact_payload``).
+    Returns the rows changed per place.
+    """
+    calls = receipts = 0
+    owned_calls = ToolCall.objects.filter(owner_id=owner_id).only("id", "arguments", "decision_reason", "observed_error")
+    for chunk in rows_in_chunks(owned_calls):
+        for call in chunk:
+            arguments = content.redact(call.arguments)
+            reason = redacted_text(content, call.decision_reason, 300)
+            error = redacted_text(content, call.observed_error, 300)
+            if (arguments, reason, error) != (call.arguments, call.decision_reason, call.observed_error):
+                ToolCall.objects.filter(id=call.id).update(arguments=arguments, decision_reason=reason, observed_error=error)
+                calls += 1
+    owned_receipts = ReceiptRecord.objects.filter(owner_id=owner_id).only("id", "receipt", "violations", "contradictions")
+    for chunk in rows_in_chunks(owned_receipts):
+        for record in chunk:
+            fields = {name: content.redact(getattr(record, name)) for name in ("receipt", "violations", "contradictions")}
+            if any(fields[name] != getattr(record, name) for name in fields):
+                ReceiptRecord.objects.filter(id=record.id).update(**fields)
+                receipts += 1
+    return {"tool_calls": calls, "receipts": receipts}

@@ -21,6 +21,7 @@ from django.utils import timezone
 from consent.models import ConsentCard, ExecutionToken, RememberedConsent, RidePermission
 from devices import signatures
 from devices.models import Device
+from memory.copies import ForgottenContent, redacted_text, rows_in_chunks
 from yimi_project.errors import YimiError
 from yimi_project.ids import uuid_or_nil
 from yimi_project.logs import log_event
@@ -308,3 +309,52 @@ def pending_card_exists(owner_id: int, fingerprint: str) -> bool:
     return ConsentCard.objects.filter(
         owner_id=owner_id, call__fingerprint=fingerprint, state=ConsentCard.State.PENDING, expires_at__gt=timezone.now()
     ).exists()
+
+
+# --- forgetting -------------------------------------------------------------------------------------
+
+
+def redact_payload(owner_id: int, content: ForgottenContent) -> dict[str, int]:
+    """Redact copies of forgotten memory payloads in the owner's cards, and withdraw the
+    cards that would still run one. Memory's ``forget`` calls this (registered in
+    ``memory.copies``) inside its transaction.
+
+    Steps: 1. every card's preview and target are redacted where they hold a copy, and
+    written back where something changed; 2. a card still waiting — ``pending``, or
+    ``approved`` with its execution token still ``ready`` — whose call's arguments hold a
+    copy, or no longer match the digest the owner was shown (the gateway redacted them
+    already), is withdrawn: ``pending`` → ``expired``, or the token ``ready`` → ``done``
+    (outcome ``withdrawn``), each a conditional UPDATE, with a ``cancelled`` receipt for
+    the call; a card answered meanwhile keeps its answer. Returns rows changed per place.
+    """
+    from capabilities.services import canonical, record_gateway_receipt, sha256
+
+    previews = withdrawn = 0
+    cards = ConsentCard.objects.filter(owner_id=owner_id).select_related("call", "token").only(
+        "id", "preview", "target", "state", "arguments_digest", "call__id", "call__arguments", "token__state"
+    )
+    for chunk in rows_in_chunks(cards):
+        for card in chunk:
+            preview, target = redacted_text(content, card.preview, 500), redacted_text(content, card.target, 300)
+            if (preview, target) != (card.preview, card.target):
+                ConsentCard.objects.filter(id=card.id).update(preview=preview, target=target)
+                previews += 1
+            ready = card.state == ConsentCard.State.APPROVED and hasattr(card, "token") and card.token.state == ExecutionToken.State.READY
+            if card.state != ConsentCard.State.PENDING and not ready:
+                continue
+            arguments = card.call.arguments
+            if content.redact(arguments) == arguments and sha256(canonical(arguments)) == card.arguments_digest:
+                continue
+            if card.state == ConsentCard.State.PENDING:
+                closed = ConsentCard.objects.filter(id=card.id, state=ConsentCard.State.PENDING).update(
+                    state=ConsentCard.State.EXPIRED, answered_at=timezone.now()
+                )
+            else:
+                closed = ExecutionToken.objects.filter(card_id=card.id, state=ExecutionToken.State.READY).update(
+                    state=ExecutionToken.State.DONE, finished_at=timezone.now(), outcome="withdrawn"
+                )
+            if closed:
+                reason = "withdrawn: it held something the owner asked Yimi to forget; not executed"
+                record_gateway_receipt(card.call_id, "cancelled", reason)
+                withdrawn += 1
+    return {"card_previews": previews, "cards_withdrawn": withdrawn}

@@ -7,8 +7,10 @@
   one is marked ``needs_reevaluation`` (the mark never negates a conclusion).
 - ``forget``: a recursive query over every historical dependency finds what is affected;
   the payloads and evidence of all their versions are erased, a tombstone stays, and a
-  later commit to any of them is refused with ``forgotten``. The result says exactly what
-  was erased and what was not (L4, L5 and backups are never claimed).
+  later commit to any of them is refused with ``forgotten``. Copies of those payloads that
+  other apps keep (the gateway's ledger, consent cards, sub-agent tasks) are redacted by
+  those apps' own services (``memory.copies``). The result says exactly what was erased,
+  which copies were redacted, and what was not (L4, L5 and backups are never claimed).
 - ``query`` / ``history`` / ``forget_preview``: reads.
 
 The two graph walks are recursive CTEs that PostgreSQL and SQLite both run (SQLite has
@@ -30,7 +32,7 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from memory import speaking_rules
+from memory import copies, speaking_rules
 from memory.locks import lock_owner_memory
 from memory.models import (
     Assertion,
@@ -64,7 +66,7 @@ NOT_ERASED = (
     "L4 timeline entries (including those cited as evidence)",
     "L5 raw originals (audio, images, events)",
     "backups",
-    "receipts the capability gateway already recorded",
+    "one-way digests of calls and cards (fingerprints), which hold no text",
 )
 
 
@@ -235,13 +237,18 @@ class ForgetResult:
     versions_erased: int
     already_forgotten: bool
     forgotten_at: str
+    redacted: dict[str, int] = field(default_factory=dict)  # "app.place" → rows holding a copy, redacted
     replayed: bool = False
 
     def payload(self) -> dict[str, Any]:
         body = asdict(self)
         body.update(
             assertions_forgotten=len(self.forgotten),
-            erased="the payload and evidence of every version of the L3 assertions listed in 'forgotten'",
+            erased=(
+                "the payload and evidence of every version of the L3 assertions listed in 'forgotten'; "
+                "copies of those payloads elsewhere on the platform (tool call ledger, consent cards, "
+                "sub-agent tasks) are redacted, counted per place in 'redacted'"
+            ),
             kept="a tombstone per assertion: its id, predicate, version numbers and when it was forgotten",
             not_erased=list(NOT_ERASED),
         )
@@ -250,7 +257,7 @@ class ForgetResult:
     @classmethod
     def from_stored(cls, data: dict[str, Any]) -> ForgetResult:
         keys = ("target", "request_id", "forgotten", "versions_erased", "already_forgotten", "forgotten_at")
-        return cls(**{k: data[k] for k in keys})
+        return cls(**{k: data[k] for k in keys}, redacted=dict(data.get("redacted") or {}))
 
 
 def _replay(owner_id: int, request_id: str, fingerprint: str) -> dict[str, Any] | None:
@@ -516,11 +523,14 @@ def forget(owner_id: int, assertion_id: Any, *, request_id: str, actor: str = "o
     3. the recursive query collects the target and every assertion that depended on it
     through any historical version; 4. erase the payload and evidence of all their
     versions (``UPDATE ... WHERE erased = false``) and turn them into tombstones
-    (``state = forgotten``); 5. check that no payload of theirs is left — if one is, raise
-    ``forget_incomplete`` and roll everything back; 6. reset every memory session that was
-    told any of them (its stored prompt blocks hold copies); 7. store the receipt. After
-    commit the projections are regenerated. An already forgotten target is a success
-    with nothing more erased.
+    (``state = forgotten``), keeping the erased payloads in hand; 5. check that no payload
+    of theirs is left — if one is, raise ``forget_incomplete`` and roll everything back;
+    6. reset every memory session that was told any of them (its stored prompt blocks hold
+    copies); 7. every app that keeps copies redacts them through its own service
+    (``memory.copies.redact_copies``: the ledger's arguments and results, card previews,
+    sub-agent tasks), and the counts per place go in the result — a redactor that fails
+    rolls the whole forget back; 8. store the receipt. After commit the projections are
+    regenerated. An already forgotten target is a success with nothing more erased.
     """
     if not REQUEST_ID.match(request_id or ""):
         raise YimiError("invalid_request", "request_id must be 1-64 characters of letters, digits and ._:@-")
@@ -539,9 +549,13 @@ def forget(owner_id: int, assertion_id: Any, *, request_id: str, actor: str = "o
         ids = sorted(affected_by_forgetting(target.id), key=str)
         rows = {a.id: a for a in _in_chunks(Assertion.objects.filter(owner_id=owner_id), ids)}
         erased_per: dict[uuid.UUID, int] = {}
+        payloads: list[Any] = []
         for chunk in _chunks(ids):
             for aid, count in _count_unerased(chunk).items():
                 erased_per[aid] = count
+            payloads.extend(
+                AssertionVersion.objects.filter(assertion_id__in=chunk, erased=False, payload__isnull=False).values_list("payload", flat=True)
+            )
             AssertionVersion.objects.filter(assertion_id__in=chunk, erased=False).update(payload=None, evidence=[], erased=True)
             Assertion.objects.filter(id__in=chunk, state=Assertion.State.ACTIVE).update(
                 state=Assertion.State.FORGOTTEN, summary="", needs_reevaluation=False, reevaluation_reason="", marked_at=None,
@@ -564,16 +578,21 @@ def forget(owner_id: int, assertion_id: Any, *, request_id: str, actor: str = "o
             if aid in rows and erased_per.get(aid, 0) > 0
         ]
         _reset_sessions_told(owner_id, {str(i) for i in ids})
+        redacted = copies.redact_copies(owner_id, copies.ForgottenContent(payloads))
         result = ForgetResult(
             target=str(target.id), request_id=request_id, forgotten=forgotten,
             versions_erased=sum(f["versions_erased"] for f in forgotten), already_forgotten=already, forgotten_at=now.isoformat(),
+            redacted=redacted,
         )
         stored_result = asdict(result)
         stored_result.pop("replayed")
         MemoryReceipt.objects.create(owner_id=owner_id, request_id=request_id, kind="forget", fingerprint=fingerprint, result=stored_result)
         if any(rows[i].predicate in PROJECTED_PREDICATES for i in ids if i in rows):
             transaction.on_commit(partial(_regenerate_projections, owner_id))
-    log_event("assertions_forgotten", target=str(target.id), assertions=len(forgotten), versions=result.versions_erased, actor=actor)
+    log_event(
+        "assertions_forgotten", target=str(target.id), assertions=len(forgotten), versions=result.versions_erased, actor=actor,
+        copies_redacted=sum(redacted.values()),
+    )
     return result
 
 

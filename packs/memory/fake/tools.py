@@ -37,13 +37,17 @@ PREDICATE = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*$")
 REQUEST_ID = re.compile(r"^[A-Za-z0-9._:@-]{1,64}$")
 CORE_PROFILE, SPEAKING = "core_profile.entry", "speaking.preferences"
 # The same words as memory.assertions.ForgetResult.payload().
-ERASED = "the payload and evidence of every version of the L3 assertions listed in 'forgotten'"
+ERASED = (
+    "the payload and evidence of every version of the L3 assertions listed in 'forgotten'; "
+    "copies of those payloads elsewhere on the platform (tool call ledger, consent cards, "
+    "sub-agent tasks) are redacted, counted per place in 'redacted'"
+)
 KEPT = "a tombstone per assertion: its id, predicate, version numbers and when it was forgotten"
 NOT_ERASED = [
     "L4 timeline entries (including those cited as evidence)",
     "L5 raw originals (audio, images, events)",
     "backups",
-    "receipts the capability gateway already recorded",
+    "one-way digests of calls and cards (fingerprints), which hold no text",
 ]
 
 
@@ -308,7 +312,7 @@ class FakePlatform:
         forgotten.sort(key=lambda f: (f["role"] != "target", f["predicate"], f["id"]))
         result = {"target": target.id, "request_id": request_id, "forgotten": forgotten,
                   "versions_erased": sum(f["versions_erased"] for f in forgotten), "already_forgotten": already,
-                  "forgotten_at": at, "assertions_forgotten": len(forgotten), "erased": ERASED, "kept": KEPT,
+                  "forgotten_at": at, "redacted": {}, "assertions_forgotten": len(forgotten), "erased": ERASED, "kept": KEPT,
                   "not_erased": list(NOT_ERASED)}
         self.receipts[request_id] = (fingerprint, result)
         return {**result, "replayed": False}

@@ -233,9 +233,11 @@ def forget(args: dict[str, Any]) -> dict[str, Any]:
     effects = [effect(f"assertion:{payload['target']}", "forget", "service_ack")]
     effects += [effect(f"assertion:{f['id']}", "forget", "service_ack") for f in listed if f["id"] != payload["target"]]
     not_erased = "; ".join(payload.get("not_erased", []))
+    redacted = payload.get("redacted") if isinstance(payload.get("redacted"), dict) else {}
+    copies = ", ".join(f"{place} {rows}" for place, rows in sorted(redacted.items()) if rows) or "none found"
     text = (
         f"Erased: {payload.get('erased', '')} ({len(forgotten)} assertions, {payload['versions_erased']} versions). "
-        f"Kept: {payload.get('kept', '')}. " + NOT_ERASED_TEXT.format(not_erased)
+        f"Copies redacted: {copies}. Kept: {payload.get('kept', '')}. " + NOT_ERASED_TEXT.format(not_erased)
     )
     summary = f"forgot {len(forgotten)} assertions ({payload['versions_erased']} versions erased)"
     if payload.get("already_forgotten"):
