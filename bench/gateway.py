@@ -81,19 +81,23 @@ def main() -> None:
     import httpx
 
     port = free_port()
+    socket_path = Path(settings.DATA_DIR) / "sockets" / f"bench-{port}.sock"
+    socket_path.parent.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, YIMI_LOG_LEVEL="WARNING")
     daphne = subprocess.Popen(
-        [str(Path(sys.executable).parent / "daphne"), "-b", "127.0.0.1", "-p", str(port), "yimi_project.asgi:application"],
+        [str(Path(sys.executable).parent / "daphne"), "-b", "127.0.0.1", "-p", str(port), "-u", str(socket_path),
+         "yimi_project.asgi:application"],
         cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     try:
-        base = f"http://127.0.0.1:{port}/internal/gateway"
+        # The gateway's HTTP interface is on the internal listener (daphne's Unix socket).
+        base = f"http://{settings.INTERNAL_HOST}/internal/gateway"
         headers = {"X-Yimi-Internal-Token": settings.INTERNAL_TOKEN}
-        with httpx.Client(headers=headers, timeout=10) as client:
+        with httpx.Client(headers=headers, timeout=10, transport=httpx.HTTPTransport(uds=str(socket_path))) as client:
             deadline = time.monotonic() + 30
             while True:
                 try:
-                    client.get(f"http://127.0.0.1:{port}/api/health/")
+                    client.get(f"http://{settings.INTERNAL_HOST}/api/health/")
                     break
                 except httpx.HTTPError:
                     if time.monotonic() > deadline:
@@ -103,10 +107,13 @@ def main() -> None:
             def over_http(i: int) -> None:
                 decided = client.post(f"{base}/decide/", json={"run_id": run_id, "tool": "demo__read", "arguments": {"key": f"h{i}"}}).json()
                 assert decided["decision"] == "allow", decided
-                stored = client.post(f"{base}/receipt/", json={"call_id": decided["call_id"], "result": result})
+                stored = client.post(
+                    f"{base}/receipt/",
+                    json={"call_id": decided["call_id"], "capability": decided["receipt_capability"], "result": result},
+                )
                 assert stored.status_code == 200, stored.text
 
-            rows.append(("loopback HTTP (daphne)", *measure(over_http, args.calls)))
+            rows.append(("HTTP, Unix socket (daphne)", *measure(over_http, args.calls)))
     finally:
         daphne.terminate()
         daphne.wait(10)

@@ -2,7 +2,8 @@
 executes over MCP, and comes back as a receipt (F2 from the caller's side).
 
 Two transports for the same three operations: in-process service calls (default) and
-the loopback HTTP endpoints (``YIMI_GATEWAY_URL``). Either way the caller waits at most
+the HTTP endpoints on the internal listener (``YIMI_GATEWAY_OVER_HTTP``; a receipt or
+observation there needs the call's receipt capability from ``decide``). Either way the caller waits at most
 ``GATEWAY_DECIDE_TIMEOUT`` (3 s) for ``decide``. Never default to success: if the gateway
 cannot be reached, the tool is not executed ("not executed this time"); if the receipt
 cannot be recorded after execution, the model is told "result not yet verified".
@@ -66,14 +67,18 @@ class InProcessTransport(GatewayTransport):
 
 
 class HttpTransport(GatewayTransport):
-    def __init__(self, base_url: str) -> None:
-        self.base_url = base_url.rstrip("/")
+    """The gateway's HTTP interface on the platform's internal listener (a Unix socket)."""
+
+    def __init__(self, socket_path: str) -> None:
+        self.socket_path = socket_path
 
     async def _post(self, op: str, payload: dict[str, Any]) -> dict[str, Any]:
         try:
-            async with httpx.AsyncClient(timeout=settings.GATEWAY_DECIDE_TIMEOUT_SECONDS) as client:
+            async with httpx.AsyncClient(
+                transport=httpx.AsyncHTTPTransport(uds=self.socket_path), timeout=settings.GATEWAY_DECIDE_TIMEOUT_SECONDS
+            ) as client:
                 response = await client.post(
-                    f"{self.base_url}/{op}/", json=payload, headers={TOKEN_HEADER: settings.INTERNAL_TOKEN}
+                    f"http://{settings.INTERNAL_HOST}/internal/gateway/{op}/", json=payload, headers={TOKEN_HEADER: settings.INTERNAL_TOKEN}
                 )
         except httpx.HTTPError as exc:
             raise GatewayUnavailable(f"{op}: {type(exc).__name__}") from None
@@ -103,8 +108,9 @@ async def _timed(awaitable: Any) -> Any:
 
 
 def transport() -> GatewayTransport:
-    url = settings.YIMI_GATEWAY_URL
-    return HttpTransport(url) if url else InProcessTransport()
+    if settings.YIMI_GATEWAY_OVER_HTTP:
+        return HttpTransport(str(settings.YIMI_INTERNAL_SOCKET))
+    return InProcessTransport()
 
 
 @dataclass
@@ -134,17 +140,24 @@ async def call_tool(run_id: str, agent_id: str, tool: str, arguments: Any, *, ga
         return ToolOutcome(tool, decided["decision"], decided["code"], text, call_id=decided.get("call_id"))
 
     started = time.monotonic()
-    result = await on_host_loop(lambda m: m.call(tool, decided["arguments"], timeout=settings.PACK_CALL_TIMEOUT_SECONDS))
+    result = await on_host_loop(
+        lambda m: m.call(
+            tool, decided["arguments"], timeout=settings.PACK_CALL_TIMEOUT_SECONDS, capability=decided.get("pack_capability")
+        )
+    )
     duration_ms = int((time.monotonic() - started) * 1000)
     transport_error = result.transport_error or (f"the tool reported an error: {result.text[:200]}" if result.is_error else None)
+    proof = decided.get("receipt_capability")
     try:
         stored = await gateway.receipt(
-            {"call_id": decided["call_id"], "result": result.structured, "transport_error": transport_error}
+            {"call_id": decided["call_id"], "result": result.structured, "transport_error": transport_error, "capability": proof}
         )
     except (GatewayUnavailable, YimiError):
         return ToolOutcome(tool, decided["decision"], "receipt_unrecorded", NOT_VERIFIED, call_id=decided["call_id"], executed=True)
     try:
-        await gateway.observe({"call_id": decided["call_id"], "duration_ms": duration_ms, "error": transport_error or ""})
+        await gateway.observe(
+            {"call_id": decided["call_id"], "duration_ms": duration_ms, "error": transport_error or "", "capability": proof}
+        )
     except (GatewayUnavailable, YimiError):
         pass  # observing is best effort and never changes a receipt
     receipt = stored["receipt"]

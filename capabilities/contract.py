@@ -1,12 +1,12 @@
 """Contract tests for capability packs: the real server and the fake answer alike.
 
-``run_contract(pack_dir, fake=...)`` starts the pack's host as a subprocess
-(``python -m capabilities.mcp_host.host --packs-dir <parent> --select <pack> [--fake]``),
-connects with the MCP client and runs the cases of the pack's contract file
-(``tests.contract`` in plugin.json). Every run gets a fresh temporary directory for
-``YIMI_WORKSPACE_DIR`` and ``YIMI_MAIL_DIR``, so the real server and the fake both start
-empty; ``env`` adds or overrides variables (e.g. ``YIMI_PLATFORM_URL`` and
-``YIMI_INTERNAL_TOKEN`` for a pack that calls the platform).
+``run_contract(pack_dir, fake=...)`` starts the pack's host as a sandboxed subprocess
+(``python -m capabilities.mcp_host.host --packs-dir <parent> --select <pack> [--fake]``
+inside ``capabilities.mcp_host.sandbox``, with only what the pack declares), connects
+with the MCP client and runs the cases of the pack's contract file (``tests.contract``
+in plugin.json). Every run gets fresh temporary directories, so the real server and the
+fake both start empty. A pack with a ``platform_api`` calls the platform's internal socket
+with a capability minted per step (``owner_id``: whom it acts for).
 
 Contract file (YAML)::
 
@@ -15,7 +15,7 @@ Contract file (YAML)::
     cases:
       - name: create then cancel    # required, unique
         only: real                  # optional: run against the real server only (or: fake)
-        env: {YIMI_PLATFORM_URL: "http://127.0.0.1:${free_port}"}
+        env: {YIMI_PLATFORM_SOCKET: "/nonexistent/yimi.sock"}
                                     # optional: this case runs in its own host with these
                                     # variables added
         steps:
@@ -55,23 +55,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import re
 import socket
-import sys
 import tempfile
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import yaml
-from mcp import ClientSession, StdioServerParameters, stdio_client
+from django.conf import settings
+from mcp import ClientSession, stdio_client
 
 from capabilities.manifest import ManifestError, Pack, load_pack
+from capabilities.mcp_host.sandbox import PackGrant, PlatformPaths, grant_for, host_parameters
 from capabilities.receipts import normalize, schema_errors
+from yimi_project import call_capability
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_STEP_TIMEOUT = 30.0
 STARTUP_TIMEOUT = 60.0
 EXPECT_KEYS = {
@@ -111,19 +111,23 @@ class ContractFormatError(Exception):
     pass
 
 
-def platform_env(pack: Pack, *, url: str, token: str) -> dict[str, str]:
-    """The variables a pack needs to call the platform: the URL when it may reach loopback,
-    the internal token only when it declares that secret."""
-    env: dict[str, str] = {}
-    if "loopback" in pack.ext["network"]["egress"]:
-        env["YIMI_PLATFORM_URL"] = url
-    if "YIMI_INTERNAL_TOKEN" in pack.ext["secrets"]:
-        env["YIMI_INTERNAL_TOKEN"] = token
-    return env
+def run_contract(
+    pack_dir: Path,
+    *,
+    fake: bool,
+    env: dict[str, str] | None = None,
+    paths: PlatformPaths | None = None,
+    owner_id: int | None = None,
+) -> ContractReport:
+    """Run the pack's contract against its real server (or its fake) and report per case.
 
-
-def run_contract(pack_dir: Path, *, fake: bool, env: dict[str, str] | None = None) -> ContractReport:
-    """Run the pack's contract against its real server (or its fake) and report per case."""
+    The host runs sandboxed with what the pack declares, as the platform runs it. Unless
+    ``paths`` says otherwise, every run gets fresh temporary directories (workspace, mail
+    store, data directory), so the real server and the fake both start empty. A pack with
+    a ``platform_api`` reaches the platform's internal socket; each step carries a
+    capability minted for that step's call as the gateway would (acting for ``owner_id``).
+    ``env`` adds variables (e.g. ``YIMI_SHOP_PRICE_DRIFT``).
+    """
     pack_dir = Path(pack_dir).resolve()
     report = ContractReport(pack=pack_dir.name, fake=fake)
     try:
@@ -134,14 +138,13 @@ def run_contract(pack_dir: Path, *, fake: bool, env: dict[str, str] | None = Non
         return report
     report.pack = pack.name
     with tempfile.TemporaryDirectory(prefix=f"yimi-contract-{pack.name}-") as tmp:
-        base_env = {
-            "PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p),
-            "PYTHONDONTWRITEBYTECODE": "1",
-            "YIMI_WORKSPACE_DIR": str(Path(tmp) / "workspace"),
-            "YIMI_MAIL_DIR": str(Path(tmp) / "mail"),
-            **(env or {}),
-        }
-        asyncio.run(_run(pack, contract, fake, base_env, Path(tmp), report))
+        paths = paths or PlatformPaths(
+            data_dir=Path(tmp) / "data", workspace_dir=Path(tmp) / "workspace", mail_dir=Path(tmp) / "mail",
+            secrets_dir=Path(settings.SECRETS_DIR), internal_socket=Path(settings.YIMI_INTERNAL_SOCKET),
+        )
+        grant = grant_for([pack], paths)
+        grant.env.update(env or {})
+        asyncio.run(_run(pack, contract, fake, grant, Path(tmp), report, owner_id))
     return report
 
 
@@ -179,10 +182,10 @@ def load_contract(pack: Pack) -> dict[str, Any]:
 
 
 class _Host:
-    """One pack host subprocess and its client session."""
+    """One sandboxed pack host subprocess and its client session."""
 
-    def __init__(self, pack: Pack, fake: bool, env: dict[str, str], errlog_path: Path) -> None:
-        self.pack, self.fake, self.env, self.errlog_path = pack, fake, env, errlog_path
+    def __init__(self, pack: Pack, fake: bool, grant: PackGrant, errlog_path: Path) -> None:
+        self.pack, self.fake, self.grant, self.errlog_path = pack, fake, grant, errlog_path
         self.stack = contextlib.AsyncExitStack()
         self.session: ClientSession | None = None
         self.problem: str | None = None
@@ -191,9 +194,9 @@ class _Host:
         args = ["-m", "capabilities.mcp_host.host", "--packs-dir", str(self.pack.path.parent), "--select", self.pack.name]
         if self.fake:
             args.append("--fake")
-        params = StdioServerParameters(command=sys.executable, args=args, env=self.env, cwd=str(REPO_ROOT))
         errlog = self.stack.enter_context(open(self.errlog_path, "a", encoding="utf-8"))
         try:
+            params = host_parameters(args, self.grant, readable=[self.pack.path.parent])
             read, write = await self.stack.enter_async_context(stdio_client(params, errlog=errlog))
             self.session = await self.stack.enter_async_context(ClientSession(read, write))
             await asyncio.wait_for(self.session.initialize(), STARTUP_TIMEOUT)
@@ -218,7 +221,9 @@ class _Host:
             await self.stack.aclose()
 
 
-async def _run(pack: Pack, contract: dict[str, Any], fake: bool, base_env: dict[str, str], tmp: Path, report: ContractReport) -> None:
+async def _run(
+    pack: Pack, contract: dict[str, Any], fake: bool, grant: PackGrant, tmp: Path, report: ContractReport, owner_id: int | None
+) -> None:
     variables: dict[str, Any] = {"run": uuid.uuid4().hex[:12]}
     step_timeout = float(contract.get("timeout", DEFAULT_STEP_TIMEOUT))
     shared: _Host | None = None
@@ -235,23 +240,37 @@ async def _run(pack: Pack, contract: dict[str, Any], fake: bool, base_env: dict[
                 except KeyError as exc:
                     report.cases.append(CaseResult(case["name"], False, [f"env: unknown variable {exc}"]))
                     continue
-                host = _Host(pack, fake, {**base_env, **extra}, tmp / f"host-{index}.log")
+                host = _Host(pack, fake, replace(grant, env={**grant.env, **extra}), tmp / f"host-{index}.log")
                 await host.start()
                 try:
-                    report.cases.append(await _run_case(host, pack, case, variables, step_timeout))
+                    report.cases.append(await _run_case(host, pack, case, variables, step_timeout, owner_id))
                 finally:
                     await host.close()
                 continue
             if shared is None:
-                shared = _Host(pack, fake, base_env, tmp / "host.log")
+                shared = _Host(pack, fake, grant, tmp / "host.log")
                 await shared.start()
-            report.cases.append(await _run_case(shared, pack, case, variables, step_timeout))
+            report.cases.append(await _run_case(shared, pack, case, variables, step_timeout, owner_id))
     finally:
         if shared is not None:
             await shared.close()
 
 
-async def _run_case(host: _Host, pack: Pack, case: dict[str, Any], variables: dict[str, Any], step_timeout: float) -> CaseResult:
+def step_capability(pack: Pack, decl: Any, args: dict[str, Any], owner_id: int | None) -> str | None:
+    """What the gateway would hand the pack for this call: a capability for a call of
+    this tool, its category and target, for the owner (packs with a platform_api only)."""
+    if not pack.platform_api:
+        return None
+    claims = {
+        "call": f"contract-{uuid.uuid4()}", "owner": owner_id, "pack": pack.name, "tool": decl.full_name,
+        "category": decl.resolve_category(args), "target": decl.target_arguments(args), "apis": pack.platform_api,
+    }
+    return call_capability.mint(call_capability.PACK, claims, ttl_seconds=STARTUP_TIMEOUT + DEFAULT_STEP_TIMEOUT)
+
+
+async def _run_case(
+    host: _Host, pack: Pack, case: dict[str, Any], variables: dict[str, Any], step_timeout: float, owner_id: int | None
+) -> CaseResult:
     if host.problem or host.session is None:
         return CaseResult(case["name"], False, [f"not run: {host.problem}"])
     failures: list[str] = []
@@ -265,7 +284,9 @@ async def _run_case(host: _Host, pack: Pack, case: dict[str, Any], variables: di
             failures.append(f"{where}: unknown variable {exc}")
             continue
         try:
-            result = await asyncio.wait_for(host.session.call_tool(decl.full_name, args), step_timeout)
+            capability = step_capability(pack, decl, args, owner_id)
+            meta: Any = {call_capability.META_KEY: capability} if capability else None
+            result = await asyncio.wait_for(host.session.call_tool(decl.full_name, args, meta=meta), step_timeout)
         except TimeoutError:
             failures.append(f"{where}: no answer within {step_timeout:g} s")
             continue

@@ -104,6 +104,11 @@ class ToolDecl:
             sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str,
         )
 
+    def target_arguments(self, args: dict[str, Any]) -> dict[str, str]:
+        """The declared target arguments of a call and their values, as the per-call
+        capability carries them (a pack's operation must be on them)."""
+        return {name: str(args[name]) for name in self.declared_target or [] if args.get(name) is not None}
+
     def target_of(self, args: dict[str, Any]) -> str | None:
         """The declared target as text, for consent (a card's target, a remembered
         recipient): the value of a single target argument, or the present values of several."""
@@ -141,8 +146,30 @@ class Pack:
         return list(self.ext["scopes"])
 
     @property
+    def secrets(self) -> list[str]:
+        return list(self.ext["secrets"])
+
+    @property
+    def egress(self) -> list[str]:
+        return list(self.ext["network"]["egress"])
+
+    @property
+    def platform_api(self) -> list[str]:
+        """The platform's pack endpoints it may call (with a per-call capability)."""
+        return list(self.ext.get("platform_api", []))
+
+    @property
+    def filesystem(self) -> list[str]:
+        """Directories it may write: ``own`` (its private data directory), ``workspace``, ``mail``."""
+        return list(self.ext.get("filesystem", []))
+
+    @property
     def host(self) -> str:
-        return self.ext["runtime"]["host"]
+        """``shared`` only for a pack that asked for it and needs nothing of its own: one
+        process serving several packs gives each of them everything any of them holds, so a
+        pack with secrets, directories, network or platform access always runs alone."""
+        needs = self.secrets or self.egress or self.platform_api or self.filesystem
+        return "shared" if self.ext["runtime"]["host"] == "shared" and not needs else "dedicated"
 
     @property
     def lazy(self) -> bool:

@@ -91,21 +91,23 @@ def value(name: str, val: Any, unit: str | None, source: str) -> dict[str, Any]:
 
 
 # --- calling back into the platform --------------------------------------------------------------
-# Packs that keep their state in the platform (schedule, memory) reach its loopback-only
-# internal API with the internal token. Standard library only; never through a proxy; never
-# to anything but a loopback address. A failed or timed-out connection raises
+# Packs that keep their state in the platform (schedule, memory) declare a ``platform_api``
+# and reach the platform's internal listener, a Unix socket bound into their sandbox at
+# ``YIMI_PLATFORM_SOCKET``. They hold no platform credential: each call the platform makes
+# carries a per-call capability (MCP ``_meta``), which the host hands to that call's
+# handler and ``platform_call`` presents. It is good only for what the gateway decided for
+# that call. Standard library only. A failed or timed-out connection raises
 # ``PlatformLost`` with code DISCONNECTED or TIMEOUT: the platform may or may not have acted.
 
 import http.client  # noqa: E402
-import ipaddress  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
-import urllib.error  # noqa: E402
-import urllib.parse  # noqa: E402
-import urllib.request  # noqa: E402
+import socket  # noqa: E402
+import threading  # noqa: E402
 
-PLATFORM_TOKEN_HEADER = "X-Yimi-Internal-Token"
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+CAPABILITY_META_KEY = "ai.yimi/call_capability"
+CAPABILITY_HEADER = "X-Yimi-Call-Capability"
+_current = threading.local()
 
 
 class PlatformLost(Exception):
@@ -120,45 +122,54 @@ class PlatformNotConfigured(Exception):
     pass
 
 
-def platform_base_url() -> str:
-    base = os.environ.get("YIMI_PLATFORM_URL", "http://127.0.0.1:8000").rstrip("/")
-    parts = urllib.parse.urlsplit(base)
-    host = parts.hostname or ""
+def run_with_capability(handler: Callable[[dict[str, Any]], Any], args: dict[str, Any], capability: str | None) -> Any:
+    """Run one tool handler with its call's capability (the host calls this per call, on
+    the handler's own thread)."""
+    _current.capability = capability
     try:
-        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        loopback = False
-    if parts.scheme not in ("http", "https") or not loopback:
-        raise PlatformNotConfigured("YIMI_PLATFORM_URL must be an http(s) URL on a loopback address")
-    return base
+        return handler(args)
+    finally:
+        _current.capability = None
+
+
+class _UnixHTTPConnection(http.client.HTTPConnection):
+    def __init__(self, path: str, timeout: float) -> None:
+        super().__init__("yimi.internal", timeout=timeout)
+        self.socket_path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        try:
+            sock.connect(self.socket_path)
+        except BaseException:
+            sock.close()
+            raise
+        self.sock = sock
 
 
 def platform_call(method: str, path: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
     """One request to ``/internal/<path>``: (HTTP status, parsed JSON or None)."""
-    token = os.environ.get("YIMI_INTERNAL_TOKEN", "")
-    if not token:
-        raise PlatformNotConfigured("YIMI_INTERNAL_TOKEN is not set")
+    socket_path = os.environ.get("YIMI_PLATFORM_SOCKET", "")
+    if not socket_path:
+        raise PlatformNotConfigured("YIMI_PLATFORM_SOCKET is not set (the pack declares no platform_api?)")
+    capability = getattr(_current, "capability", None)
+    if not capability:
+        raise PlatformNotConfigured("this call carries no capability from the platform")
     data = json.dumps(body).encode("utf-8") if body is not None else None
-    request = urllib.request.Request(
-        platform_base_url() + "/internal/" + path,
-        data=data,
-        method=method,
-        headers={PLATFORM_TOKEN_HEADER: token, "Accept": "application/json", "Content-Type": "application/json"},
-    )
     timeout = float(os.environ.get("YIMI_PLATFORM_TIMEOUT", "10"))
+    headers = {CAPABILITY_HEADER: capability, "Accept": "application/json", "Content-Type": "application/json"}
+    connection = _UnixHTTPConnection(socket_path, timeout)
     try:
-        with _OPENER.open(request, timeout=timeout) as response:
-            status, raw = response.status, response.read()
-    except urllib.error.HTTPError as exc:
-        status, raw = exc.code, exc.read()
-    except urllib.error.URLError as exc:
-        if isinstance(exc.reason, TimeoutError):
-            raise PlatformLost("TIMEOUT", f"the platform did not answer within {timeout:g} s") from None
-        raise PlatformLost("DISCONNECTED", f"could not reach the platform ({exc.reason})") from None
+        connection.request(method, "/internal/" + path, body=data, headers=headers)
+        response = connection.getresponse()
+        status, raw = response.status, response.read()
     except TimeoutError:
         raise PlatformLost("TIMEOUT", f"the platform did not answer within {timeout:g} s") from None
     except (OSError, http.client.HTTPException) as exc:
-        raise PlatformLost("DISCONNECTED", f"the connection to the platform broke ({type(exc).__name__})") from None
+        raise PlatformLost("DISCONNECTED", f"could not reach the platform ({type(exc).__name__})") from None
+    finally:
+        connection.close()
     try:
         return status, json.loads(raw.decode("utf-8")) if raw else None
     except ValueError:

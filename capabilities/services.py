@@ -21,6 +21,7 @@ from capabilities.manifest import SEPARATOR, ToolDecl, load_packs
 from capabilities.models import ReceiptRecord, ToldFact, ToolCall
 from capabilities.receipts import needs_check, normalize
 from memory.copies import ForgottenContent, redacted_text, rows_in_chunks
+from yimi_project import call_capability
 from yimi_project.errors import YimiError
 from yimi_project.ids import uuid_or_nil
 
@@ -34,6 +35,7 @@ TRUSTED_FIELDS = (
     "authorized_amount",
 )
 OWNER_REQUESTED = "owner_requested"
+CAPABILITY_GRACE_SECONDS = 30.0  # from decide to the pack receiving the call
 PAYMENT_BUDGET = "payment_budget"  # reserved: the owner's own spending limit for this request
 # The authority each category's gate belongs to; None means "scope check only".
 GATE_AUTHORITY: dict[str, str | None] = {
@@ -81,6 +83,11 @@ class Decision:
     arguments: dict[str, Any] | None = None  # what to execute, for allow and rewrite
     overridden: list[str] = field(default_factory=list)
     card_id: str | None = None  # for ask: the consent card the owner will answer
+    # For an executing call: what the pack may do on the platform during it, and what the
+    # executor presents to record its receipt (yimi_project.call_capability). Never shown
+    # to the model.
+    pack_capability: str | None = None
+    receipt_capability: str | None = None
 
     @property
     def executes(self) -> bool:
@@ -305,6 +312,8 @@ def _record(
         if final != request.arguments:
             decision.decision = ToolCall.Decision.REWRITE
             call.decision = decision.decision
+        decision.pack_capability = pack_capability(call, tool)
+        decision.receipt_capability = call_capability.mint_receipt(str(call.id))
     if decision.decision != ToolCall.Decision.BLOCK:
         call.save(force_insert=True)  # one INSERT, autocommit
         return decision
@@ -404,7 +413,32 @@ def recheck_approved(call_id: Any) -> Decision:
     )
     if last is not None and last.status == "succeeded" and tool.retry == "forbidden":
         return _blocked("already_succeeded", "this already succeeded; it must not be done again")
-    return Decision(ToolCall.Decision.ALLOW, "approved", "approved by the owner", call_id=str(call.id), category=call.category, arguments=call.arguments)
+    return Decision(
+        ToolCall.Decision.ALLOW, "approved", "approved by the owner", call_id=str(call.id), category=call.category,
+        arguments=call.arguments, pack_capability=pack_capability(call, tool),
+        receipt_capability=call_capability.mint_receipt(str(call.id)),
+    )
+
+
+def pack_capability(call: ToolCall, tool: ToolDecl, *, now: float | None = None) -> str:
+    """The capability a pack gets with one call: the call, its owner, pack, tool, decided
+    category and target arguments, and the platform APIs its pack declared; valid for the
+    call's execution time (plus the time to reach the pack)."""
+    pack = load_packs().packs[tool.pack]
+    claims = {
+        "call": str(call.id), "owner": call.owner_id, "pack": tool.pack, "tool": call.tool, "category": call.category,
+        "target": tool.target_arguments(call.arguments), "apis": pack.platform_api,
+    }
+    ttl = float(settings.PACK_CALL_TIMEOUT_SECONDS) + CAPABILITY_GRACE_SECONDS
+    return call_capability.mint(call_capability.PACK, claims, ttl_seconds=ttl, now=now)
+
+
+def execution_capability(call_id: Any) -> str | None:
+    """The pack capability for executing an already approved call (a payment with its
+    authorization); None when the tool is no longer installed."""
+    call = ToolCall.objects.get(id=uuid_or_nil(call_id))
+    tool = load_packs().tool(call.tool)
+    return pack_capability(call, tool) if tool is not None else None
 
 
 @dataclass

@@ -31,7 +31,9 @@ async def execute_approved(card_id: Any) -> str:
         outcome = "cancelled"
     else:
         call = card.call
-        result = await on_host_loop(lambda m: m.call(call.tool, call.arguments, timeout=settings.PACK_CALL_TIMEOUT_SECONDS))
+        result = await on_host_loop(
+            lambda m: m.call(call.tool, call.arguments, timeout=settings.PACK_CALL_TIMEOUT_SECONDS, capability=decision.pack_capability)
+        )
         transport_error = result.transport_error or (f"the tool reported an error: {result.text[:200]}" if result.is_error else None)
         stored = await database_sync_to_async(services.record_receipt)(call.id, result.structured, transport_error=transport_error)
         outcome = stored.record.status

@@ -1,37 +1,52 @@
-"""Internal memory endpoints for the ``memory`` pack (loopback + internal token only).
+"""Internal memory endpoints for the ``memory`` pack (internal listener + a pack capability).
 
-The same views as the owner's API (``memory.views``), acting for the instance's owner
-(``accounts.services.get_owner()``) with the actor ``agent``; included under
-``internal/memory/`` (``memory.internal_urls``). Errors are ``{"error": {"code", "message"}}``.
+The same views as the owner's API (``memory.views``), acting for the owner of the call
+the pack is executing, with the actor ``agent``; included under ``internal/memory/``
+(``memory.internal_urls``). The pack capability (``yimi_project.call_capability``) says
+which call that is and what the gateway decided for it, so memory changes from a pack go
+through ``decide`` and its consent gate like every other effect:
+
+- reads (query, history, forget preview, preferences, recall) need a capability for a
+  call of the memory pack, whatever its category;
+- a commit and a speaking-preferences change need a call decided as ``owner_data``, and a
+  commit must be on the call's own ``assertion_id`` when the call named one;
+- forgetting needs a call decided as ``delete`` (asked on a card unless the owner
+  requested it) on the same ``assertion_id``.
+
+Anything else is refused with ``forbidden`` and changes nothing. Errors are
+``{"error": {"code", "message"}}``.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from uuid import UUID
 
 from rest_framework.request import Request
+from rest_framework.response import Response
 
 from memory import views
 from yimi_project.errors import YimiError
-from yimi_project.internal import LoopbackWithInternalToken
+from yimi_project.internal import PackCall, require_call
 
 
 class InternalMemoryView(views.MemoryView):
     authentication_classes: list = []
-    permission_classes = [LoopbackWithInternalToken]
+    permission_classes = [PackCall]
+    platform_api = "memory"
     actor = "agent"
 
     def owner_id(self, request: Request) -> int:
-        from accounts.services import get_owner
-
-        owner: Any = get_owner()
-        if owner is None:
-            raise YimiError("no_owner", "this instance has no owner yet (run manage.py yimi_init)")
-        return int(owner.pk)
+        owner = request.pack_call.get("owner")  # type: ignore[attr-defined]
+        if not isinstance(owner, int):
+            raise YimiError("no_owner", "this call has no owner on this instance (run manage.py yimi_init)")
+        return owner
 
 
 class AssertionsView(InternalMemoryView, views.AssertionsView):
-    pass
+    def post(self, request: Request) -> Response:
+        body = request.data if isinstance(request.data, dict) else {}
+        require_call(request, ("owner_data",), **({"assertion_id": body["assertion_id"]} if body.get("assertion_id") else {}))
+        return super().post(request)
 
 
 class AssertionView(InternalMemoryView, views.AssertionView):
@@ -43,16 +58,27 @@ class AssertionHistoryView(InternalMemoryView, views.AssertionHistoryView):
 
 
 class ForgetView(InternalMemoryView, views.ForgetView):
-    # The gateway's delete gate (consent) decided before the pack was called.
+    # The gateway's delete gate (consent) decided before the pack was called; the
+    # capability proves it, so the owner's review step is not asked again.
     require_confirm = False
+
+    def post(self, request: Request, pk: UUID) -> Response:
+        require_call(request, ("delete",), assertion_id=pk)
+        return super().post(request, pk)
 
 
 class SpeakingPreferencesView(InternalMemoryView, views.SpeakingPreferencesView):
-    pass
+    def put(self, request: Request) -> Response:
+        require_call(request, ("owner_data",))
+        return super().put(request)
+
+    post = put
 
 
 class RestorePreferencesView(InternalMemoryView, views.RestorePreferencesView):
-    pass
+    def post(self, request: Request) -> Response:
+        require_call(request, ("owner_data",))
+        return super().post(request)
 
 
 class RecallView(InternalMemoryView, views.RecallView):

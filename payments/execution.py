@@ -34,7 +34,10 @@ async def execute_payment(authorization_id: Any) -> str:
         "payment_authorization_id": str(auth.id),
         "authorized_amount": f"{auth.amount:.2f}",
     }
-    result = await on_host_loop(lambda m: m.call(call.tool, arguments, timeout=settings.PACK_CALL_TIMEOUT_SECONDS))
+    capability = await database_sync_to_async(services.execution_capability)(call.id)
+    result = await on_host_loop(
+        lambda m: m.call(call.tool, arguments, timeout=settings.PACK_CALL_TIMEOUT_SECONDS, capability=capability)
+    )
     transport_error = result.transport_error or (f"the tool reported an error: {result.text[:200]}" if result.is_error else None)
     stored = await database_sync_to_async(services.record_receipt)(call.id, result.structured, transport_error=transport_error)
     settlement = await database_sync_to_async(payments.settle)(auth, stored.record.receipt)

@@ -3,9 +3,11 @@ from __future__ import annotations
 import base64
 import json
 import os
+import socket
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -160,3 +162,95 @@ def new_client_id() -> str:
 
 
 db_async = database_sync_to_async
+
+
+# --- the internal listener (a Unix socket) and per-call capabilities -------------------------
+
+
+def pack_capability(owner_id: Any, *, pack: str, category: str, apis: list[str], tool: str = "", **target: Any) -> str:
+    """A capability as the gateway issues it for one executing call."""
+    from yimi_project import call_capability
+
+    claims = {
+        "call": str(uuid.uuid4()), "owner": owner_id, "pack": pack, "tool": tool or f"{pack}__x", "category": category,
+        "target": {k: str(v) for k, v in target.items()}, "apis": apis,
+    }
+    return call_capability.mint(call_capability.PACK, claims, ttl_seconds=120)
+
+
+def platform_paths(root: Path, **overrides: Path) -> Any:
+    """Where a test's packs find their directories (capabilities.mcp_host.sandbox)."""
+    from capabilities.mcp_host.sandbox import PlatformPaths
+
+    fields = {"data_dir": root / "data", "workspace_dir": root / "ws", "mail_dir": root / "mail", "secrets_dir": root / "secrets"}
+    return PlatformPaths(**{**fields, **overrides, "internal_socket": overrides.get("internal_socket")})
+
+
+def internal_client(**headers: str) -> Any:
+    """A test client whose requests arrive on the internal listener."""
+    from django.test import Client
+
+    from yimi_project.internal import INTERNAL_LISTENER_META
+
+    return Client(headers=headers, **{INTERNAL_LISTENER_META: True})
+
+
+class UnixWSGIServer:
+    """The platform's internal listener for tests: Django over a real Unix socket (as
+    daphne's ``-u`` serves it), in a thread of the test process, so sandboxed packs reach
+    the test database."""
+
+    def __init__(self, path: Path) -> None:
+        import socketserver
+        import threading
+        from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
+
+        from django.core.wsgi import get_wsgi_application
+
+        from yimi_project.internal import INTERNAL_LISTENER_META
+
+        django_app = get_wsgi_application()
+
+        def app(environ: dict[str, Any], start_response: Any) -> Any:
+            environ[INTERNAL_LISTENER_META] = True
+            return django_app(environ, start_response)
+
+        class Handler(WSGIRequestHandler):
+            def setup(self) -> None:
+                super().setup()
+                self.client_address = ("", 0)  # a Unix socket peer has no address
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        class Server(socketserver.ThreadingMixIn, WSGIServer):
+            address_family = socket.AF_UNIX
+            daemon_threads = True
+
+            def server_bind(self) -> None:
+                socketserver.TCPServer.server_bind(self)
+                self.server_name, self.server_port = "internal", 0
+                self.setup_environ()
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.unlink(missing_ok=True)
+        self.path = path
+        self.server = Server(str(path), Handler)
+        self.server.set_app(app)
+        self.thread = threading.Thread(target=self.server.serve_forever, name="internal-listener", daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.path.unlink(missing_ok=True)
+
+
+@pytest.fixture
+def internal_listener(transactional_db: Any, settings: Any) -> Iterator[Path]:
+    """The internal listener on ``settings.YIMI_INTERNAL_SOCKET`` for this test."""
+    server = UnixWSGIServer(Path(settings.YIMI_INTERNAL_SOCKET))
+    try:
+        yield server.path
+    finally:
+        server.close()

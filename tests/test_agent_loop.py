@@ -228,7 +228,8 @@ async def test_budget_spent_stops_the_subagent(make_device: Any, brain: Any, pac
 async def test_unreachable_gateway_blocks_before_execution(make_device: Any, brain: Any, packs: Path, settings: Any) -> None:
     from capabilities.client import NOT_EXECUTED, call_tool
 
-    settings.YIMI_GATEWAY_URL = "http://127.0.0.1:9/internal/gateway"  # nothing listens
+    settings.YIMI_GATEWAY_OVER_HTTP = True
+    settings.YIMI_INTERNAL_SOCKET = settings.DATA_DIR / "nobody-listens.sock"
     sim = await db_async(make_device)()
     run = await db_async(new_run)(sim)
     outcome = await call_tool(str(run.id), "", "workspace__write_file", {"path": "x.txt", "content": "x"})

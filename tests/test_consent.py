@@ -87,6 +87,7 @@ def outbox_manifest() -> dict[str, Any]:
     return manifest(
         "outbox",
         scopes=["owner"],
+        filesystem=["workspace"],  # its log of what it executed
         tools={
             "send": {"effect": "send", "target": "to", "task_type": "message", "retry": "forbidden", "check_with": "sent"},
             "sent": {"effect": "observe"},

@@ -60,16 +60,18 @@ def platform(owner: Any, brain: Any) -> Iterator[dict[str, Any]]:
         "YIMI_CHANNEL_PREFIX": f"yimi-e2e-{uuid.uuid4().hex[:8]}",
         "YIMI_DATA_DIR": str(django_settings.DATA_DIR),
         "YIMI_BRAIN_BASE_URL": brain.base_url,
-        # Sub-agents reach the gateway over its loopback HTTP interface, as in production.
-        "YIMI_GATEWAY_URL": f"http://127.0.0.1:{port}/internal/gateway",
+        # Sub-agents reach the gateway over HTTP on the internal listener (daphne -u), as in production.
+        "YIMI_GATEWAY_OVER_HTTP": "1",
+        "YIMI_INTERNAL_SOCKET": str(Path(django_settings.DATA_DIR) / "sockets" / f"e2e-{port}.sock"),
         "YIMI_WORKSPACE_DIR": str(Path(django_settings.DATA_DIR) / "e2e-workspace"),
         "PYTHONUNBUFFERED": "1",
     }
     bindir = Path(sys.executable).parent
+    Path(env["YIMI_INTERNAL_SOCKET"]).parent.mkdir(parents=True, exist_ok=True)
     logs = Path(django_settings.DATA_DIR)
     procs = [
         subprocess.Popen(
-            [str(bindir / "daphne"), "-b", "127.0.0.1", "-p", str(port), "yimi_project.asgi:application"],
+            [str(bindir / "daphne"), "-b", "127.0.0.1", "-p", str(port), "-u", env["YIMI_INTERNAL_SOCKET"], "yimi_project.asgi:application"],
             cwd=ROOT, env=env, stdout=open(logs / "daphne.log", "w"), stderr=subprocess.STDOUT,
         ),
         subprocess.Popen(

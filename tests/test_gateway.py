@@ -4,6 +4,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from django.test import Client
 
@@ -321,36 +322,54 @@ def test_observe_records_duration_and_error_only(run: Run) -> None:
         observe(decision.call_id, duration_ms=-1)
 
 
-# --- loopback HTTP ------------------------------------------------------------------------------
+# --- HTTP on the internal listener (a Unix socket) --------------------------------------------
 
 
-def post(path: str, body: dict[str, Any], *, token: str | None, ip: str = "127.0.0.1") -> Any:
-    headers = {"HTTP_X_YIMI_INTERNAL_TOKEN": token} if token is not None else {}
-    return Client(REMOTE_ADDR=ip).post(path, body, content_type="application/json", **headers)
+def over_socket(socket_path: Any, path: str, body: Any, *, token: str | None) -> Any:
+    headers = {"X-Yimi-Internal-Token": token} if token is not None else {}
+    with httpx.Client(transport=httpx.HTTPTransport(uds=str(socket_path)), base_url="http://yimi.internal") as client:
+        if isinstance(body, str):
+            return client.post(path, content=body, headers={**headers, "Content-Type": "application/json"})
+        return client.post(path, json=body, headers=headers)
 
 
-@pytest.mark.django_db(transaction=True)
-def test_gateway_over_loopback_http(run: Run, settings: Any) -> None:
+def test_gateway_over_http_on_the_internal_socket(run: Run, settings: Any, internal_listener: Any) -> None:
     token = settings.INTERNAL_TOKEN
-    decided = post("/internal/gateway/decide/", {"run_id": str(run.id), "tool": "demo__read", "arguments": {"key": "h"}}, token=token)
+    decided = over_socket(internal_listener, "/internal/gateway/decide/", {"run_id": str(run.id), "tool": "demo__read", "arguments": {"key": "h"}}, token=token)
     assert decided.status_code == 200 and decided.json()["decision"] == "allow"
-    call_id = decided.json()["call_id"]
-    stored = post("/internal/gateway/receipt/", {"call_id": call_id, "result": {"receipt_schema": 1, "status": "succeeded"}}, token=token)
+    call_id, proof = decided.json()["call_id"], decided.json()["receipt_capability"]
+    stored = over_socket(internal_listener, "/internal/gateway/receipt/", {"call_id": call_id, "capability": proof, "result": {"receipt_schema": 1, "status": "succeeded"}}, token=token)
     assert stored.json()["status"] == "succeeded" and stored.json()["replayed"] is False
-    assert post("/internal/gateway/observe/", {"call_id": call_id, "duration_ms": 5}, token=token).json() == {"ok": True}
-    conflict = post("/internal/gateway/receipt/", {"call_id": call_id, "result": {"receipt_schema": 1, "status": "failed"}}, token=token)
+    assert over_socket(internal_listener, "/internal/gateway/observe/", {"call_id": call_id, "capability": proof, "duration_ms": 5}, token=token).json() == {"ok": True}
+    conflict = over_socket(internal_listener, "/internal/gateway/receipt/", {"call_id": call_id, "capability": proof, "result": {"receipt_schema": 1, "status": "failed"}}, token=token)
     assert conflict.status_code == 409 and conflict.json()["error"]["code"] == "conflict"
 
 
-@pytest.mark.django_db(transaction=True)
-def test_gateway_http_refuses_other_addresses_and_missing_tokens(run: Run, settings: Any) -> None:
+def test_a_receipt_needs_the_capability_decide_issued_for_that_call(run: Run, settings: Any, internal_listener: Any) -> None:
+    """Nobody reports on a call they are not executing: not without the call's receipt
+    capability, not with another call's, not with the pack capability."""
+    token = settings.INTERNAL_TOKEN
+    first = over_socket(internal_listener, "/internal/gateway/decide/", {"run_id": str(run.id), "tool": "demo__read", "arguments": {"key": "1"}}, token=token).json()
+    second = over_socket(internal_listener, "/internal/gateway/decide/", {"run_id": str(run.id), "tool": "demo__read", "arguments": {"key": "2"}}, token=token).json()
+    result = {"receipt_schema": 1, "status": "succeeded"}
+    for proof in (None, "forged", second["receipt_capability"], first["pack_capability"]):
+        refused = over_socket(internal_listener, "/internal/gateway/receipt/", {"call_id": first["call_id"], "capability": proof, "result": result}, token=token)
+        assert refused.status_code == 403 and refused.json()["error"]["code"] == "forbidden"
+        observed = over_socket(internal_listener, "/internal/gateway/observe/", {"call_id": first["call_id"], "capability": proof, "duration_ms": 1}, token=token)
+        assert observed.status_code == 403
+    assert not ReceiptRecord.objects.filter(written_by_gateway=False).exists()
+    assert ToolCall.objects.get(id=first["call_id"]).duration_ms is None
+
+
+def test_gateway_http_refuses_the_public_listener_and_missing_tokens(run: Run, settings: Any, internal_listener: Any) -> None:
     body = {"run_id": str(run.id), "tool": "demo__read", "arguments": {}}
-    assert post("/internal/gateway/decide/", body, token=settings.INTERNAL_TOKEN, ip="192.0.2.7").status_code == 403
-    assert post("/internal/gateway/decide/", body, token=None).status_code == 403
-    assert post("/internal/gateway/decide/", body, token="wrong").status_code == 403
-    assert post("/internal/gateway/decide/", body, token="wrong").json()["error"]["code"] == "forbidden"
-    malformed = Client(REMOTE_ADDR="127.0.0.1").post(
-        "/internal/gateway/decide/", "{nope", content_type="application/json", HTTP_X_YIMI_INTERNAL_TOKEN=settings.INTERNAL_TOKEN
-    )
+    # the public listener refuses /internal/ whatever the peer's address (a same-host proxy is loopback too)
+    for ip in ("127.0.0.1", "192.0.2.7"):
+        public = Client(REMOTE_ADDR=ip).post("/internal/gateway/decide/", body, content_type="application/json", HTTP_X_YIMI_INTERNAL_TOKEN=settings.INTERNAL_TOKEN)
+        assert public.status_code == 403 and public.json()["error"]["code"] == "forbidden"
+    assert over_socket(internal_listener, "/internal/gateway/decide/", body, token=None).status_code == 403
+    wrong = over_socket(internal_listener, "/internal/gateway/decide/", body, token="wrong")
+    assert wrong.status_code == 403 and wrong.json()["error"]["code"] == "forbidden"
+    malformed = over_socket(internal_listener, "/internal/gateway/decide/", "{nope", token=settings.INTERNAL_TOKEN)
     assert malformed.status_code == 400 and malformed.json()["error"]["code"] == "malformed_json"
     assert ToolCall.objects.count() == 0

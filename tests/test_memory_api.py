@@ -14,6 +14,7 @@ from django.urls import include, path
 
 from memory.models import Assertion
 from memory.services import append_entry
+from tests.conftest import internal_client, pack_capability
 from yimi_project.errors import HTTP_STATUS
 from yimi_project.internal import TOKEN_HEADER
 
@@ -137,22 +138,54 @@ def test_only_the_owner_reads_memory(make_device: Any, owner: Any, django_user_m
     assert other.get("/api/memory/assertions/").json()["error"]["code"] == "forbidden"
 
 
-def test_the_internal_api_acts_for_the_owner_as_the_agent(owner: Any, settings: Any) -> None:
-    client = Client(headers={TOKEN_HEADER: settings.INTERNAL_TOKEN})
-    made = post(client, "/internal/memory/assertions/", {"predicate": "preference.food", "payload": {"text": "不吃香菜"}, "expected_version": 0, "request_id": "i1"})
+def memory_call(owner: Any, category: str, **target: Any) -> Client:
+    """The memory pack executing one call the gateway decided as ``category``."""
+    cap = pack_capability(owner.pk, pack="memory", category=category, apis=["memory"], **target)
+    return internal_client(**{"X-Yimi-Call-Capability": cap})
+
+
+def test_the_internal_api_acts_for_the_calls_owner_as_the_agent(owner: Any, settings: Any) -> None:
+    made = post(memory_call(owner, "owner_data"), "/internal/memory/assertions/", {"predicate": "preference.food", "payload": {"text": "不吃香菜"}, "expected_version": 0, "request_id": "i1"})
     assert made.status_code == 201
     assert Assertion.objects.get(id=made.json()["assertion_id"]).versions.get().actor == "agent"
-    forgotten = post(client, f"/internal/memory/assertions/{made.json()['assertion_id']}/forget/", {"request_id": "i2"})
+    assertion_id = made.json()["assertion_id"]
+    forgotten = post(memory_call(owner, "delete", assertion_id=assertion_id), f"/internal/memory/assertions/{assertion_id}/forget/", {"request_id": "i2"})
     assert forgotten.status_code == 200 and forgotten.json()["assertions_forgotten"] == 1  # the gateway gated it
+
+
+def test_the_internal_api_allows_only_what_the_call_was_decided_for(owner: Any) -> None:
+    made = post(memory_call(owner, "owner_data"), "/internal/memory/assertions/", {"predicate": "preference.food", "payload": {"text": "不吃香菜"}, "expected_version": 0, "request_id": "i1"})
+    assertion_id = made.json()["assertion_id"]
+    other = post(memory_call(owner, "owner_data"), "/internal/memory/assertions/", {"predicate": "preference.drink", "payload": {"text": "茶"}, "expected_version": 0, "request_id": "i2"}).json()["assertion_id"]
+    refusals = [
+        # a read call, or a write call, cannot forget: only a call the consent gate decided as delete
+        post(memory_call(owner, "observe"), f"/internal/memory/assertions/{assertion_id}/forget/", {"request_id": "f1"}),
+        post(memory_call(owner, "owner_data", assertion_id=assertion_id), f"/internal/memory/assertions/{assertion_id}/forget/", {"request_id": "f2"}),
+        # a delete call on one assertion cannot forget another
+        post(memory_call(owner, "delete", assertion_id=other), f"/internal/memory/assertions/{assertion_id}/forget/", {"request_id": "f3"}),
+        # a read call cannot commit, a commit call on one assertion cannot write another
+        post(memory_call(owner, "observe"), "/internal/memory/assertions/", {"predicate": "p.x", "payload": {"text": "x"}, "expected_version": 0, "request_id": "c1"}),
+        post(memory_call(owner, "owner_data", assertion_id=other), "/internal/memory/assertions/", {"assertion_id": assertion_id, "predicate": "preference.food", "payload": {"text": "x"}, "expected_version": 1, "request_id": "c2"}),
+        post(memory_call(owner, "observe"), "/internal/memory/speaking-preferences/", {"text": "短一点", "expected_version": 0, "request_id": "s1"}),
+    ]
+    assert [(r.status_code, r.json()["error"]["code"]) for r in refusals] == [(403, "forbidden")] * len(refusals)
+    assert Assertion.objects.filter(state="active").count() == 2
+    assert memory_call(owner, "observe").get("/internal/memory/assertions/").status_code == 200
 
 
 @pytest.mark.parametrize(
     "make_client",
-    [lambda s: Client(), lambda s: Client(headers={TOKEN_HEADER: "wrong"}), lambda s: Client(REMOTE_ADDR="10.0.0.5", headers={TOKEN_HEADER: s.INTERNAL_TOKEN})],
-    ids=["no-token", "wrong-token", "not-loopback"],
+    [
+        lambda s, o: internal_client(),
+        lambda s, o: internal_client(**{"X-Yimi-Call-Capability": "forged"}),
+        lambda s, o: internal_client(**{TOKEN_HEADER: s.INTERNAL_TOKEN}),  # the platform's token is not a pack's
+        lambda s, o: internal_client(**{"X-Yimi-Call-Capability": pack_capability(o.pk, pack="schedule", category="owner_data", apis=["reminders"])}),
+        lambda s, o: Client(headers={"X-Yimi-Call-Capability": pack_capability(o.pk, pack="memory", category="owner_data", apis=["memory"])}),
+    ],
+    ids=["no-capability", "forged", "internal-token", "other-api", "public-listener"],
 )
-def test_the_internal_api_refuses_without_loopback_and_the_token(owner: Any, settings: Any, make_client: Any) -> None:
-    client = make_client(settings)
+def test_the_internal_api_refuses_without_a_capability_on_the_internal_listener(owner: Any, settings: Any, make_client: Any) -> None:
+    client = make_client(settings, owner)
     body = {"predicate": "preference.food", "payload": {"text": "x"}, "expected_version": 0, "request_id": "i1"}
     for response in (post(client, "/internal/memory/assertions/", body), client.get("/internal/memory/assertions/")):
         assert response.status_code == 403 and response.json()["error"]["code"] == "forbidden"

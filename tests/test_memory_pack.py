@@ -7,17 +7,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from django.urls import include, path
 
 from brain.services import accept_utterance
-from capabilities.contract import platform_env, run_contract
+from capabilities.contract import run_contract
 from capabilities.manifest import load_pack
 from capabilities.services import CallRequest, decide
 from memory.models import Assertion, AssertionVersion
 from tests.conftest import new_client_id
 
 PACK = Path(__file__).resolve().parent.parent / "packs" / "memory"
-urlpatterns = [path("internal/memory/", include("memory.internal_urls"))]
 
 
 def report_text(report: Any) -> str:
@@ -31,7 +29,9 @@ def report_text(report: Any) -> str:
 def test_the_memory_manifest_declares_commit_owner_data_forget_delete_and_reads_observe() -> None:
     pack = load_pack(PACK)
     tools = pack.tools
-    assert pack.scopes == ["owner"] and pack.ext["network"]["egress"] == ["loopback"]
+    # it reaches the platform's memory API with per-call capabilities, and nothing else
+    assert pack.scopes == ["owner"] and pack.egress == [] and pack.secrets == [] and pack.platform_api == ["memory"]
+    assert pack.host == "dedicated"
     assert tools["commit"].resolve_category({}) == "owner_data"
     assert tools["forget"].resolve_category({}) == "delete"
     assert tools["query"].resolve_category({}) == "observe" and tools["history"].resolve_category({}) == "observe"
@@ -39,7 +39,6 @@ def test_the_memory_manifest_declares_commit_owner_data_forget_delete_and_reads_
     assert [prefs.resolve_category({"action": a}) for a in ("show", "set", "restore", "dance")] == ["observe", "owner_data", "owner_data", None]
     for name in ("commit", "forget", "speaking_preferences"):
         assert tools[name].context_inject == ["idempotency_key"] and tools[name].retry == "after_check"
-    assert platform_env(pack, url="http://127.0.0.1:1", token="t") == {"YIMI_PLATFORM_URL": "http://127.0.0.1:1", "YIMI_INTERNAL_TOKEN": "t"}
 
 
 def test_the_memory_contract_passes_on_the_fake() -> None:
@@ -49,11 +48,9 @@ def test_the_memory_contract_passes_on_the_fake() -> None:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_the_memory_contract_passes_on_the_real_server_against_the_platform(live_server: Any, settings: Any, owner: Any, tmp_path: Path) -> None:
-    settings.ROOT_URLCONF = __name__
+def test_the_memory_contract_passes_on_the_real_server_against_the_platform(internal_listener: Any, settings: Any, owner: Any, tmp_path: Path) -> None:
     settings.DATA_DIR = tmp_path
-    env = {"YIMI_PLATFORM_URL": live_server.url, "YIMI_INTERNAL_TOKEN": settings.INTERNAL_TOKEN}
-    report = run_contract(PACK, fake=False, env=env)
+    report = run_contract(PACK, fake=False, owner_id=owner.pk)
     assert report.passed, report_text(report)
     assert len(report.cases) == 5 and not report.skipped
     # the platform really stored them, as the agent, and the contract forgot every one
@@ -75,7 +72,7 @@ def test_the_gateway_classifies_memory_calls(make_device: Any) -> None:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_memory_tools_run_through_the_gateway_with_consent(live_server: Any, settings: Any, make_device: Any, tmp_path: Path) -> None:
+def test_memory_tools_run_through_the_gateway_with_consent(internal_listener: Any, settings: Any, make_device: Any, tmp_path: Path) -> None:
     """An owner-requested commit runs over MCP against the live platform and is receipted;
     an unrequested forget waits for the owner's card and changes nothing."""
     import asyncio
@@ -85,7 +82,6 @@ def test_memory_tools_run_through_the_gateway_with_consent(live_server: Any, set
     from consent.models import ConsentCard
     from memory.models import Assertion
 
-    settings.YIMI_PLATFORM_URL = live_server.url
     runtime.reset_for_tests()
     try:
         run_id = str(accept_utterance(make_device().device, new_client_id(), "记住我不吃香菜").run_id)

@@ -12,12 +12,23 @@ from typing import Any
 import pytest
 
 from capabilities.mcp_host.manager import HostManager
+from capabilities.mcp_host.sandbox import PlatformPaths
 from tests.gateway_support import copy_repo_pack, manifest, write_pack
 
 
 def host_processes(marker: Path) -> list[str]:
+    """The host processes serving this packs directory (the Python inside each sandbox,
+    not the bwrap process that started it)."""
     out = subprocess.run(["pgrep", "-af", "--", f"--packs-dir {marker}"], capture_output=True, text=True).stdout
-    return [line for line in out.splitlines() if "capabilities.mcp_host.host" in line]
+    lines = [line.split(maxsplit=2) for line in out.splitlines()]
+    return [line[2] for line in lines if len(line) == 3 and "capabilities.mcp_host.host" in line[2] and "bwrap" not in line[1]]
+
+
+def platform_paths(tmp_path: Path) -> PlatformPaths:
+    return PlatformPaths(
+        data_dir=tmp_path / "data", workspace_dir=tmp_path / "ws", mail_dir=tmp_path / "mail",
+        secrets_dir=tmp_path / "secrets", internal_socket=None,
+    )
 
 
 @pytest.fixture
@@ -26,6 +37,7 @@ def packs_dir(tmp_path: Path) -> Path:
     directory.mkdir()
     copy_repo_pack(directory, "workspace")
     write_pack(directory, "demo")
+    write_pack(directory, "demo2", manifest("demo2"))
     write_pack(directory, "solo", manifest("solo", runtime={"server": "solo", "lazy": True, "idle_timeout_seconds": 1, "host": "dedicated"}))
     return directory
 
@@ -33,7 +45,7 @@ def packs_dir(tmp_path: Path) -> Path:
 @pytest.fixture
 def manager(packs_dir: Path, tmp_path: Path) -> Any:
     changes: list[str] = []
-    m = HostManager(packs_dir, env={"YIMI_WORKSPACE_DIR": str(tmp_path / "ws")}, watch_interval=0.2, on_tools_changed=changes.append)
+    m = HostManager(packs_dir, paths=platform_paths(tmp_path), watch_interval=0.2, on_tools_changed=changes.append)
     m.changes = changes  # type: ignore[attr-defined]
     yield m
 
@@ -51,13 +63,16 @@ async def test_hosts_start_lazily_on_first_use(manager: HostManager, packs_dir: 
 
 async def test_small_packs_share_one_host_and_dedicated_packs_get_their_own(manager: HostManager, packs_dir: Path) -> None:
     try:
-        await manager.call("workspace__list_files", {})
+        await manager.call("demo2__read", {})
         await manager.call("demo__read", {})
         assert list(manager.hosts) == ["shared"]
         assert len(host_processes(packs_dir)) == 1
         await manager.call("solo__read", {})
         assert sorted(manager.hosts) == ["shared", "solo"]
         assert len(host_processes(packs_dir)) == 2
+        # workspace asks for the shared host, but a pack holding a directory runs alone
+        await manager.call("workspace__list_files", {})
+        assert sorted(manager.hosts) == ["shared", "solo", "workspace"]
         tools = await manager.list_tools(["workspace", "solo"])
         assert "workspace__write_file" in tools and "solo__read" in tools and "demo__read" not in tools
     finally:
@@ -67,7 +82,7 @@ async def test_small_packs_share_one_host_and_dedicated_packs_get_their_own(mana
 async def test_idle_hosts_are_reclaimed_after_their_timeout(manager: HostManager, packs_dir: Path) -> None:
     try:
         await manager.call("solo__read", {})
-        await manager.call("workspace__list_files", {})
+        await manager.call("demo__read", {})
         assert await manager.reclaim_idle() == []  # just used
         await asyncio.sleep(1.2)  # solo's idle_timeout_seconds is 1; the shared host's is 900
         assert await manager.reclaim_idle() == ["solo"]
@@ -81,7 +96,7 @@ async def test_idle_hosts_are_reclaimed_after_their_timeout(manager: HostManager
 
 async def test_new_pack_in_the_shared_host_emits_tools_list_changed(manager: HostManager, packs_dir: Path) -> None:
     try:
-        before = await manager.list_tools(["workspace", "demo", "later"])
+        before = await manager.list_tools(["demo", "later"])
         assert not any(name.startswith("later__") for name in before)
         write_pack(packs_dir, "later")
         for _ in range(50):
@@ -89,7 +104,7 @@ async def test_new_pack_in_the_shared_host_emits_tools_list_changed(manager: Hos
             if manager.changes:  # type: ignore[attr-defined]
                 break
         assert manager.changes == ["shared"]  # type: ignore[attr-defined]
-        after = await manager.list_tools(["workspace", "demo", "later"])
+        after = await manager.list_tools(["demo", "later"])
         assert "later__read" in after
         assert (await manager.call("later__read", {})).structured["status"] == "succeeded"
         assert len(host_processes(packs_dir)) == 1  # no restart
@@ -113,7 +128,7 @@ async def test_a_crashing_tool_is_an_error_not_a_success(manager: HostManager, p
 
 
 async def test_fake_host_serves_the_same_tools(packs_dir: Path, tmp_path: Path) -> None:
-    fake = HostManager(packs_dir, fake=True)
+    fake = HostManager(packs_dir, paths=platform_paths(tmp_path), fake=True)
     try:
         result = await fake.call("workspace__write_file", {"path": "a.txt", "content": "hi"})
         assert result.structured["status"] == "succeeded"

@@ -8,6 +8,7 @@ import mailbox
 import shutil
 import socket
 import threading
+import time
 from datetime import timedelta
 from email.parser import BytesParser
 from pathlib import Path
@@ -17,21 +18,18 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.db import connection
 from django.test import Client
-from django.urls import include, path
 from django.utils import timezone
 
 from brain import reminders
 from brain.reminders import Reminder
-from capabilities.contract import matches, platform_env, run_contract, substitute
+from capabilities.contract import matches, run_contract, substitute
 from capabilities.manifest import load_pack
 from capabilities.mcp_host.host import load_tools_module
 from capabilities.receipts import normalize, schema_errors
 from memory.models import TimelineEntry
+from tests.conftest import internal_client, pack_capability, platform_paths
 from yimi_project.errors import HTTP_STATUS, YimiError
 from yimi_project.internal import TOKEN_HEADER
-
-# A urlconf with only the internal routes these tests need.
-urlpatterns = [path("internal/", include("brain.internal_urls"))]
 
 PACKS = Path(__file__).resolve().parent.parent / "packs"
 ALL_PACKS = ("workspace", "messaging", "schedule")
@@ -75,13 +73,10 @@ def test_messaging_manifest_declares_its_effects() -> None:
 def test_schedule_manifest_declares_its_effects() -> None:
     pack = load_pack(PACKS / "schedule")
     create = pack.tools["create_reminder"]
-    assert pack.ext["network"]["egress"] == ["loopback"]
+    assert (pack.egress, pack.secrets, pack.platform_api, pack.host) == ([], [], ["reminders"], "dedicated")
     assert create.resolve_category({}) == "owner_data" and pack.tools["cancel_reminder"].resolve_category({}) == "owner_data"
     assert pack.tools["list_reminders"].resolve_category({}) == "observe"
     assert (create.context_inject, create.retry, create.check_with) == (["idempotency_key"], "after_check", "list_reminders")
-    # the platform's token goes only to packs that declare it
-    assert platform_env(pack, url="http://127.0.0.1:1", token="t") == {"YIMI_PLATFORM_URL": "http://127.0.0.1:1", "YIMI_INTERNAL_TOKEN": "t"}
-    assert platform_env(load_pack(PACKS / "workspace"), url="http://127.0.0.1:1", token="t") == {}
 
 
 # --- the contract runner ----------------------------------------------------------------------
@@ -102,10 +97,8 @@ def test_contract_schedule_fake() -> None:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_contract_schedule_real_against_live_server(live_server: Any, settings: Any, owner: Any) -> None:
-    settings.ROOT_URLCONF = __name__
-    env = {"YIMI_PLATFORM_URL": live_server.url, "YIMI_INTERNAL_TOKEN": settings.INTERNAL_TOKEN}
-    report = run_contract(PACKS / "schedule", fake=False, env=env)
+def test_contract_schedule_real_against_the_platform(internal_listener: Any, settings: Any, owner: Any) -> None:
+    report = run_contract(PACKS / "schedule", fake=False, owner_id=owner.pk)
     assert report.passed, report_text(report)
     assert len(report.cases) == 4 and not report.skipped
     # the platform really stored the reminder, once, and the contract cancelled it
@@ -156,6 +149,7 @@ def test_matching_and_substitution() -> None:
         substitute("${missing}", {})
 
 
+@pytest.mark.django_db
 def test_pack_contract_command(capsys: Any, tmp_path: Path) -> None:
     call_command("pack_contract", "workspace", "messaging", "--both")
     out = capsys.readouterr().out
@@ -177,7 +171,7 @@ def read_folder(root: Path, name: str) -> list[Any]:
 
 
 def test_messaging_contract_delivers_into_a_real_maildir(tmp_path: Path) -> None:
-    report = run_contract(PACKS / "messaging", fake=False, env={"YIMI_MAIL_DIR": str(tmp_path)})
+    report = run_contract(PACKS / "messaging", fake=False, paths=platform_paths(tmp_path, mail_dir=tmp_path))
     assert report.passed, report_text(report)
     (alice,) = read_folder(tmp_path, "inbox-alice-example-com")
     assert str(alice["From"]) == "Yimi <yimi@localhost>" and str(alice["To"]) == "alice@example.com"
@@ -233,24 +227,22 @@ def test_messaging_receipts_normalize_cleanly(tmp_path: Path, monkeypatch: Any) 
 # --- schedule: the real server's transport ------------------------------------------------
 
 
-def test_schedule_server_reports_disconnected_and_timeout(monkeypatch: Any) -> None:
+def test_schedule_server_reports_disconnected_and_timeout(monkeypatch: Any, tmp_path: Path) -> None:
+    from capabilities.packkit import run_with_capability
+
     create = pack_tools("schedule")["create_reminder"].handler
     args = {"text": "x", "due_at": "2099-01-01T00:00:00+00:00"}
-    monkeypatch.setenv("YIMI_INTERNAL_TOKEN", "token")
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        free = probe.getsockname()[1]
-    monkeypatch.setenv("YIMI_PLATFORM_URL", f"http://127.0.0.1:{free}")
-    lost = create(args)
+    monkeypatch.setenv("YIMI_PLATFORM_SOCKET", str(tmp_path / "nobody.sock"))
+    lost = run_with_capability(create, args, "capability")
     assert (lost["status"], lost["error"]["code"], lost["next"]) == ("unknown", "DISCONNECTED", {"retry": "after_check", "check_with": "list_reminders"})
 
-    silent = socket.socket()
-    silent.bind(("127.0.0.1", 0))
+    silent = socket.socket(socket.AF_UNIX)
+    silent.bind(str(tmp_path / "silent.sock"))
     silent.listen(1)  # accepts the connection and never answers
     try:
-        monkeypatch.setenv("YIMI_PLATFORM_URL", f"http://127.0.0.1:{silent.getsockname()[1]}")
+        monkeypatch.setenv("YIMI_PLATFORM_SOCKET", str(tmp_path / "silent.sock"))
         monkeypatch.setenv("YIMI_PLATFORM_TIMEOUT", "0.3")
-        timed_out = create(args)
+        timed_out = run_with_capability(create, args, "capability")
     finally:
         silent.close()
     assert (timed_out["status"], timed_out["error"]["code"]) == ("unknown", "TIMEOUT")
@@ -260,10 +252,15 @@ def test_schedule_server_reports_disconnected_and_timeout(monkeypatch: Any) -> N
         assert not normalize(raw, tool=pack.tools["create_reminder"], category="owner_data").violations
 
 
-def test_schedule_server_talks_to_loopback_only(monkeypatch: Any) -> None:
-    monkeypatch.setenv("YIMI_INTERNAL_TOKEN", "token")
-    monkeypatch.setenv("YIMI_PLATFORM_URL", "http://example.com")
-    result = pack_tools("schedule")["list_reminders"].handler({})
+def test_schedule_server_needs_the_platform_socket_and_a_call_capability(monkeypatch: Any, tmp_path: Path) -> None:
+    from capabilities.packkit import run_with_capability
+
+    listing = pack_tools("schedule")["list_reminders"].handler
+    monkeypatch.delenv("YIMI_PLATFORM_SOCKET", raising=False)
+    result = run_with_capability(listing, {}, "capability")
+    assert (result["status"], result["error"]["code"]) == ("failed", "not_configured")
+    monkeypatch.setenv("YIMI_PLATFORM_SOCKET", str(tmp_path / "nobody.sock"))
+    result = listing({})  # called outside a platform call: no capability, nothing sent
     assert (result["status"], result["error"]["code"]) == ("failed", "not_configured")
 
 
@@ -382,13 +379,14 @@ def test_two_concurrent_firings_fire_once(owner: Any) -> None:
 # --- reminders: the internal HTTP API ----------------------------------------------------
 
 
-def internal(settings: Any, **extra: Any) -> Client:
-    return Client(headers={TOKEN_HEADER: settings.INTERNAL_TOKEN}, **extra)
+def internal(owner: Any, category: str = "owner_data", **target: Any) -> Client:
+    """The schedule pack executing one call the gateway decided as ``category``."""
+    cap = pack_capability(getattr(owner, "pk", owner), pack="schedule", category=category, apis=["reminders"], **target)
+    return internal_client(**{"X-Yimi-Call-Capability": cap})
 
 
-@pytest.mark.urls(__name__)
 def test_internal_reminder_api(owner: Any, settings: Any) -> None:
-    client = internal(settings)
+    client = internal(owner)
     body = {"text": "交房租", "due_at": "2099-03-01T09:00:00+08:00", "idempotency_key": "api-1"}
     made = client.post("/internal/reminders/", body, content_type="application/json")
     assert made.status_code == 201, made.content
@@ -396,9 +394,9 @@ def test_internal_reminder_api(owner: Any, settings: Any) -> None:
     assert made.json()["created"] is True and reminder["state"] == "scheduled" and reminder["due_at"] == "2099-03-01T01:00:00+00:00"
     replay = client.post("/internal/reminders/", body, content_type="application/json")
     assert replay.status_code == 200 and replay.json() == {"reminder": reminder, "created": False}
-    assert [r["id"] for r in client.get("/internal/reminders/").json()["reminders"]] == [reminder["id"]]
+    assert [r["id"] for r in internal(owner, "observe").get("/internal/reminders/").json()["reminders"]] == [reminder["id"]]
 
-    cancel = client.post(f"/internal/reminders/{reminder['id']}/cancel/")
+    cancel = internal(owner, reminder_id=reminder["id"]).post(f"/internal/reminders/{reminder['id']}/cancel/")
     assert cancel.status_code == 200 and cancel.json()["reminder"]["state"] == "cancelled"
     assert client.get("/internal/reminders/").json()["reminders"] == []
     assert [r["state"] for r in client.get("/internal/reminders/?include_done=1").json()["reminders"]] == ["cancelled"]
@@ -417,20 +415,30 @@ def test_internal_reminder_api(owner: Any, settings: Any) -> None:
     assert refused.json()["error"]["code"] == "reminder_already_fired"
 
 
-@pytest.mark.urls(__name__)
+def _expired(owner: Any) -> str:
+    from yimi_project import call_capability
+
+    claims = {"call": "c", "owner": owner.pk, "pack": "schedule", "tool": "schedule__x", "category": "owner_data", "target": {}, "apis": ["reminders"]}
+    return call_capability.mint(call_capability.PACK, claims, ttl_seconds=60, now=time.time() - 3600)
+
+
 @pytest.mark.parametrize(
     "make_client",
     [
-        lambda s: Client(),  # no token
-        lambda s: Client(headers={TOKEN_HEADER: "wrong"}),
-        lambda s: Client(REMOTE_ADDR="10.0.0.5", headers={TOKEN_HEADER: s.INTERNAL_TOKEN}),  # not loopback
-        lambda s: Client(REMOTE_ADDR="192.168.1.20", headers={TOKEN_HEADER: s.INTERNAL_TOKEN}),
+        lambda s, o: internal_client(),  # no capability
+        lambda s, o: internal_client(**{"X-Yimi-Call-Capability": "forged"}),
+        lambda s, o: internal_client(**{TOKEN_HEADER: s.INTERNAL_TOKEN}),  # the platform's token is not a pack's
+        lambda s, o: internal_client(**{"X-Yimi-Call-Capability": pack_capability(o.pk, pack="memory", category="owner_data", apis=["memory"])}),
+        lambda s, o: internal_client(**{"X-Yimi-Call-Capability": _expired(o)}),
+        # a valid capability on the public listener, from any address
+        lambda s, o: Client(headers={"X-Yimi-Call-Capability": pack_capability(o.pk, pack="schedule", category="owner_data", apis=["reminders"])}),
+        lambda s, o: Client(REMOTE_ADDR="10.0.0.5", headers={TOKEN_HEADER: s.INTERNAL_TOKEN}),
     ],
-    ids=["no-token", "wrong-token", "remote-10", "remote-192"],
+    ids=["no-capability", "forged", "internal-token", "other-api", "expired", "public-listener", "public-with-token"],
 )
 def test_internal_reminder_api_refuses(owner: Any, settings: Any, make_client: Any) -> None:
     made, _ = reminders.create_reminder(owner, "keep", future())
-    client = make_client(settings)
+    client = make_client(settings, owner)
     body = {"text": "x", "due_at": "2099-01-01T00:00:00+00:00"}
     for response in (
         client.post("/internal/reminders/", body, content_type="application/json"),
@@ -441,7 +449,18 @@ def test_internal_reminder_api_refuses(owner: Any, settings: Any, make_client: A
     assert list(Reminder.objects.values_list("text", "state")) == [("keep", "scheduled")]
 
 
-@pytest.mark.urls(__name__)
+def test_a_capability_allows_only_what_the_gateway_decided_for_its_call(owner: Any) -> None:
+    """A read call cannot write; a cancel call on one reminder cannot cancel another."""
+    keep, _ = reminders.create_reminder(owner, "keep", future())
+    other, _ = reminders.create_reminder(owner, "other", future())
+    reading = internal(owner, "observe")
+    refused = reading.post("/internal/reminders/", {"text": "x", "due_at": "2099-01-01T00:00:00+00:00"}, content_type="application/json")
+    assert refused.status_code == 403 and refused.json()["error"]["code"] == "forbidden"
+    wrong_target = internal(owner, reminder_id=other.id).post(f"/internal/reminders/{keep.id}/cancel/")
+    assert wrong_target.status_code == 403
+    assert list(Reminder.objects.order_by("text").values_list("text", "state")) == [("keep", "scheduled"), ("other", "scheduled")]
+
+
 def test_internal_reminder_api_without_an_owner(db: Any, settings: Any) -> None:
-    response = internal(settings).get("/internal/reminders/")
+    response = internal(None).get("/internal/reminders/")
     assert response.status_code == HTTP_STATUS.get("no_owner", 400) and response.json()["error"]["code"] == "no_owner"

@@ -19,6 +19,7 @@ from mcp import ClientSession, StdioServerParameters, stdio_client
 from capabilities.contract import receipt_problems, run_contract
 from capabilities.manifest import load_pack, load_packs, manifest_errors
 from capabilities.mcp_host.host import load_tools_module
+from tests.conftest import platform_paths
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PACKS = REPO_ROOT / "packs"
@@ -61,7 +62,8 @@ def read_store(data_dir: Path) -> dict[str, Any]:
 
 def test_the_shop_manifest_loads_and_declares_its_effects() -> None:
     pack = load_pack(PACK)
-    assert (pack.name, pack.scopes, pack.host, pack.maintainer) == ("shop", ["owner"], "shared", "lead")
+    # it keeps its store in a directory of its own, so it runs in a host of its own
+    assert (pack.name, pack.scopes, pack.host, pack.maintainer, pack.filesystem) == ("shop", ["owner"], "dedicated", "lead", ["own"])
     tools = pack.tools
     assert {name: t.resolve_category({}) for name, t in tools.items()} == {
         "browse": "observe", "add_to_cart": "workspace", "checkout": "workspace", "pay": "spend", "order_status": "observe",
@@ -87,11 +89,11 @@ def test_only_the_shop_declares_spend_and_only_as_a_lead_pack() -> None:
 
 
 def test_the_shop_contract_passes_on_the_real_server(tmp_path: Path) -> None:
-    report = run_contract(PACK, fake=False, env={"YIMI_PACKS_DATA_DIR": str(tmp_path)})
+    report = run_contract(PACK, fake=False, paths=platform_paths(tmp_path, data_dir=tmp_path))
     assert report.passed, report_text(report)
     assert len(report.cases) == 6 and not report.skipped
-    # the real server kept it all in the store file: three orders, every authorization used once
-    store = read_store(tmp_path)
+    # the real server kept it all in the store file (its own directory): three orders, every authorization used once
+    store = read_store(tmp_path / "packs")
     assert [(o["amount"], o["state"]) for o in store["orders"]] == [("38.00", "paid"), ("58.00", "paid"), ("12.50", "paid")]
     assert [a.rsplit("-", 1)[1] for a in store["used_authorizations"]] == ["d1", "d2", "a1", "b1"]
     assert store["cart"] == [] and store["price_drift"] == [] and store["checkout"]["state"] == "paid"

@@ -29,6 +29,9 @@ SECRET_KEY = read_secret(SECRETS_DIR, "django_secret_key") or load_or_create_sec
 INTERNAL_TOKEN = load_or_create_internal_token(SECRETS_DIR, DATA_DIR)
 DEBUG = env.bool("YIMI_DEBUG", default=False)
 ALLOWED_HOSTS = env.list("YIMI_ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "[::1]"])
+# The Host the internal listener's clients (pack hosts, Celery workers) send on its Unix socket.
+INTERNAL_HOST = "yimi.internal"
+ALLOWED_HOSTS = [*ALLOWED_HOSTS, INTERNAL_HOST]
 CSRF_TRUSTED_ORIGINS = env.list("YIMI_CSRF_TRUSTED_ORIGINS", default=[])
 
 # --- behind a reverse proxy / TLS (README "Behind a proxy / TLS") -------------------------
@@ -284,13 +287,17 @@ EMAIL_BACKEND = "django.core.mail.backends.console.EmailBackend"
 YIMI_PACKS_DIR = Path(env.str("YIMI_PACKS_DIR", default=str(BASE_DIR / "packs")))
 YIMI_WORKSPACE_DIR = Path(env.str("YIMI_WORKSPACE_DIR", default=str(DATA_DIR / "workspace")))
 YIMI_MAIL_DIR = Path(env.str("YIMI_MAIL_DIR", default=str(DATA_DIR / "mail")))
-# Where packs reach the platform's loopback internal API (daphne's address).
-YIMI_PLATFORM_URL = env.str("YIMI_PLATFORM_URL", default="http://127.0.0.1:8000")
+# The internal listener: daphne's Unix socket serving /internal/ (the gateway's HTTP
+# interface, pack callbacks). No proxy forwards it; the public listener refuses /internal/.
+# Its directory holds nothing else: sandboxed packs that declare a platform_api get it bound.
+YIMI_INTERNAL_SOCKET = Path(env.str("YIMI_INTERNAL_SOCKET", default=str(DATA_DIR / "sockets" / "internal.sock")))
 YIMI_PACKS_FAKE = env.bool("YIMI_PACKS_FAKE", default=False)  # serve packs' fakes (staging)
-# The gateway's three interfaces: in-process by default, or over loopback HTTP at this URL
-# (e.g. http://127.0.0.1:8000/internal/gateway). decide answers within 3 s or the call
-# is not executed.
-YIMI_GATEWAY_URL = env.str("YIMI_GATEWAY_URL", default="")
+# Pack processes run in a bubblewrap sandbox (capabilities/mcp_host/sandbox.py); "none"
+# runs them unsandboxed (not for production).
+YIMI_PACK_SANDBOX = env.str("YIMI_PACK_SANDBOX", default="bwrap")
+# The gateway's three interfaces: in-process by default, or over HTTP on the internal
+# listener. decide answers within 3 s or the call is not executed.
+YIMI_GATEWAY_OVER_HTTP = env.bool("YIMI_GATEWAY_OVER_HTTP", default=False)
 GATEWAY_DECIDE_TIMEOUT_SECONDS = 3.0
 PACK_CALL_TIMEOUT_SECONDS = env.float("YIMI_PACK_CALL_TIMEOUT_SECONDS", default=120.0)
 

@@ -3,12 +3,17 @@ execute in-process (a Celery worker is started only by the end-to-end test), the
 data directory is a temporary one, and channel names get their own prefix."""
 
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
 from yimi_project.settings import *  # noqa: F403
 
 DATA_DIR = Path(tempfile.mkdtemp(prefix="yimi-test-data-"))
+YIMI_INTERNAL_SOCKET = DATA_DIR / "sockets" / "internal.sock"
+# Packs run sandboxed wherever bubblewrap is installed (CI installs it, and there the
+# sandbox tests fail instead of skipping without it); elsewhere they run unsandboxed.
+YIMI_PACK_SANDBOX = "bwrap" if shutil.which("bwrap") else "none"
 CELERY_BROKER_URL = None
 YIMI_EMBEDDED_SWEEPER = False
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

@@ -7,7 +7,9 @@
 name serves that pack alone. Each pack's tools come from ``server/tools.py`` (or, with
 ``--fake``, from the module named by ``staging.fake``), a module with a
 ``TOOLS = ToolRegistry()`` whose names must equal the manifest's. Tools are exposed as
-``{pack}__{tool}`` with the receipt in ``structured_content``.
+``{pack}__{tool}`` with the receipt in ``structured_content``. The per-call capability the
+platform sends in a call's ``_meta`` is what that call's handler (and only it) presents
+when it calls back into the platform (``packkit.platform_call``).
 
 The host polls the packs directory; when the set of tools it serves changes it sends
 ``notifications/tools/list_changed``, so clients refresh without a restart.
@@ -28,7 +30,7 @@ from mcp.server.lowlevel.server import NotificationOptions, Server
 from mcp.server.stdio import stdio_server
 
 from capabilities.manifest import SEPARATOR, ManifestError, Pack, _signature, load_pack
-from capabilities.packkit import ToolRegistry, ToolSpec
+from capabilities.packkit import CAPABILITY_META_KEY, ToolRegistry, ToolSpec, run_with_capability
 
 
 def load_tools_module(pack: Pack, fake: bool) -> ToolRegistry:
@@ -96,8 +98,11 @@ class PackHost:
         spec = self.tools.get(params.name)
         if spec is None:
             return _error(f"unknown tool {params.name}")
+        capability = (params.meta or {}).get(CAPABILITY_META_KEY)
         try:
-            result = await anyio.to_thread.run_sync(spec.handler, dict(params.arguments or {}))
+            result = await anyio.to_thread.run_sync(
+                run_with_capability, spec.handler, dict(params.arguments or {}), capability if isinstance(capability, str) else None
+            )
         except Exception as exc:  # noqa: BLE001 - reported to the caller, never a success
             return _error(f"{type(exc).__name__}: {exc}")
         if not isinstance(result, dict):

@@ -1,7 +1,8 @@
 """The platform side of pack hosts: MCP clients over stdio, started lazily, reclaimed idle.
 
-Small packs (``runtime.host: shared``) share one host process, ``dedicated`` packs get
-their own. A host starts on first use (listing or calling its tools) and is stopped once
+Small packs (``runtime.host: shared``) that need nothing of their own share one host
+process; every other pack gets its own (``Pack.host``). Every host runs sandboxed with
+only what its packs declared (``sandbox.py``). A host starts on first use (listing or calling its tools) and is stopped once
 it has been idle for its packs' ``idle_timeout_seconds`` (default 900). When a host sends
 ``notifications/tools/list_changed`` its tool list is read again and ``on_tools_changed``
 is called, so runs see the new list without a restart.
@@ -13,7 +14,6 @@ to the loop that opened them.
 from __future__ import annotations
 
 import asyncio
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -25,9 +25,9 @@ import mcp_types as types
 from mcp import ClientSession, StdioServerParameters, stdio_client
 
 from capabilities.manifest import Pack, PackSet, load_packs
+from capabilities.mcp_host.sandbox import PlatformPaths, grant_for, host_parameters
+from yimi_project import call_capability
 from yimi_project.logs import log_event
-
-REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 
 
 @dataclass
@@ -95,12 +95,13 @@ class HostProcess:
             listed = await self.session.list_tools()
             self.tools = {t.name: t for t in listed.tools}
 
-    async def call(self, name: str, arguments: dict[str, Any], timeout: float) -> ToolResult:
+    async def call(self, name: str, arguments: dict[str, Any], timeout: float, capability: str | None = None) -> ToolResult:
         self.last_used = time.monotonic()
         if self.session is None:
             return ToolResult(None, True, "", transport_error="DISCONNECTED: the pack host is not running")
+        meta: Any = {call_capability.META_KEY: capability} if capability else None
         try:
-            result = await asyncio.wait_for(self.session.call_tool(name, arguments), timeout)
+            result = await asyncio.wait_for(self.session.call_tool(name, arguments, meta=meta), timeout)
         except TimeoutError:
             return ToolResult(None, True, "", transport_error=f"TIMEOUT: no result within {timeout:g} s")
         except Exception as exc:  # noqa: BLE001 - the host died or the session broke
@@ -122,7 +123,7 @@ class HostManager:
         self,
         packs_dir: Path,
         *,
-        env: dict[str, str] | None = None,
+        paths: PlatformPaths | None = None,
         fake: bool = False,
         watch_interval: float = 1.0,
         on_tools_changed: Callable[[str], None] | None = None,
@@ -130,7 +131,7 @@ class HostManager:
     ) -> None:
         self.packs_dir = Path(packs_dir)
         self.log_dir = log_dir
-        self.env = env or {}
+        self.paths = paths or PlatformPaths.from_settings()
         self.fake = fake
         self.watch_interval = watch_interval
         self.hosts: dict[str, HostProcess] = {}
@@ -146,14 +147,13 @@ class HostManager:
         return "shared" if pack.host == "shared" else pack.name
 
     def _params(self, key: str) -> StdioServerParameters:
+        """The sandboxed command for one host: only what its packs declared (sandbox.py)."""
         args = ["-m", "capabilities.mcp_host.host", "--packs-dir", str(self.packs_dir), "--select", key,
                 "--watch-interval", str(self.watch_interval)]
         if self.fake:
             args.append("--fake")
-        env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL", "HOME", "TZ")}
-        env.update(self.env)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), self.env.get("PYTHONPATH", "")]))
-        return StdioServerParameters(command=sys.executable, args=args, env=env, cwd=str(REPO_ROOT))
+        packs = [p for p in self.packs().packs.values() if self.host_key(p) == key]
+        return host_parameters(args, grant_for(packs, self.paths), readable=[self.packs_dir.resolve()])
 
     def _errlog(self, key: str) -> Any:
         """Where a host's stderr goes: a log file per host, or this process's real stderr
@@ -194,7 +194,11 @@ class HostManager:
             tools.update({n: t for n, t in host.tools.items() if n.split("__", 1)[0] in pack_names})
         return tools
 
-    async def call(self, full_name: str, arguments: dict[str, Any], *, timeout: float = 120.0) -> ToolResult:
+    async def call(
+        self, full_name: str, arguments: dict[str, Any], *, timeout: float = 120.0, capability: str | None = None
+    ) -> ToolResult:
+        """Call one tool. ``capability`` is the call's pack capability (what the pack may do
+        on the platform while it executes this call); without one it can do nothing there."""
         pack_name = full_name.split("__", 1)[0]
         pack = self.packs().packs.get(pack_name)
         if pack is None:
@@ -203,7 +207,7 @@ class HostManager:
             host = await self.host(self.host_key(pack))
         except Exception as exc:  # noqa: BLE001
             return ToolResult(None, True, "", transport_error=f"DISCONNECTED: the pack host failed to start ({exc})")
-        return await host.call(full_name, arguments, timeout)
+        return await host.call(full_name, arguments, timeout, capability)
 
     async def reclaim_idle(self) -> list[str]:
         """Stop hosts idle for longer than their timeout; returns the stopped keys."""

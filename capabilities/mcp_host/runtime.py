@@ -22,37 +22,13 @@ _loop: asyncio.AbstractEventLoop | None = None
 _manager: HostManager | None = None
 
 
-def pack_env() -> dict[str, str]:
-    """What pack processes are told: where their data lives and how to reach the platform.
-    Only secrets a pack declares (by name) are passed. Packs sharing a host share its
-    environment, so a pack holding a secret it must not share belongs in a dedicated host."""
-    from capabilities.manifest import load_packs
-    from yimi_project.secrets import read_secret
-
-    env = {
-        "YIMI_WORKSPACE_DIR": str(settings.YIMI_WORKSPACE_DIR),
-        "YIMI_MAIL_DIR": str(settings.YIMI_MAIL_DIR),
-        "YIMI_PLATFORM_URL": settings.YIMI_PLATFORM_URL,
-        "YIMI_PACKS_DATA_DIR": str(settings.DATA_DIR / "packs"),
-    }
-    for pack in load_packs().packs.values():
-        for name in pack.ext["secrets"]:
-            # The internal token is the platform's own; other names are files in the secrets dir.
-            value = settings.INTERNAL_TOKEN if name == "YIMI_INTERNAL_TOKEN" else read_secret(settings.SECRETS_DIR, name)
-            if value:
-                env[name] = value
-    return env
-
-
 def _start() -> tuple[asyncio.AbstractEventLoop, HostManager]:
     global _loop, _manager
     with _lock:
         if _loop is None or _manager is None:
             loop = asyncio.new_event_loop()
             threading.Thread(target=loop.run_forever, name="pack-hosts", daemon=True).start()
-            manager = HostManager(
-                settings.YIMI_PACKS_DIR, env=pack_env(), fake=settings.YIMI_PACKS_FAKE, log_dir=settings.DATA_DIR / "logs"
-            )
+            manager = HostManager(settings.YIMI_PACKS_DIR, fake=settings.YIMI_PACKS_FAKE, log_dir=settings.DATA_DIR / "logs")
             asyncio.run_coroutine_threadsafe(manager.reclaim_forever(), loop)
             _loop, _manager = loop, manager
         return _loop, _manager

@@ -5,9 +5,10 @@
     pack_contract --fake               # the fakes instead
     pack_contract --both               # real servers and fakes
 
-A pack that calls the platform (egress ``loopback``) gets ``YIMI_PLATFORM_URL`` and, if it
-declares the secret, ``YIMI_INTERNAL_TOKEN``: its real server then runs against the
-running platform (the schedule contract creates reminders in 2099 and cancels them).
+Each host runs sandboxed with what its pack declares. A pack with a ``platform_api``
+(memory, schedule) runs against the running platform's internal socket, acting for the
+owner with a capability per step (the schedule contract creates reminders in 2099 and
+cancels them; the memory contract forgets what it commits).
 Prints one row per case and exits non-zero if any case failed.
 """
 
@@ -19,8 +20,8 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from capabilities.contract import ContractReport, platform_env, run_contract
-from capabilities.manifest import ManifestError, load_pack
+from accounts.services import get_owner
+from capabilities.contract import ContractReport, run_contract
 
 
 class Command(BaseCommand):
@@ -41,15 +42,11 @@ class Command(BaseCommand):
         if not names:
             raise CommandError(f"no packs in {packs_dir}")
         fakes = [True] if options["fake"] else [False, True] if options["both"] else [False]
+        owner = get_owner()
         reports: list[ContractReport] = []
         for name in names:
-            path = packs_dir / name
-            try:
-                env = platform_env(load_pack(path), url=settings.YIMI_PLATFORM_URL, token=settings.INTERNAL_TOKEN)
-            except ManifestError:
-                env = {}  # run_contract reports the manifest error
             for fake in fakes:
-                reports.append(run_contract(path, fake=fake, env=env))
+                reports.append(run_contract(packs_dir / name, fake=fake, owner_id=owner.pk if owner is not None else None))
         failed = self.print_table(reports)
         if failed:
             raise CommandError(f"{failed} contract run(s) failed")

@@ -1,9 +1,10 @@
 """The memory pack: Yimi's L3 assertions, kept by the platform, reached over its internal API.
 
 The platform (``memory.assertions``, ``memory.preferences``) is the only authority; this
-server only calls its loopback endpoints (``YIMI_PLATFORM_URL`` + ``/internal/memory/...``)
-with the ``X-Yimi-Internal-Token`` header (``YIMI_INTERNAL_TOKEN``), never anything but a
-loopback address and never through a proxy. A connection that fails or times out is
+server only calls its internal endpoints (``/internal/memory/...`` on the platform socket,
+``YIMI_PLATFORM_SOCKET``, through ``packkit.platform_call``) with the capability of the
+call it is executing, which allows only what the gateway decided for that call (a forget
+needs a call decided as ``delete``). A connection that fails or times out is
 reported as ``DISCONNECTED`` or ``TIMEOUT`` with status ``unknown``: the platform may or
 may not have acted.
 

@@ -1,10 +1,9 @@
 """The schedule pack: reminders kept by the platform, reached over its internal API.
 
 The platform (``brain.reminders``) stores the reminders and fires them into the owner's
-timeline; this server only calls its loopback endpoints (``YIMI_PLATFORM_URL`` +
-``/internal/reminders/...``) with the ``X-Yimi-Internal-Token`` header
-(``YIMI_INTERNAL_TOKEN``). It never talks to anything but a loopback address, and never
-through a proxy. A connection that fails or times out is reported as ``DISCONNECTED`` or
+timeline; this server only calls its internal endpoints (``/internal/reminders/...`` on
+the platform socket, ``YIMI_PLATFORM_SOCKET``, through ``packkit.platform_call``) with the
+capability of the call it is executing. A connection that fails or times out is reported as ``DISCONNECTED`` or
 ``TIMEOUT`` with status ``unknown``: the platform may or may not have acted.
 """
 
