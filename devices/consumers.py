@@ -2,6 +2,10 @@
 
 Thin on purpose: it parses frames, authenticates, and calls services. The connection is
 a small state machine: ``challenge`` sent → ``auth`` received and verified → ready.
+
+Nothing a device sends can kill the socket: every text frame goes through
+``parse_frame`` (the one parsing boundary, shared with ``/ws/voice/``) before any handler
+sees it, and ``receive`` answers anything unexpected with ``internal_error``.
 """
 
 from __future__ import annotations
@@ -9,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
+import re
 import secrets
 from typing import Any
 
@@ -19,6 +25,8 @@ from django.db import InterfaceError, OperationalError
 from redis.exceptions import RedisError
 
 from accounts.identity import instance_public_key_b64, sign_as_instance
+from accounts.models import Scope
+from accounts.services import device_scope_limit
 from brain.dispatch import dispatch_card_execution, dispatch_payment, dispatch_run, ensure_embedded_sweeper
 from brain.services import accept_utterance
 from devices import services as device_services
@@ -35,9 +43,56 @@ CLOSE_AUTH_FAILED = 4401
 CLOSE_REVOKED = 4403
 CLOSE_AUTH_TIMEOUT = 4408
 CLOSE_TRY_AGAIN_LATER = 1013  # RFC 6455 registry: a backing service is down
+CLOSE_INTERNAL_ERROR = 1011  # RFC 6455: an unexpected condition (a bug, logged)
 
 # What Redis (channel layer) and the database raise when they are down or unreachable.
 SERVICE_DOWN_ERRORS = (RedisError, OperationalError, InterfaceError)
+
+# How deep a frame's objects and arrays may nest (the protocol's frames need 3 levels).
+MAX_FRAME_DEPTH = 32
+# What no string in a frame may hold: NUL (PostgreSQL text cannot store it) and a lone
+# surrogate (not a character: UTF-8 cannot encode it). JSON escapes (\u0000, \ud800) can
+# make both; a surrogate pair escaped the same way is one real character and passes.
+UNSTORABLE = re.compile(r"[\x00\ud800-\udfff]")
+
+
+def parse_frame(text_data: str) -> dict[str, Any]:
+    """One text frame, checked once, for both sockets, before any handler sees it.
+
+    Steps: 1. at most ``WS_MAX_FRAME_BYTES`` of UTF-8 (``frame_too_large``); 2. JSON
+    (``malformed_json``); 3. an object with a string ``type`` (``invalid_frame``); 4. no
+    deeper than ``MAX_FRAME_DEPTH`` — also when the JSON parser itself gives up on the depth
+    — and no key or string value holding NUL or a lone surrogate (``invalid_frame``), so
+    every string a handler may store is storable and can be sent back. Raises ``YimiError``
+    with the protocol's code; its ``details["id"]`` is the frame's ``id`` when that is a
+    clean string, for the error frame. Iterative, so no frame can exhaust the stack.
+    """
+    # surrogatepass: a raw lone surrogate (possible in-process, never through daphne, which
+    # closes invalid UTF-8 with 1007) is counted here and refused below, not raised on.
+    if len(text_data.encode("utf-8", "surrogatepass")) > settings.WS_MAX_FRAME_BYTES:
+        raise YimiError("frame_too_large", f"frames are limited to {settings.WS_MAX_FRAME_BYTES} bytes")
+    try:
+        frame = json.loads(text_data)
+    except RecursionError:
+        raise YimiError("invalid_frame", f"frames nest at most {MAX_FRAME_DEPTH} levels deep") from None
+    except ValueError:
+        raise YimiError("malformed_json", "the frame is not valid JSON") from None
+    if not isinstance(frame, dict) or not isinstance(frame.get("type"), str):
+        raise YimiError("invalid_frame", 'a frame is a JSON object with a string "type"')
+    frame_id = frame.get("id") if isinstance(frame.get("id"), str) and not UNSTORABLE.search(frame["id"]) else None
+    pending: list[tuple[Any, int]] = [(frame, 1)]
+    while pending:
+        value, depth = pending.pop()
+        if isinstance(value, str):
+            if UNSTORABLE.search(value):
+                raise YimiError("invalid_frame", "strings cannot contain NUL (\\u0000) or a lone surrogate (\\ud800-\\udfff)", id=frame_id)
+            continue
+        if isinstance(value, dict | list):
+            if depth > MAX_FRAME_DEPTH:
+                raise YimiError("invalid_frame", f"frames nest at most {MAX_FRAME_DEPTH} levels deep", id=frame_id)
+            items = [*value.keys(), *value.values()] if isinstance(value, dict) else value
+            pending.extend((item, depth + 1) for item in items)
+    return frame
 
 
 class DeviceConsumer(AsyncWebsocketConsumer):
@@ -45,7 +100,6 @@ class DeviceConsumer(AsyncWebsocketConsumer):
     nonce: str = ""
     _auth_timer: asyncio.Task | None = None
     _accepted: bool = False
-    _checking_auth: bool = False
     _told_unavailable: bool = False
 
     # --- connection lifecycle -----------------------------------------------------------
@@ -81,13 +135,21 @@ class DeviceConsumer(AsyncWebsocketConsumer):
         )
         self._auth_timer = asyncio.ensure_future(self._auth_timeout())
 
+    @staticmethod
+    async def wait_auth_deadline(seconds: float) -> None:
+        """The one clock of the handshake: waits out the time a device has to send its
+        ``auth`` frame. Tests replace it to decide themselves when the deadline passes."""
+        await asyncio.sleep(seconds)
+
     async def _auth_timeout(self) -> None:
-        await asyncio.sleep(settings.WS_AUTH_TIMEOUT_SECONDS)
-        if self.device is None and self._checking_auth:
-            # The auth frame came in time; the server could not check it (the database hangs).
-            log_event("ws_service_unavailable", error="auth_check_timeout")
-            await self._close_service_unavailable()
-        elif self.device is None:
+        """No ``auth`` frame within ``WS_AUTH_TIMEOUT_SECONDS``: ``auth_timeout``, close 4408.
+
+        The timer only waits for the frame: ``_handle_auth`` stops it as soon as a complete
+        ``auth`` frame is received, and the check then ends on its own — ``ready``, an
+        authentication error, or ``service_unavailable`` (1013) when the database fails,
+        refusing or hanging past its pool's wait, however long after the deadline that is."""
+        await self.wait_auth_deadline(settings.WS_AUTH_TIMEOUT_SECONDS)
+        if self.device is None:
             await self._error("auth_timeout", "no auth frame within the time limit")
             await self.close(code=CLOSE_AUTH_TIMEOUT)
 
@@ -101,19 +163,29 @@ class DeviceConsumer(AsyncWebsocketConsumer):
     # --- inbound frames -----------------------------------------------------------------
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
-        if text_data is None:
-            await self._error("binary_not_supported", "this socket takes JSON text frames only")
-            return
-        if len(text_data.encode("utf-8")) > settings.WS_MAX_FRAME_BYTES:
-            await self._error("frame_too_large", f"frames are limited to {settings.WS_MAX_FRAME_BYTES} bytes")
-            return
+        """One message from the device, on either socket. The last resort is here: an
+        exception no handler expected is logged and answered ``internal_error`` (no trace
+        text), and a ready socket stays open; before ``ready`` the socket closes with 1011,
+        since nothing else would end the handshake. Redis or the database being down is
+        left to ``__call__`` (``service_unavailable``, 1013)."""
         try:
-            frame = json.loads(text_data)
-        except ValueError:
-            await self._error("malformed_json", "the frame is not valid JSON")
-            return
-        if not isinstance(frame, dict) or not isinstance(frame.get("type"), str):
-            await self._error("invalid_frame", 'a frame is a JSON object with a string "type"')
+            if text_data is None:
+                await self._receive_binary(bytes_data or b"")
+            else:
+                await self._receive_text(text_data)
+        except SERVICE_DOWN_ERRORS:
+            raise
+        except Exception as exc:
+            await self._internal_error(exc)
+
+    async def _receive_binary(self, data: bytes) -> None:
+        await self._error("binary_not_supported", "this socket takes JSON text frames only")
+
+    async def _receive_text(self, text_data: str) -> None:
+        try:
+            frame = parse_frame(text_data)
+        except YimiError as exc:
+            await self._error(exc.code, exc.message, exc.details.get("id"))
             return
         frame_id = frame.get("id") if isinstance(frame.get("id"), str) else None
 
@@ -140,7 +212,10 @@ class DeviceConsumer(AsyncWebsocketConsumer):
             await self._error("not_authenticated", "the first frame must be auth")
             await self.close(code=CLOSE_AUTH_FAILED)
             return
-        self._checking_auth = True
+        if self._auth_timer is not None:
+            if self._auth_timer.done() and not self._auth_timer.cancelled():
+                return  # the deadline passed first: the socket is closing with 4408
+            self._auth_timer.cancel()  # a complete auth frame came in time: its check may take as long as it takes
         try:
             device = await database_sync_to_async(device_services.authenticate_challenge)(
                 frame.get("device_id"), self.nonce, frame.get("signature")
@@ -151,17 +226,18 @@ class DeviceConsumer(AsyncWebsocketConsumer):
             log_event("ws_auth_failed", reason=exc.code)
             return
         self.device = device
-        if self._auth_timer is not None:
-            self._auth_timer.cancel()
         await self.channel_layer.group_add(device_services.device_group(device.id), self.channel_name)
         if not device.is_guest:  # owner-wide frames (timeline hints, cards, reminders) skip guests
             await self.channel_layer.group_add(device_services.owner_group(device.owner_id), self.channel_name)
+        # The scope admission will use (accounts.services.device_scope_limit): a guest device,
+        # or a device of any account but the owner's, is admitted as guest.
+        limit = await database_sync_to_async(device_scope_limit)(device)
         await self._send(
             {
                 "type": "ready",
                 "protocol": PROTOCOL_VERSION,
                 "device_id": str(device.id),
-                "scope": "guest" if device.is_guest else "owner",
+                "scope": str(limit[0] if limit else Scope.OWNER),
                 # A guest learns only the last entry it may see, not how long the owner's timeline is.
                 "last_seq": await database_sync_to_async(timeline.last_seq)(
                     device.owner_id, only_device_id=device.id if device.is_guest else None
@@ -382,7 +458,7 @@ class DeviceConsumer(AsyncWebsocketConsumer):
         await self.close(code=CLOSE_REVOKED)
 
     async def _close_service_unavailable(self) -> None:
-        if self._told_unavailable:  # a check that outlasted the auth deadline failed later
+        if self._told_unavailable:  # once per socket
             return
         self._told_unavailable = True
         if not self._accepted:  # the channel layer failed before connect() ran
@@ -397,6 +473,21 @@ class DeviceConsumer(AsyncWebsocketConsumer):
             }
         )
         await self.close(code=CLOSE_TRY_AGAIN_LATER)
+
+    async def _internal_error(self, exc: Exception) -> None:
+        """The last resort for a frame: log what failed where (type and place, no values),
+        tell the device ``internal_error`` without trace text, close only before ``ready``."""
+        tb = exc.__traceback__
+        while tb is not None and tb.tb_next is not None:
+            tb = tb.tb_next
+        log_event(
+            "ws_internal_error", level=logging.ERROR, error=type(exc).__name__,
+            raised_at=f"{tb.tb_frame.f_code.co_filename.rsplit('/', 1)[-1]}:{tb.tb_lineno}" if tb else None,
+            device_id=str(self.device.id) if self.device else None, consumer=type(self).__name__,
+        )
+        await self._error("internal_error", "the server failed on this frame; it logged the error")
+        if self.device is None:
+            await self.close(code=CLOSE_INTERNAL_ERROR)
 
     async def _error(self, code: str, message: str, frame_id: str | None = None) -> None:
         body: dict[str, Any] = {"type": "error", "code": code, "message": message}

@@ -39,11 +39,10 @@ class VoiceConsumer(DeviceConsumer):
 
     # --- frames ------------------------------------------------------------------------------
 
-    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
-        if text_data is None and bytes_data is not None:
-            await self._on_audio(bytes_data)
-            return
-        await super().receive(text_data=text_data)
+    async def _receive_binary(self, data: bytes) -> None:
+        """Audio. Text frames, and the last-resort handler for both, are ``DeviceConsumer``'s
+        (``receive``, ``parse_frame``)."""
+        await self._on_audio(data)
 
     async def disconnect(self, code: int) -> None:
         if self.call is not None:

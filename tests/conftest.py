@@ -131,11 +131,41 @@ def make_device(owner: Any) -> Any:
     return make
 
 
-async def open_socket(sim: SimDevice | None = None, *, authenticate: bool = True) -> tuple[WebsocketCommunicator, dict[str, Any]]:
-    """Connect to /ws/device/; with ``authenticate`` answer the challenge as ``sim``."""
+# How long a socket test waits for the server's next message. Channels' communicator waits
+# 1 s by default, too little on a busy 2-core machine; a passing test never waits this long.
+SOCKET_TIMEOUT = 10.0
+
+
+class DeviceSocket(WebsocketCommunicator):
+    """Channels' test websocket with ``SOCKET_TIMEOUT`` as every wait's default."""
+
+    async def connect(self, timeout: float = SOCKET_TIMEOUT) -> Any:
+        return await super().connect(timeout)
+
+    async def receive_output(self, timeout: float = SOCKET_TIMEOUT) -> Any:
+        return await super().receive_output(timeout)
+
+    async def receive_from(self, timeout: float = SOCKET_TIMEOUT) -> Any:
+        return await super().receive_from(timeout)
+
+    async def receive_json_from(self, timeout: float = SOCKET_TIMEOUT) -> Any:
+        return await super().receive_json_from(timeout)
+
+    async def disconnect(self, code: int = 1000, timeout: float = SOCKET_TIMEOUT) -> None:
+        await super().disconnect(code, timeout)
+
+
+def device_socket(path: str = "/ws/device/") -> DeviceSocket:
     from yimi_project.asgi import application
 
-    comm = WebsocketCommunicator(application, "/ws/device/")
+    return DeviceSocket(application, path)
+
+
+async def open_socket(
+    sim: SimDevice | None = None, *, authenticate: bool = True, path: str = "/ws/device/"
+) -> tuple[WebsocketCommunicator, dict[str, Any]]:
+    """Connect to /ws/device/ (or ``path``); with ``authenticate`` answer the challenge as ``sim``."""
+    comm = device_socket(path)
     connected, _ = await comm.connect()
     assert connected
     challenge = await comm.receive_json_from()
@@ -150,7 +180,7 @@ async def open_socket(sim: SimDevice | None = None, *, authenticate: bool = True
     return comm, ready
 
 
-async def receive_until(comm: WebsocketCommunicator, *types: str, timeout: float = 5.0) -> dict[str, Any]:
+async def receive_until(comm: WebsocketCommunicator, *types: str, timeout: float = SOCKET_TIMEOUT) -> dict[str, Any]:
     while True:
         frame = json.loads(await comm.receive_from(timeout=timeout))
         if frame["type"] in types:

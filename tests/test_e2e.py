@@ -26,6 +26,7 @@ from django.db import connection
 from devices.models import Delivery
 from devices.services import issue_pairing_code
 from devices.simulator import DeviceConnection, pair, read_timeline
+from memory.models import TimelineEntry
 from tests.conftest import db_async, need, script
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
@@ -286,6 +287,32 @@ async def test_a_message_over_the_transport_limit_closes_with_1009(owner: Any) -
             assert "exceeds payload limit of 1048576" in reason
 
 
+@pytest.mark.parametrize(
+    "payload",
+    [
+        pytest.param(b'{"type": "text", "id": "bad", "text": "\xff"}', id="invalid-byte"),
+        pytest.param(b'{"type": "text", "id": "bad", "text": "\xed\xa0\x80"}', id="encoded-surrogate"),
+        pytest.param(b'{"type": "text", "id": "bad", "text": "\xe2\x82"}', id="truncated-character"),
+    ],
+)
+async def test_invalid_utf8_in_a_text_message_closes_with_1007(owner: Any, payload: bytes) -> None:
+    """RFC 6455 section 8.1: a text message that is not UTF-8 fails the connection with 1007,
+    checked by the transport, on both sockets; the application never sees it."""
+    with bare_daphne("daphne-utf8.log", DATABASE_URL=subprocess_test_database_url()) as base:
+        (_, code), = [await db_async(issue_pairing_code)(owner)]
+        phone = await pair(base, code, kind="phone", name="bad bytes")
+        for connection in (DeviceConnection(phone), VoiceConnection(phone)):
+            async with connection as ws:
+                # The raw bytes, sent as a text frame exactly as they are (no encoding, no check).
+                with contextlib.suppress(websockets.ConnectionClosed):
+                    await ws.ws.send(payload, text=True)
+                assert ws.closed is not None
+                code_, reason = await asyncio.wait_for(ws.closed, 30)
+                assert code_ == 1007, (ws.ws_url, code_, reason)
+                assert "UTF-8" in reason
+    assert await db_async(TimelineEntry.objects.count)() == 0
+
+
 class SilentDatabase:
     """A TCP listener that never answers: a PostgreSQL server that hangs."""
 
@@ -306,9 +333,11 @@ async def test_database_down_is_service_unavailable_and_closes_with_1013(tmp_pat
     if database == "refuses":
         silent.close()
     url = f"postgres://postgres@127.0.0.1:{port}/yimi"
-    # The auth deadline is short so that a hanging database would show up as auth_timeout.
+    # The check outlasts the auth deadline (the pool gives up waiting for a connection after
+    # 3 s, the deadline is 1 s): the deadline stopped when the auth frame came, so the answer
+    # is service_unavailable, never auth_timeout.
     with bare_daphne("daphne-db-down.log", kill=True, DATABASE_URL=url, YIMI_DATA_DIR=str(tmp_path),
-                     YIMI_WS_AUTH_TIMEOUT_SECONDS="1") as base:
+                     YIMI_WS_AUTH_TIMEOUT_SECONDS="1", YIMI_DB_POOL_TIMEOUT_SECONDS="3") as base:
         try:
             async with websockets.connect(base.replace("http://", "ws://") + "/ws/device/", open_timeout=10) as ws:
                 challenge = json.loads(await asyncio.wait_for(ws.recv(), 10))

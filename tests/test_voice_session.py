@@ -18,7 +18,7 @@ from devices.models import Delivery, VoiceUtterance
 from devices.signatures import auth_message
 from memory.models import TimelineEntry
 from tests import voice_support
-from tests.conftest import db_async, receive_until
+from tests.conftest import db_async, device_socket, receive_until
 from tests.voice_support import GUEST_VOICE, OWNER_VOICE, SENTENCES, frames, silence
 
 # fixtures
@@ -30,9 +30,7 @@ FORMAT = {"encoding": "pcm_s16le", "sample_rate": 16000, "channels": 1}
 
 
 async def open_voice(sim: Any) -> WebsocketCommunicator:
-    from yimi_project.asgi import application
-
-    comm = WebsocketCommunicator(application, "/ws/voice/")
+    comm = device_socket("/ws/voice/")
     connected, _ = await comm.connect()
     assert connected
     challenge = await comm.receive_json_from()
@@ -66,9 +64,7 @@ async def utterance(comm: WebsocketCommunicator) -> dict[str, Any]:
 
 
 async def test_voice_socket_refuses_audio_before_auth(owner: Any) -> None:
-    from yimi_project.asgi import application
-
-    comm = WebsocketCommunicator(application, "/ws/voice/")
+    comm = device_socket("/ws/voice/")
     await comm.connect()
     await comm.receive_json_from()
     await comm.send_to(bytes_data=b"\0\0" * 160)

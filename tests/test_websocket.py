@@ -2,7 +2,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import socket
+import threading
 from typing import Any
 
 import pytest
@@ -10,13 +12,33 @@ from channels.testing import WebsocketCommunicator
 
 from accounts.models import AdmissionRecord
 from brain.models import Run
-from devices.models import Delivery
+from devices import services as device_services
+from devices.consumers import DeviceConsumer
+from devices.models import Delivery, Device
 from devices.services import revoke_device
 from devices.signatures import auth_message, challenge_message, verify
 from memory.models import TimelineEntry
-from tests.conftest import db_async, new_client_id, open_socket, receive_until, script
+from tests.conftest import SOCKET_TIMEOUT, SimDevice, db_async, new_client_id, new_keypair, open_socket, receive_until, script
 
 pytestmark = pytest.mark.django_db(transaction=True)
+SOCKETS = ["/ws/device/", "/ws/voice/"]
+
+
+@pytest.fixture
+def auth_deadline(monkeypatch: pytest.MonkeyPatch) -> asyncio.Event:
+    """The handshake's clock in the test's hands: the auth deadline passes when the test
+    sets this event, not when some wall-clock time has gone by."""
+    passes = asyncio.Event()
+
+    async def wait(seconds: float) -> None:
+        await passes.wait()
+
+    monkeypatch.setattr(DeviceConsumer, "wait_auth_deadline", staticmethod(wait))
+    return passes
+
+
+def auth_frame(sim: SimDevice, challenge: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "auth", "device_id": str(sim.device.id), "signature": sim.sign(auth_message(challenge["nonce"], str(sim.device.id)))}
 
 
 async def test_challenge_is_signed_by_the_instance_key(owner: Any) -> None:
@@ -68,10 +90,49 @@ async def test_frames_before_auth_close_with_4401(make_device: Any) -> None:
     assert await db_async(TimelineEntry.objects.count)() == 0
 
 
-async def test_no_auth_frame_in_time_closes_with_4408(owner: Any) -> None:
+async def test_no_auth_frame_in_time_closes_with_4408(owner: Any, auth_deadline: asyncio.Event) -> None:
     comm, _ = await open_socket(authenticate=False)
-    assert (await comm.receive_json_from(timeout=3))["code"] == "auth_timeout"
-    assert (await comm.receive_output(timeout=3))["code"] == 4408
+    assert await comm.receive_nothing()
+    auth_deadline.set()
+    assert (await comm.receive_json_from())["code"] == "auth_timeout"
+    assert (await comm.receive_output())["code"] == 4408
+
+
+async def test_the_auth_deadline_is_ws_auth_timeout_seconds_of_real_time(owner: Any, settings: Any) -> None:
+    settings.WS_AUTH_TIMEOUT_SECONDS = 0.05  # this test's own, short: no auth frame is ever sent
+    comm, _ = await open_socket(authenticate=False)
+    assert (await comm.receive_json_from())["code"] == "auth_timeout"
+    assert (await comm.receive_output())["code"] == 4408
+
+
+async def test_an_auth_frame_in_time_is_checked_however_long_the_check_takes(
+    make_device: Any, auth_deadline: asyncio.Event, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The deadline is for the auth frame to arrive: a check still running when it passes
+    (a slow database, a busy machine) ends in ready, not auth_timeout or service_unavailable."""
+    sim = await db_async(make_device)()
+    checking, finish = threading.Event(), threading.Event()
+    check = device_services.authenticate_challenge
+
+    def slow_check(*args: Any) -> Any:
+        checking.set()
+        assert finish.wait(SOCKET_TIMEOUT * 3)
+        return check(*args)
+
+    monkeypatch.setattr(device_services, "authenticate_challenge", slow_check)
+    comm, challenge = await open_socket(authenticate=False)
+    try:
+        await comm.send_json_to(auth_frame(sim, challenge))
+        assert await asyncio.to_thread(checking.wait, SOCKET_TIMEOUT)
+        auth_deadline.set()  # the deadline passes while the check runs
+        assert await comm.receive_nothing()
+    finally:
+        finish.set()
+    ready = await comm.receive_json_from()
+    assert ready["type"] == "ready" and ready["device_id"] == str(sim.device.id), ready
+    await comm.send_json_to({"type": "ping", "id": "p"})
+    assert (await comm.receive_json_from())["type"] == "pong"
+    await comm.disconnect()
 
 
 async def test_revoked_device_is_refused_at_handshake(make_device: Any) -> None:
@@ -131,6 +192,91 @@ async def test_bad_frames_get_an_error_and_change_nothing(make_device: Any, raw:
     await comm.send_json_to({"type": "ping", "id": "p"})
     assert (await comm.receive_json_from())["type"] == "pong"
     await comm.disconnect()
+
+
+DEEP = "[" * 10_000 + "]" * 10_000  # well under the 64 KiB limit; deeper than json.loads' recursion limit
+
+
+@pytest.mark.parametrize("path", SOCKETS)
+@pytest.mark.parametrize(
+    "raw, frame_id",
+    [
+        pytest.param('{"type": "text", "id": "d", "text": ' + DEEP + "}", None, id="nested-10000-deep"),
+        pytest.param('{"type": "text", "id": "d", "text": "x", "x": ' + '{"a": ' * 40 + "1" + "}" * 41, "d", id="nested-40-deep"),
+        pytest.param(r'{"type": "text", "id": "s", "text": "\ud800"}', "s", id="lone-surrogate-in-text"),
+        pytest.param(r'{"type": "text", "id": "s", "text": "a\udfffb"}', "s", id="lone-low-surrogate-in-text"),
+        pytest.param('{"type": "text", "id": "s", "text": "\ud800"}', "s", id="raw-lone-surrogate-in-text"),
+        pytest.param(r'{"type": "text", "id": "s", "text": "ok", "\ud800": 1}', "s", id="lone-surrogate-in-a-key"),
+        pytest.param(r'{"type": "text", "id": "n", "text": "a\u0000b"}', "n", id="nul-in-text"),
+        pytest.param(r'{"type": "text", "id": "n\u0000", "text": "hi"}', None, id="nul-in-id"),
+        pytest.param(r'{"type": "text", "id": "l", "text": "hi", "tags": [["\u0000"]]}', "l", id="nul-in-a-nested-list"),
+    ],
+)
+async def test_frames_that_cannot_be_stored_get_invalid_frame_and_the_socket_lives(
+    make_device: Any, brain: Any, path: str, raw: str, frame_id: str | None
+) -> None:
+    """Refused at the parsing boundary both sockets share, before any handler: strings
+    holding NUL (PostgreSQL cannot store it) or a lone surrogate (UTF-8 cannot encode it),
+    and frames nested too deep (the JSON parser's own recursion limit included)."""
+    sim = await db_async(make_device)()
+    comm, _ = await open_socket(sim, path=path)
+    await comm.send_to(text_data=raw)
+    error = await comm.receive_json_from()
+    assert error["type"] == "error" and error["code"] == "invalid_frame", error
+    assert error.get("id") == frame_id
+    assert await db_async(TimelineEntry.objects.count)() == 0
+    # The socket, and its database connection, still work. An escaped surrogate pair is one
+    # real character, and passes.
+    if path == "/ws/device/":
+        await comm.send_to(text_data=r'{"type": "text", "id": "after", "text": "still here \ud83d\ude00"}')
+        ack = await receive_until(comm, "text.ack", "error")
+        assert ack["type"] == "text.ack", ack
+        await receive_until(comm, "reply.done")
+        assert await db_async(lambda: TimelineEntry.objects.get(seq=ack["seq"]).text)() == "still here \U0001F600"
+    else:
+        await comm.send_json_to({"type": "ping", "id": "after"})
+        assert (await comm.receive_json_from())["type"] == "pong"
+    await comm.disconnect()
+
+
+@pytest.mark.parametrize("path", SOCKETS)
+async def test_an_unexpected_error_answers_internal_error_logs_it_and_the_socket_lives(
+    make_device: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, path: str
+) -> None:
+    sim = await db_async(make_device)()
+
+    def broken(*args: Any) -> None:
+        raise RuntimeError("trace text /srv/secret-path")  # a bug, anywhere under a handler
+
+    monkeypatch.setattr(device_services, "record_delivery", broken)
+    comm, _ = await open_socket(sim, path=path)
+    with caplog.at_level(logging.ERROR, logger="yimi"):
+        await comm.send_json_to({"type": "ack", "seq": 1, "status": "rendered"})
+        error = await comm.receive_json_from()
+    assert error == {"type": "error", "code": "internal_error", "message": error["message"]}
+    assert "secret" not in error["message"] and "RuntimeError" not in error["message"]
+    [logged] = [r for r in caplog.records if r.getMessage() == "ws_internal_error"]
+    assert logged.levelno == logging.ERROR
+    assert logged.yimi_fields["error"] == "RuntimeError" and logged.yimi_fields["device_id"] == str(sim.device.id)
+    assert logged.yimi_fields["raised_at"].startswith("test_websocket.py:")
+    await comm.send_json_to({"type": "ping", "id": "after"})
+    assert (await comm.receive_json_from()) == {"type": "pong", "id": "after"}
+    await comm.disconnect()
+
+
+async def test_an_unexpected_error_before_ready_answers_internal_error_and_closes_with_1011(
+    make_device: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sim = await db_async(make_device)()
+
+    def broken(*args: Any) -> None:
+        raise RuntimeError("trace text")
+
+    monkeypatch.setattr(device_services, "authenticate_challenge", broken)
+    comm, challenge = await open_socket(authenticate=False)
+    await comm.send_json_to(auth_frame(sim, challenge))
+    assert (await comm.receive_json_from())["code"] == "internal_error"
+    assert (await comm.receive_output())["code"] == 1011
 
 
 async def test_oversized_frame_is_refused(make_device: Any, settings: Any) -> None:
@@ -218,6 +364,28 @@ async def test_inbound_entry_records_scope_owner_and_guest(make_device: Any, bra
         admission = await db_async(AdmissionRecord.objects.get)(run__inbound=entry)
         assert entry.scope == expected == admission.scope
         await comm.disconnect()
+
+
+async def test_ready_reports_the_scope_admission_will_use_for_a_device_of_another_account(
+    owner: Any, brain: Any, django_user_model: Any
+) -> None:
+    """A non-guest device of a second superuser is admitted as guest everywhere; ready says so."""
+
+    def device_of_another_account() -> SimDevice:
+        other = django_user_model.objects.create_superuser("second-admin", password="pw-pw-pw-pw")
+        key, public = new_keypair()
+        device = Device.objects.create(owner=other, name="their phone", kind="phone", capture_channels=["phone_app"], public_key=public)
+        return SimDevice(device=device, key=key)
+
+    sim = await db_async(device_of_another_account)()
+    comm, ready = await open_socket(sim)
+    assert ready["scope"] == "guest"
+    await comm.send_json_to({"type": "text", "id": new_client_id(), "text": "hello"})
+    ack = await receive_until(comm, "text.ack")
+    await receive_until(comm, "reply.done")
+    admission = await db_async(AdmissionRecord.objects.get)(run__inbound__seq=ack["seq"], owner_id=sim.device.owner_id)
+    assert admission.scope == ready["scope"]
+    await comm.disconnect()
 
 
 async def test_guest_device_syncs_only_its_own_exchange(make_device: Any, brain: Any) -> None:
