@@ -8,6 +8,8 @@ joined in a fixed priority order and cut so the whole text is at most 2,400 char
 A source is a plain function ``(owner_id) -> str``; callers (and tests) may pass their
 own list. Each runs with its own database connection, closed when it finishes. A source
 that overruns keeps its thread until it returns, but the caller never waits for it.
+Each source's time runs out when ``wait_source_deadline`` returns: the one clock of the
+short context, which tests replace to say themselves when a source's time is up.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from django.db import connections
@@ -116,12 +119,26 @@ def _in_thread(fn: SourceFn, owner_id: int) -> str:
         connections.close_all()  # this thread's connections only
 
 
+async def wait_source_deadline(name: str, seconds: float) -> None:
+    """Waits out the time source ``name`` has to answer (``seconds``, 1.2 by default)."""
+    await asyncio.sleep(seconds)
+
+
 async def _read(name: str, fn: SourceFn, owner_id: int, timeout: float) -> tuple[str, str | None, str]:
+    """One source: its answer if it came before its deadline passed, else ``timed_out``."""
+    loop = asyncio.get_running_loop()
+    answer = loop.run_in_executor(_POOL, _in_thread, fn, owner_id)
+    deadline = asyncio.ensure_future(wait_source_deadline(name, timeout))
+    either: set[asyncio.Future[Any]] = {answer, deadline}
     try:
-        loop = asyncio.get_running_loop()
-        text = await asyncio.wait_for(loop.run_in_executor(_POOL, _in_thread, fn, owner_id), timeout)
-    except TimeoutError:
+        await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        deadline.cancel()
+    if not answer.done():
+        answer.cancel()  # as wait_for would: the thread runs on, nobody waits for it
         return name, None, "timed_out"
+    try:
+        text = answer.result()
     except Exception as exc:
         log_event("short_context_source_failed", source=name, error=type(exc).__name__)
         return name, None, "failed"

@@ -4,24 +4,20 @@ short context; stable error codes."""
 
 from __future__ import annotations
 
+import re
 import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
 from django.test import Client
-from django.urls import include, path
 
 from memory.models import Assertion
 from memory.services import append_entry
 from tests.conftest import internal_client, pack_capability
+from tests.memory_support import hold_source_deadlines
 from yimi_project.errors import HTTP_STATUS
 from yimi_project.internal import TOKEN_HEADER
-
-# The internal routes are included by yimi_project/urls.py under internal/memory/; the tests
-# use their own urlconf so they do not depend on that line.
-urlpatterns = [path("api/", include("memory.urls")), path("internal/memory/", include("memory.internal_urls"))]
-pytestmark = pytest.mark.urls(__name__)
 
 
 @pytest.fixture(autouse=True)
@@ -113,11 +109,20 @@ def test_recall_and_short_context_through_the_api(api: Client, owner: Any) -> No
 
 
 @pytest.mark.django_db(transaction=True)
-def test_the_short_context_endpoint(owner: Any) -> None:
+def test_the_short_context_endpoint(owner: Any, monkeypatch: Any) -> None:
+    hold_source_deadlines(monkeypatch)  # no source's time runs out: the answer does not depend on the machine
+    owner.time_zone = "Asia/Shanghai"
+    owner.save(update_fields=["time_zone"])
     client = Client()
     client.force_login(owner)
+    new(client, "不吃香菜")
+    append_entry(owner_id=owner.pk, kind="utterance", text="我昨天说要买牛奶", scope="owner")
     body = client.get("/api/memory/short-context/").json()
-    assert body["chars"] <= 2400 and "time_zone" in body["included"]
+    assert (body["included"], body["timed_out"], body["failed"]) == (["time_zone", "assertions", "recent_timeline"], [], [])
+    sections = body["text"].split("\n")
+    assert sections[0] == "[time_zone]" and re.fullmatch(r"Asia/Shanghai, local time \d{4}-\d\d-\d\d \d\d:\d\d \w{3}", sections[1])
+    assert sections[2:] == ["[assertions]", "- preference.food: 不吃香菜", "[recent_timeline]", "Owner: 我昨天说要买牛奶"]
+    assert body["chars"] == len(body["text"])
 
 
 def signed(sim: Any, method: str, url: str) -> Any:

@@ -3,7 +3,7 @@ call short context (six sources in parallel, ≤1,200 ms each, ≤2,400 characte
 
 from __future__ import annotations
 
-import time
+import threading
 import uuid
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,7 @@ from memory.embeddings import (
 )
 from memory.models import TimelineEmbedding
 from memory.services import append_entry
+from tests.memory_support import SourceDeadlines, hold_source_deadlines
 
 
 def say(owner: Any, text: str, kind: str = "utterance") -> Any:
@@ -149,6 +150,12 @@ def test_recall_reads_the_chosen_layers(owner: Any) -> None:
 # --- the call short context ----------------------------------------------------------------------
 
 
+@pytest.fixture
+def deadlines(monkeypatch: Any) -> SourceDeadlines:
+    """No source's time runs out unless the test says so (a busy machine drops none)."""
+    return hold_source_deadlines(monkeypatch)
+
+
 def fill(owner: Any) -> None:
     from memory import preferences
 
@@ -167,7 +174,7 @@ def fill(owner: Any) -> None:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_short_context_reads_six_sources_in_at_most_2400_characters(owner: Any, settings: Any, tmp_path: Path) -> None:
+def test_short_context_reads_six_sources_in_at_most_2400_characters(owner: Any, settings: Any, tmp_path: Path, deadlines: SourceDeadlines) -> None:
     settings.DATA_DIR = tmp_path
     fill(owner)
     context = short_context.call_short_context(owner.pk)
@@ -179,29 +186,37 @@ def test_short_context_reads_six_sources_in_at_most_2400_characters(owner: Any, 
 
 
 @pytest.mark.django_db(transaction=True)
-def test_short_context_leaves_out_a_source_that_takes_longer_than_1200_ms(owner: Any, settings: Any, tmp_path: Path) -> None:
+def test_short_context_leaves_out_a_source_that_takes_longer_than_1200_ms(owner: Any, settings: Any, tmp_path: Path, deadlines: SourceDeadlines) -> None:
+    """Each source is given 1,200 ms; the one whose time runs out before it answers is left
+    out and not waited for, the others (read in parallel) are used."""
     settings.DATA_DIR = tmp_path
     believe(owner, "不吃香菜")
+    slow_started, release = threading.Event(), threading.Event()
 
     def slow_health(owner_id: int) -> str:
-        time.sleep(3)
+        slow_started.set()
+        release.wait(60)  # still running when its time is up, and after the call returned
         return "late health data"
 
-    def just_in_time(owner_id: int) -> str:
-        time.sleep(0.9)
+    def in_time(owner_id: int) -> str:
+        # answers only while the slow source is running: the sources are read in parallel
+        if not slow_started.wait(60):
+            raise RuntimeError("the sources were read one after another")
         return "arrived in time"
 
-    sources = [*((n, f) for n, f in short_context.SOURCES if n not in ("health", "notes")), ("health", slow_health), ("notes", just_in_time)]
-    started = time.monotonic()
-    context = short_context.call_short_context(owner.pk, sources=sources)
-    elapsed = time.monotonic() - started
-    assert context.timed_out == ["health"] and "late health data" not in context.text
-    assert "arrived in time" in context.text and "不吃香菜" in context.text
-    assert 1.1 < elapsed < 2.0  # waited ≤1.2 s for the slow one, the others in parallel
+    sources = [*((n, f) for n, f in short_context.SOURCES if n not in ("health", "notes")), ("notes", in_time), ("health", slow_health)]
+    deadlines.passes["health"] = slow_started  # health's time is up once it runs; nobody else's is
+    try:
+        context = short_context.call_short_context(owner.pk, sources=sources)  # returns while health still runs
+    finally:
+        release.set()
+    assert context.timed_out == ["health"] and context.failed == [] and "late health data" not in context.text
+    assert "[notes]\narrived in time" in context.text and "不吃香菜" in context.text
+    assert sorted(deadlines.asked) == sorted((name, 1.2) for name, _ in sources)
 
 
 @pytest.mark.django_db(transaction=True)
-def test_short_context_leaves_out_a_failing_source(owner: Any, settings: Any, tmp_path: Path) -> None:
+def test_short_context_leaves_out_a_failing_source(owner: Any, settings: Any, tmp_path: Path, deadlines: SourceDeadlines) -> None:
     settings.DATA_DIR = tmp_path
 
     def broken(owner_id: int) -> str:
