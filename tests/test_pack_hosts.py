@@ -80,16 +80,21 @@ async def test_small_packs_share_one_host_and_dedicated_packs_get_their_own(mana
 
 
 async def test_idle_hosts_are_reclaimed_after_their_timeout(manager: HostManager, packs_dir: Path) -> None:
+    """solo's idle_timeout_seconds is 1, the shared host's 900: the clock is the test's
+    (``reclaim_idle(now=...)``), so however long starting the hosts took does not count."""
     try:
         await manager.call("solo__read", {})
         await manager.call("demo__read", {})
-        assert await manager.reclaim_idle() == []  # just used
-        await asyncio.sleep(1.2)  # solo's idle_timeout_seconds is 1; the shared host's is 900
-        assert await manager.reclaim_idle() == ["solo"]
+        solo_used, shared_used = manager.hosts["solo"].last_used, manager.hosts["shared"].last_used
+        assert await manager.reclaim_idle(now=solo_used + 0.999) == []  # just used
+        assert await manager.reclaim_idle(now=solo_used + 1.001) == ["solo"]
         assert list(manager.hosts) == ["shared"]
         assert len(host_processes(packs_dir)) == 1
+        assert await manager.reclaim_idle(now=shared_used + 899.999) == []  # the shared host has 900 s
         # used again: started again
         assert (await manager.call("solo__read", {})).structured["status"] == "succeeded"
+        assert len(host_processes(packs_dir)) == 2
+        assert await manager.reclaim_idle(now=shared_used + 900.001) == ["shared", "solo"]
     finally:
         await manager.close()
 
@@ -128,10 +133,27 @@ async def test_a_crashing_tool_is_an_error_not_a_success(manager: HostManager, p
 
 
 async def test_fake_host_serves_the_same_tools(packs_dir: Path, tmp_path: Path) -> None:
-    fake = HostManager(packs_dir, paths=platform_paths(tmp_path), fake=True)
+    """The fake lists the same tools with the same input schemas and answers with the same
+    receipt, but writes nothing where the real server writes (checked by the real one)."""
+    paths = platform_paths(tmp_path)
+    fake = HostManager(packs_dir, paths=paths, fake=True)
+    real = HostManager(packs_dir, paths=paths)
+    written = paths.workspace_dir / "a.txt"
+    write = {"path": "a.txt", "content": "hi"}
     try:
-        result = await fake.call("workspace__write_file", {"path": "a.txt", "content": "hi"})
-        assert result.structured["status"] == "succeeded"
-        assert not (tmp_path / "ws" / "a.txt").exists()  # the fake touches no disk
+        packs = ["workspace", "demo"]
+        fake_tools, real_tools = await fake.list_tools(packs), await real.list_tools(packs)
+        def shape(tools: dict[str, Any]) -> dict[str, Any]:
+            return {n: (t.description, t.input_schema) for n, t in tools.items()}
+
+        assert shape(fake_tools) == shape(real_tools)
+        assert "workspace__write_file" in fake_tools
+        faked = await fake.call("workspace__write_file", write)
+        assert faked.structured["status"] == "succeeded" and faked.structured["effects"][0]["target"] == "a.txt"
+        assert (await fake.call("workspace__read_file", {"path": "a.txt"})).structured["content"] == {"text": "hi"}
+        assert not written.exists()  # the fake touches no disk
+        assert (await real.call("workspace__write_file", write)).structured == faked.structured
+        assert written.read_text() == "hi"  # where the real server wrote it: the path the fake left alone
     finally:
         await fake.close()
+        await real.close()

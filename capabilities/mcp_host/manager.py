@@ -209,9 +209,10 @@ class HostManager:
             return ToolResult(None, True, "", transport_error=f"DISCONNECTED: the pack host failed to start ({exc})")
         return await host.call(full_name, arguments, timeout, capability)
 
-    async def reclaim_idle(self) -> list[str]:
-        """Stop hosts idle for longer than their timeout; returns the stopped keys."""
-        now = time.monotonic()
+    async def reclaim_idle(self, now: float | None = None) -> list[str]:
+        """Stop hosts idle for their timeout or longer at ``now`` (``time.monotonic()``, which
+        stamps ``last_used``, unless a test gives one); returns the stopped keys."""
+        now = time.monotonic() if now is None else now
         stopped = []
         async with self._lock:
             for key, host in list(self.hosts.items()):
