@@ -1,12 +1,13 @@
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from capabilities.manifest import load_packs, manifest_errors
-from tests.gateway_support import deep, manifest, write_pack
+from tests.gateway_support import REPO_PACKS, deep, manifest, write_pack
 
 
 def with_tools(tools: dict[str, Any], **overrides: Any) -> dict[str, Any]:
@@ -14,8 +15,15 @@ def with_tools(tools: dict[str, Any], **overrides: Any) -> dict[str, Any]:
     return data
 
 
-def test_the_shipped_manifest_example_is_valid() -> None:
-    assert manifest_errors(manifest("demo")) == []
+SHIPPED_PACKS = ("workspace", "messaging", "schedule", "shop", "memory")
+
+
+@pytest.mark.parametrize("name", SHIPPED_PACKS)
+def test_the_shipped_manifest_example_is_valid(name: str) -> None:
+    """Each plugin.json the platform ships is valid by the schema, and so the example a
+    pack author copies from."""
+    data = json.loads((REPO_PACKS / name / "plugin.json").read_text(encoding="utf-8"))
+    assert data["name"] == name and manifest_errors(data) == []
 
 
 def test_yimi_pack_may_not_declare_spend() -> None:
@@ -47,7 +55,7 @@ def test_unknown_category_and_missing_fields_are_refused() -> None:
 def test_every_required_field_is_required(field: str) -> None:
     data = manifest("demo")
     del data["extensions"]["ai.yimi.capability"][field]
-    assert manifest_errors(data)
+    assert manifest_errors(data) == [f"extensions.ai.yimi.capability: '{field}' is a required property"]
 
 
 def test_loader_refuses_invalid_packs_with_a_reason_and_loads_the_rest(tmp_path: Path) -> None:
@@ -70,7 +78,6 @@ def test_loader_refuses_invalid_packs_with_a_reason_and_loads_the_rest(tmp_path:
 def test_loader_sees_a_changed_manifest_without_a_restart(tmp_path: Path) -> None:
     write_pack(tmp_path, "good")
     assert load_packs(tmp_path).tool("good__read") is not None
-    import json
     import os
     import time
 
@@ -85,8 +92,10 @@ def test_loader_sees_a_changed_manifest_without_a_restart(tmp_path: Path) -> Non
 def test_the_shipped_packs_load() -> None:
     from django.conf import settings
 
+    assert Path(settings.YIMI_PACKS_DIR) == REPO_PACKS
     packs = load_packs(settings.YIMI_PACKS_DIR)
-    assert "workspace" in packs.packs, packs.refused
+    assert packs.refused == {} and sorted(packs.packs) == sorted(SHIPPED_PACKS)
+    assert all(pack.tools for pack in packs.packs.values())
 
 
 def test_a_target_is_one_argument_name_or_a_list_of_them(tmp_path: Path) -> None:
