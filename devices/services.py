@@ -56,9 +56,9 @@ def format_code(code: str) -> str:
 # --- pairing codes ----------------------------------------------------------------------
 
 
-def issue_pairing_code(owner, *, for_guest: bool = False) -> tuple[PairingCode, str]:  # type: ignore[no-untyped-def]
-    """Create a single-use pairing code valid for 10 minutes. Returns the stored row
-    (which keeps only a digest) and the code itself, formatted, to show once.
+def issue_pairing_code(owner, *, for_guest: bool = False, now: datetime | None = None) -> tuple[PairingCode, str]:  # type: ignore[no-untyped-def]
+    """Create a single-use pairing code valid for 10 minutes from ``now``. Returns the
+    stored row (which keeps only a digest) and the code itself, formatted, to show once.
 
     Only the owner pairs devices: a code (for an owner device or a guest device) is issued
     only for the owner's own account (``accounts.services.is_owner``); for anyone else —
@@ -70,7 +70,7 @@ def issue_pairing_code(owner, *, for_guest: bool = False) -> tuple[PairingCode, 
         owner=owner,
         digest=_digest(code),
         for_guest=for_guest,
-        expires_at=timezone.now() + timedelta(seconds=settings.PAIRING_CODE_TTL_SECONDS),
+        expires_at=(now or timezone.now()) + timedelta(seconds=settings.PAIRING_CODE_TTL_SECONDS),
     )
     return pairing, format_code(code)
 

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 import threading
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -49,8 +49,17 @@ def test_expired_pairing_code_is_refused(owner: Any) -> None:
 
 
 def test_pairing_code_expires_after_ten_minutes(owner: Any) -> None:
-    pairing, _ = issue_pairing_code(owner)
-    assert timedelta(seconds=599) < pairing.expires_at - pairing.created_at <= timedelta(seconds=601)
+    """On the test's clock: a code issued at ``issued`` pairs just before issued + 10 min
+    and is ``code_expired`` at exactly issued + 10 min."""
+    issued = datetime(2026, 3, 1, 9, 0, tzinfo=UTC)
+    pairing, late = issue_pairing_code(owner, now=issued)
+    assert pairing.expires_at == issued + timedelta(minutes=10)
+    with pytest.raises(YimiError) as err:
+        pair_device(PairingRequest.from_payload(pairing_payload(late)[0]), client_ip="10.4.0.1", now=issued + timedelta(minutes=10))
+    assert err.value.code == "code_expired"
+    _, in_time = issue_pairing_code(owner, now=issued)
+    device = pair_device(PairingRequest.from_payload(pairing_payload(in_time)[0]), client_ip="10.4.0.2", now=issued + timedelta(minutes=10, microseconds=-1))
+    assert list(Device.objects.values_list("id", flat=True)) == [device.id]
 
 
 def test_wrong_signature_is_refused_and_the_code_stays_usable(owner: Any) -> None:
