@@ -1,0 +1,255 @@
+"""The deterministic reply checker (``check_reply``): no model call.
+
+``check_reply`` takes the model's reply (content and tone only) and removes every sentence
+that disagrees with the receipts: numbers not in the receipts, status words the receipts do
+not back, "noted" without a verified owner_data/workspace effect, suggestions to redo a
+``retry: forbidden`` call that succeeded, and restatements of facts already delivered. It
+then appends, from the templates, every undelivered fact the remaining text does not state.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from capabilities.truth.claims import CLAIM_STATUSES, split_sentences, status_claims, suggests_retry
+from capabilities.truth.facts import Fact, _is_number
+from capabilities.truth.numerals import chinese_to_arabic
+from capabilities.truth.quantities import (
+    _UNIT_INDEX,
+    _loose_numbers,
+    _Number,
+    _numbers,
+    _same,
+    canonical_unit,
+    units_compatible,
+)
+
+
+@dataclass
+class CheckResult:
+    """What ``check_reply`` made of a reply.
+
+    ``text``: the final text; ``removed``: (sentence, reason) pairs; ``added``: facts appended
+    from templates; ``told``: ids of the facts the final text carries (stated by kept
+    sentences, or added), in the order of the ``facts`` argument.
+    """
+
+    text: str
+    removed: list[tuple[str, str]] = field(default_factory=list)
+    added: list[Fact] = field(default_factory=list)
+    told: list[str] = field(default_factory=list)
+
+
+def _norm(s: str) -> str:
+    return re.sub(r"[\W_]+", "", chinese_to_arabic(s)).lower()
+
+
+@dataclass
+class _Evidence:
+    values: list[tuple[float, str]]  # numeric receipt values with their unit
+    loose: set[float]  # numbers spelled in receipt texts (content, targets, …) and facts
+    units: list[str]  # unit spellings to recognize, longest first
+    statuses: set[str | None]  # a receipt without a status adds None
+    verified_targets: list[str]
+    noted_ok: bool
+    forbidden_done: bool
+
+
+def _evidence(receipts: list[dict[str, Any]], facts: list[Fact]) -> _Evidence:
+    values: list[tuple[float, str]] = []
+    texts: list[str] = []
+    statuses: set[str | None] = set()
+    verified_targets: list[str] = []
+    noted_ok = forbidden_done = False
+    for r in receipts:
+        status = r.get("status")
+        statuses.add(status)
+        for item in r.get("values") or []:
+            if _is_number(item.get("value")):
+                if item.get("unit"):
+                    values.append((float(item["value"]), str(item["unit"])))
+            else:
+                texts.append(str(item.get("value")))
+            texts.append(str(item.get("name", "")))
+        content = r.get("content") or {}
+        texts.append(str(content.get("text", "")))
+        if content.get("items"):
+            texts.append(json.dumps(content["items"], ensure_ascii=False))
+        for eff in r.get("effects") or []:
+            texts.append(str(eff.get("target", "")))
+            if eff.get("verification") in ("verified", "service_ack") and eff.get("target"):
+                verified_targets.append(str(eff["target"]))
+            if status == "succeeded" and eff.get("verification") == "verified" and eff.get("category") in ("owner_data", "workspace"):
+                noted_ok = True
+        texts.extend(str(u) for u in r.get("unknowns") or [])
+        err = r.get("error") or {}
+        texts.extend(str(err.get(k, "")) for k in ("code", "message"))
+        nxt = r.get("next") or {}
+        texts.append(str(nxt.get("check_with") or ""))
+        if nxt.get("retry") == "forbidden" and status == "succeeded":
+            forbidden_done = True
+    texts.extend(f.text for f in facts if f.kind != "values")  # values match with their unit
+    loose: set[float] = set()
+    for t in texts:
+        loose |= _loose_numbers(t)
+    units = {s for s in _UNIT_INDEX} | {u.lower() for _, u in values} | {f.unit.lower() for f in facts if f.unit}
+    return _Evidence(values, loose, sorted(units, key=len, reverse=True), statuses, verified_targets, noted_ok, forbidden_done)
+
+
+def _matches(num: _Number, value: float, unit: str | None) -> bool:
+    return _same(num.value, value) and (num.unit is None or unit is None or units_compatible(num.unit, unit))
+
+
+def _checked(num: _Number, ev: _Evidence) -> bool:
+    """A lone 一 (一个, 一次) is an article more often than a count: it is checked only when
+    its unit is a specific one some receipt value uses."""
+    if not num.bare_one:
+        return True
+    if num.unit is None or canonical_unit(num.unit) == "count":
+        return False
+    return any(units_compatible(num.unit, u) for _, u in ev.values)
+
+
+def _number_ok(num: _Number, ev: _Evidence) -> bool:
+    if not _checked(num, ev):
+        return True
+    if any(_matches(num, v, u) for v, u in ev.values):
+        return True
+    return any(_same(num.value, x) for x in ev.loose)
+
+
+def _claim_reason(sentence: str, claims: set[str], ev: _Evidence) -> str | None:
+    for claim in sorted(claims):
+        if claim == "noted":
+            if not ev.noted_ok:
+                return "noted_without_verified_effect"
+            continue
+        if ev.statuses & CLAIM_STATUSES[claim]:
+            continue
+        if claim == "done" and any(t in sentence for t in ev.verified_targets):
+            continue  # "已发送给 X": that effect is verified, even if the call was partial
+        return "status_contradicts_receipts"
+    return None
+
+
+def _stated(fact: Fact, kept_text: str, claims: set[str], numbers: list[_Number], ev: _Evidence) -> bool:
+    norm_kept = _norm(kept_text)
+    if any(_norm(t) and _norm(t) in norm_kept for t in (fact.text, fact.voice)):
+        return True
+    if fact.kind == "values":
+        if fact.number is not None:
+            return any(_checked(n, ev) and _matches(n, fact.number, fact.unit) for n in numbers)
+        return bool(_norm(str(fact.value))) and _norm(str(fact.value)) in norm_kept
+    if fact.kind == "status":
+        return any(fact.status in CLAIM_STATUSES[c] for c in claims)
+    if fact.kind == "effects" and fact.verification in ("verified", "service_ack") and fact.target:
+        return fact.target in kept_text
+    return False
+
+
+def check_reply(
+    text: str,
+    *,
+    receipts: list[dict[str, Any]],
+    delivered_fact_ids: set[str] | frozenset[str],
+    facts: list[Fact],
+    lang: str = "zh",
+    voice: bool = False,
+) -> CheckResult:
+    """Remove the sentences of a model reply that disagree with the receipts, then append
+    the undelivered facts it does not state. Deterministic; zero model calls.
+
+    Per sentence (numbers read after ``chinese_to_arabic``), the first failing rule removes it:
+
+    - ``number_not_in_receipts``: every number (with its adjacent unit, if any) must equal a
+      receipt value with a compatible unit (``units_compatible``), or be spelled somewhere
+      in the receipts' texts (content text/items, effect targets, string values, unknowns,
+      error, check_with) or in a fact text — those match by value only. Ordinals (第二),
+      numbers glued to letters (S3) and an article-like lone 一 are not checked. Times and
+      dates are plain numbers: they must be in the receipts too.
+    - ``status_contradicts_receipts`` / ``noted_without_verified_effect``: a status word
+      (``STATUS_WORDS``) must be backed by some receipt: done → succeeded (or the sentence
+      names the target of a verified/service_ack effect), failed → failed, working →
+      running/queued/waiting, partial → partial, cancelled → cancelled, noted → a succeeded
+      receipt with a ``verified`` owner_data or workspace effect. Questions claim nothing.
+    - ``suggests_forbidden_retry``: if a receipt succeeded with ``retry: forbidden``, no
+      sentence may suggest doing it again (``RETRY_WORDS``/``RETRY_PATTERNS``, unless
+      negated: 不要再发一次; 要不要再发一次？ is a suggestion).
+    - ``repeats_delivered_fact``: a sentence containing the text of a delivered fact (or
+      equal to its voice version), or giving the number+unit of a delivered values fact
+      that no undelivered values fact shares.
+
+    Then every fact of ``facts`` not in ``delivered_fact_ids`` and not stated by the kept text
+    (values: the number with a compatible unit; status: a status word backing it; verified
+    effects: the target named; otherwise the fact's text) is appended: its ``voice`` version
+    when ``voice=True`` or ``lang`` ends in "voice", else its ``text``. Added texts that
+    are identical are written once. Facts not passed in ``facts`` cannot be added or
+    recognized as repeats.
+    """
+    voice = voice or lang.endswith("voice")
+    ev = _evidence(receipts, facts)
+    delivered_values = [f for f in facts if f.kind == "values" and f.number is not None and f.id in delivered_fact_ids]
+    fresh_values = [f for f in facts if f.kind == "values" and f.number is not None and f.id not in delivered_fact_ids]
+    delivered = [f for f in facts if f.id in delivered_fact_ids]
+
+    kept: list[str] = []
+    removed: list[tuple[str, str]] = []
+    kept_claims: set[str] = set()
+    kept_numbers: list[_Number] = []
+    for sentence in split_sentences(text):
+        stripped = sentence.strip()
+        if not stripped:
+            kept.append(sentence)
+            continue
+        numbers = _numbers(stripped, ev.units)
+        claims = status_claims(stripped)
+        reason: str | None = None
+        if any(not _number_ok(n, ev) for n in numbers):
+            reason = "number_not_in_receipts"
+        if reason is None:
+            reason = _claim_reason(stripped, claims, ev)
+        if reason is None and ev.forbidden_done and suggests_retry(stripped):
+            reason = "suggests_forbidden_retry"
+        if reason is None:
+            norm = _norm(stripped)
+            if any((_norm(f.text) and _norm(f.text) in norm) or norm == _norm(f.voice) for f in delivered) or any(
+                _checked(n, ev)
+                and any(_matches(n, f.number, f.unit) for f in delivered_values if f.number is not None)
+                and not any(_matches(n, f.number, f.unit) for f in fresh_values if f.number is not None)
+                for n in numbers
+            ):
+                reason = "repeats_delivered_fact"
+        if reason:
+            removed.append((stripped, reason))
+        else:
+            kept.append(sentence)
+            kept_claims |= claims
+            kept_numbers.extend(numbers)
+
+    kept_text = "".join(kept).strip()
+    told: list[str] = []
+    added: list[Fact] = []
+    for fact in facts:
+        if fact.id in told:
+            continue
+        if _stated(fact, kept_text, kept_claims, kept_numbers, ev):
+            told.append(fact.id)
+        elif fact.id not in delivered_fact_ids:
+            added.append(fact)
+            told.append(fact.id)
+
+    pieces: list[str] = []
+    for fact in added:
+        piece = fact.voice if voice else fact.text
+        if piece not in pieces:
+            pieces.append(piece)
+    sep = "" if lang.startswith("zh") or lang == "voice" else " "
+    final = kept_text
+    if pieces:
+        if final and not re.search(r"[。！？!?；;.…」”)）]$", final):
+            final += "。" if sep == "" else "."
+        final = (final + sep if final else "") + sep.join(pieces)
+    return CheckResult(text=final, removed=removed, added=added, told=told)
