@@ -10,6 +10,7 @@ ended, one report turn, checked against the receipt, stored once per intent.
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from channels.db import database_sync_to_async
@@ -23,8 +24,9 @@ from payments.models import PaymentAuthorization, PaymentIntent
 from yimi_project.logs import log_event
 
 
-async def execute_payment(authorization_id: Any) -> str:
-    auth = await database_sync_to_async(payments.claim_authorization)(authorization_id)
+async def execute_payment(authorization_id: Any, now: datetime | None = None) -> str:
+    """Pay with the authorization if it can be used at ``now`` (default: the real clock)."""
+    auth = await database_sync_to_async(payments.claim_authorization)(authorization_id, now)
     if auth is None:
         return "skipped"
     call = auth.call

@@ -293,8 +293,9 @@ def expire_authorizations() -> int:
     return sum(expire_authorization(a) for a in due)
 
 
-def undo(device: Device, authorization_id: Any, signature: Any) -> PaymentAuthorization:
-    """Undo a small auto-payment within its 5-second window: ``authorized`` → ``voided``."""
+def undo(device: Device, authorization_id: Any, signature: Any, now: datetime | None = None) -> PaymentAuthorization:
+    """Undo a small auto-payment within its 5-second window (before ``undo_until``, at
+    ``now``): ``authorized`` → ``voided``."""
     if device.is_guest:
         raise YimiError("forbidden", "a guest device cannot undo the owner's payments")
     auth = _authorization_for(device, authorization_id)
@@ -302,7 +303,7 @@ def undo(device: Device, authorization_id: Any, signature: Any) -> PaymentAuthor
         raise YimiError("bad_signature", "the undo is not signed by this device")
     with transaction.atomic():
         changed = PaymentAuthorization.objects.filter(
-            id=auth.id, state=PaymentAuthorization.State.AUTHORIZED, undo_until__gt=timezone.now()
+            id=auth.id, state=PaymentAuthorization.State.AUTHORIZED, undo_until__gt=now or timezone.now()
         ).update(state=PaymentAuthorization.State.VOIDED, void_reason="undone by the owner")
         if not changed:
             raise YimiError("too_late", "the undo window has passed or the payment is not waiting")
@@ -311,10 +312,10 @@ def undo(device: Device, authorization_id: Any, signature: Any) -> PaymentAuthor
     return auth
 
 
-def claim_authorization(authorization_id: Any) -> PaymentAuthorization | None:
+def claim_authorization(authorization_id: Any, now: datetime | None = None) -> PaymentAuthorization | None:
     """Use an authorization, once: ``authorized`` → ``used``, only within its 60 s and
-    after any undo window. A second use, or one after 60 s, gets None."""
-    now = timezone.now()
+    after any undo window (at ``now``). A second use, or one after 60 s, gets None."""
+    now = now or timezone.now()
     with transaction.atomic():
         claimed = (
             PaymentAuthorization.objects.filter(id=uuid_or_nil(authorization_id), state=PaymentAuthorization.State.AUTHORIZED, expires_at__gt=now)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
@@ -265,14 +266,20 @@ def test_voice_pay_and_autopay_are_off_by_default(phone: Any) -> None:
 
 
 def test_autopay_needs_every_condition(voice_pay_on: Any, phone: Any) -> None:
-    assert payments.autopay_check(make_voice_intent(phone, amount="18")).ok
-    assert not payments.autopay_check(make_voice_intent(phone, amount="51")).ok  # over 50
-    assert not payments.autopay_check(make_voice_intent(phone, amount="18", payee="new-shop")).ok  # unknown payee
-    assert not payments.autopay_check(make_voice_intent(phone, amount="18", reason="trust_window_call")).ok  # not by voiceprint
-    assert not payments.autopay_check(make_voice_intent(phone, amount="18", budget=None)).ok  # no budget
-    assert not payments.autopay_check(make_voice_intent(phone, amount="18", budget="10")).ok  # over budget
+    def refusals(**intent: Any) -> list[str]:
+        """Why small auto-pay refuses this intent (empty: it may pay), with ok agreeing."""
+        check = payments.autopay_check(make_voice_intent(phone, **intent))
+        assert check.ok is (check.reasons == [])
+        return check.reasons
+
+    assert refusals(amount="18") == []
+    assert refusals(amount="51") == ["over the per-payment limit of 50"]
+    assert refusals(amount="18", payee="new-shop") == ["the payee is not known"]
+    assert refusals(amount="18", reason="trust_window_call") == ["the voice request was not verified by voiceprint"]
+    assert refusals(amount="18", budget=None) == ["not within the request's budget"]
+    assert refusals(amount="18", budget="10") == ["not within the request's budget"]
     UnlockLease.objects.all().delete()
-    assert not payments.autopay_check(make_voice_intent(phone, amount="18")).ok  # no unlock lease
+    assert refusals(amount="18") == ["no valid unlock lease on the phone or glasses"]
 
 
 def test_autopay_same_payee_rule_counts_unknown_payments_in_the_last_30_minutes(voice_pay_on: Any, phone: Any) -> None:
@@ -305,20 +312,45 @@ def test_autopay_daily_limit_follows_midnight_in_the_owners_time_zone(voice_pay_
     assert "over the daily limit of 150" not in payments.autopay_check(late, now=after_midnight).reasons
 
 
-async def test_undo_within_five_seconds_prevents_the_payment(voice_pay_on: Any, phone: Any, settings: Any, brain: Any) -> None:
+async def autopay_authorization(phone: Any, settings: Any) -> PaymentAuthorization:
+    """A voice request on ``phone`` through checkout to ``shop__pay``, authorized by small
+    auto-pay. The window the platform schedules the payment after is held at 10 minutes, so
+    that scheduled payment never fires while the test runs: the test crosses the window on
+    its own clock (``now=``), whatever the machine's speed."""
+    assert settings.PAYMENTS_AUTOPAY_UNDO_SECONDS == 5
     run = await db_async(new_run)(phone)
     await db_async(AdmissionRecord.objects.filter(id=run.admission_id).update)(channel="voice", reason="voiceprint_verified")
     await to_checkout(run, budget="30")
-    pay, _ = await run_tool(run, "shop__pay")
+    settings.PAYMENTS_AUTOPAY_UNDO_SECONDS = 600
+    await run_tool(run, "shop__pay")
     auth = await db_async(PaymentAuthorization.objects.select_related("intent").get)()
-    assert auth.method == "auto" and auth.state == "authorized" and auth.undo_until is not None
-    assert await execute_payment(auth.id) == "skipped"  # not before the undo window ends
-    undone = await db_async(payments.undo)(phone.device, auth.id, phone.sign(payments.payment_card_message(auth, "undo")))
+    assert auth.method == "auto" and auth.state == "authorized"
+    assert auth.undo_until == auth.authorized_at + timedelta(seconds=600)
+    return auth
+
+
+def undo_signature(phone: Any, auth: PaymentAuthorization) -> str:
+    return phone.sign(payments.payment_card_message(auth, "undo"))
+
+
+async def test_undo_within_five_seconds_prevents_the_payment(voice_pay_on: Any, phone: Any, settings: Any, brain: Any) -> None:
+    auth = await autopay_authorization(phone, settings)
+    last_moment = auth.undo_until - timedelta(microseconds=1)
+    assert await execute_payment(auth.id, now=last_moment) == "skipped"  # not before the undo window ends
+    undone = await db_async(payments.undo)(phone.device, auth.id, undo_signature(phone, auth), now=last_moment)
     assert undone.state == "voided"
-    await asyncio.sleep(settings.PAYMENTS_AUTOPAY_UNDO_SECONDS + 0.5)
-    assert await execute_payment(auth.id) == "skipped"
+    assert await execute_payment(auth.id, now=auth.undo_until) == "skipped"  # the window is over: still nothing to pay
     assert json.loads(store_file(settings).read_text())["orders"] == []
     assert (await db_async(PaymentIntent.objects.get)(id=auth.intent_id)).state == "cancelled"
+
+
+async def test_an_undo_when_the_window_ends_is_too_late_and_the_payment_goes_ahead(voice_pay_on: Any, phone: Any, settings: Any, brain: Any) -> None:
+    auth = await autopay_authorization(phone, settings)
+    with pytest.raises(YimiError) as err:
+        await db_async(payments.undo)(phone.device, auth.id, undo_signature(phone, auth), now=auth.undo_until)
+    assert err.value.code == "too_late"
+    assert await execute_payment(auth.id, now=auth.undo_until) == "paid"
+    assert len(json.loads(store_file(settings).read_text())["orders"]) == 1
 
 
 async def test_autopay_pays_by_itself_after_the_undo_window(voice_pay_on: Any, phone: Any, settings: Any, brain: Any) -> None:
@@ -327,15 +359,17 @@ async def test_autopay_pays_by_itself_after_the_undo_window(voice_pay_on: Any, p
     await db_async(AdmissionRecord.objects.filter(id=run.admission_id).update)(channel="voice", reason="voiceprint_verified")
     await to_checkout(run, budget="30")
     await run_tool(run, "shop__pay")
-    for _ in range(60):
+    # Nobody acts: the payment the platform scheduled pays on its own once the window is
+    # over. Waited for, not timed: the 60 s only bound a failure.
+    deadline = time.monotonic() + 60
+    while (await db_async(PaymentIntent.objects.get)(run=run)).state != "paid":
+        assert time.monotonic() < deadline, "the scheduled payment did not pay"
         await asyncio.sleep(0.1)
-        if (await db_async(PaymentIntent.objects.get)(run=run)).state == "paid":
-            break
-    assert (await db_async(PaymentIntent.objects.get)(run=run)).state == "paid"
     assert len(json.loads(store_file(settings).read_text())["orders"]) == 1
+    auth = await db_async(PaymentAuthorization.objects.select_related("intent").get)()
+    assert auth.state == "used" and auth.used_at >= auth.undo_until  # paid only after the window
     with pytest.raises(YimiError) as err:
-        auth = await db_async(PaymentAuthorization.objects.select_related("intent").get)()
-        await db_async(payments.undo)(phone.device, auth.id, phone.sign(payments.payment_card_message(auth, "undo")))
+        await db_async(payments.undo)(phone.device, auth.id, undo_signature(phone, auth))
     assert err.value.code == "too_late"
 
 
