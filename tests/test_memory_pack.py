@@ -61,14 +61,25 @@ def test_the_memory_contract_passes_on_the_real_server_against_the_platform(inte
 
 
 def test_the_gateway_classifies_memory_calls(make_device: Any) -> None:
-    """Memory writes are owner_data, forgetting is delete (gated by consent), reads observe."""
+    """Memory writes are owner_data, forgetting is delete (both gated by consent: allowed
+    when the owner asked, a card otherwise), reads observe (allowed)."""
+    from consent.models import ConsentCard
+
     run_id = str(accept_utterance(make_device().device, new_client_id(), "记住我不吃香菜").run_id)
-    read = decide(CallRequest(run_id, "memory__query", {"predicate": "preference.food"}))
-    assert (read.decision, read.category) == ("allow", "observe")
-    write = decide(CallRequest(run_id, "memory__commit", {"predicate": "preference.food", "payload": {"text": "不吃香菜"}, "expected_version": 0, "owner_requested": True}))
-    assert write.category == "owner_data" and write.code != "unknown_tool"
-    erase = decide(CallRequest(run_id, "memory__forget", {"assertion_id": "00000000-0000-4000-8000-000000000000"}))
-    assert erase.category == "delete" and erase.code != "unknown_tool"
+    commit = {"predicate": "preference.food", "payload": {"text": "不吃香菜"}, "expected_version": 0}
+    forget = {"assertion_id": "00000000-0000-4000-8000-000000000000"}
+
+    def decided(tool: str, arguments: dict[str, Any]) -> tuple[str, str, str]:
+        decision = decide(CallRequest(run_id, tool, arguments))
+        return decision.decision, decision.code, decision.category
+
+    assert decided("memory__query", {"predicate": "preference.food"}) == ("allow", "ok", "observe")
+    # allowed, as "rewrite": the gateway injects the idempotency_key both tools ask for
+    assert decided("memory__commit", {**commit, "owner_requested": True}) == ("rewrite", "owner_requested", "owner_data")
+    assert decided("memory__forget", {**forget, "owner_requested": True}) == ("rewrite", "owner_requested", "delete")
+    assert decided("memory__commit", commit) == ("ask", "waiting_for_owner", "owner_data")
+    assert decided("memory__forget", forget) == ("ask", "waiting_for_owner", "delete")
+    assert sorted(ConsentCard.objects.values_list("category", flat=True)) == ["delete", "owner_data"]
 
 
 @pytest.mark.django_db(transaction=True)
