@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import email.policy
 import mailbox
+import os
 import shutil
 import socket
+import subprocess
+import sys
 import threading
 import time
 from datetime import timedelta
@@ -27,7 +30,7 @@ from capabilities.manifest import load_pack
 from capabilities.mcp_host.host import load_tools_module
 from capabilities.receipts import normalize, schema_errors
 from memory.models import TimelineEntry
-from tests.conftest import internal_client, pack_capability, platform_paths
+from tests.conftest import db_async, internal_client, open_socket, pack_capability, platform_paths, receive_until
 from yimi_project.errors import HTTP_STATUS, YimiError
 from yimi_project.internal import TOKEN_HEADER
 
@@ -320,38 +323,66 @@ def test_reminder_cancel_errors(owner: Any) -> None:
     assert Reminder.objects.get(id=made.id).state == Reminder.State.FIRED
 
 
-def test_fire_due_reminders_fires_once_into_the_timeline(owner: Any, monkeypatch: Any, django_capture_on_commit_callbacks: Any) -> None:
-    sent: list[tuple[str, dict[str, Any]]] = []
-    monkeypatch.setattr("devices.services.send_to_group", lambda group, message: sent.append((group, message)))
-    due, _ = reminders.create_reminder(owner, "给妈妈打电话", future(seconds=30))
-    later, _ = reminders.create_reminder(owner, "later", future(hours=2))
-    dropped, _ = reminders.create_reminder(owner, "dropped", future(seconds=20))
-    reminders.cancel_reminder(owner, dropped.id)
+@pytest.mark.django_db(transaction=True)
+async def test_fire_due_reminders_fires_once_into_the_timeline(owner: Any, make_device: Any) -> None:
+    """A due reminder becomes one ``notice`` entry, and a connected device hears of it over
+    its socket (the channel layer and the consumer, as in production) exactly once."""
+    phone = await db_async(make_device)("phone")
+    comm, _ = await open_socket(phone)
+    create, cancel, fire = (db_async(f) for f in (reminders.create_reminder, reminders.cancel_reminder, reminders.fire_due_reminders))
+    due, _ = await create(owner, "给妈妈打电话", future(seconds=30))
+    later, _ = await create(owner, "later", future(hours=2))
+    dropped, _ = await create(owner, "dropped", future(seconds=20))
+    await cancel(owner, dropped.id)
 
-    with django_capture_on_commit_callbacks(execute=True):
-        assert reminders.fire_due_reminders(now=future(minutes=1)) == 1
-    with django_capture_on_commit_callbacks(execute=True):
-        assert reminders.fire_due_reminders(now=future(minutes=2)) == 0
+    assert await fire(now=future(minutes=1)) == 1
+    assert await fire(now=future(minutes=2)) == 0
 
-    (entry,) = TimelineEntry.objects.filter(owner=owner)
+    entry = await db_async(TimelineEntry.objects.get)(owner=owner)
     assert (entry.kind, entry.text, entry.notice_code) == ("notice", "⏰ 提醒：给妈妈打电话", "reminder")
-    due.refresh_from_db()
+    due = await db_async(Reminder.objects.get)(id=due.id)
     assert due.state == Reminder.State.FIRED and due.fired_entry_id == entry.id and due.fired_at is not None
-    assert Reminder.objects.get(id=later.id).state == Reminder.State.SCHEDULED
-    assert Reminder.objects.get(id=dropped.id).state == Reminder.State.CANCELLED
-    group = f"owner.{owner.id}"
-    assert sent == [
-        (group, {"type": "notice", "seq": entry.seq, "code": "reminder", "text": entry.text, "run_id": None, "reply_to_seq": None}),
-        (group, {"type": "timeline.new", "seq": entry.seq}),
+    assert (await db_async(Reminder.objects.get)(id=later.id)).state == Reminder.State.SCHEDULED
+    assert (await db_async(Reminder.objects.get)(id=dropped.id)).state == Reminder.State.CANCELLED
+
+    # The later reminder fires too: what the socket gets up to its entry is everything the
+    # firings sent, in order, so a second announcement of the first one would show here.
+    assert await fire(now=future(hours=3)) == 1
+    last = await db_async(TimelineEntry.objects.get)(owner=owner, text="⏰ 提醒：later")
+    heard: list[dict[str, Any]] = []
+    while not heard or heard[-1] != {"type": "timeline.new", "seq": last.seq}:
+        heard.append(await receive_until(comm, "notice", "timeline.new"))
+    assert heard == [
+        {"type": "notice", "seq": entry.seq, "code": "reminder", "text": entry.text, "run_id": None, "reply_to_seq": None},
+        {"type": "timeline.new", "seq": entry.seq},
+        {"type": "notice", "seq": last.seq, "code": "reminder", "text": last.text, "run_id": None, "reply_to_seq": None},
+        {"type": "timeline.new", "seq": last.seq},
     ]
+    await comm.disconnect()
 
 
-def test_reminder_task_is_registered_under_its_beat_name(owner: Any) -> None:
-    from brain.reminder_tasks import fire_due_reminders_task
+WORKER_TASKS = "from yimi_project.celery import app; app.loader.import_default_modules(); print(*sorted(app.tasks))"
 
-    assert fire_due_reminders_task.name == "brain.tasks.fire_due_reminders"
-    reminders.create_reminder(owner, "x", future(hours=1))
-    assert fire_due_reminders_task() == 0
+
+def test_reminder_task_is_registered_under_its_beat_name(owner: Any, settings: Any) -> None:
+    """Beat sends the task name in its schedule; a worker, which finds its tasks by
+    autodiscovery (a fresh process here, as a worker starts), knows a task by that name,
+    and that task fires due reminders."""
+    from yimi_project.celery import app
+
+    beat_name = settings.CELERY_BEAT_SCHEDULE["fire-due-reminders"]["task"]
+    assert beat_name == "brain.tasks.fire_due_reminders"
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "yimi_project.test_settings"}
+    worker = subprocess.run([sys.executable, "-c", WORKER_TASKS], env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert beat_name in worker.stdout.split(), worker.stderr
+    due, _ = reminders.create_reminder(owner, "到点了", future(seconds=30))
+    Reminder.objects.filter(id=due.id).update(due_at=timezone.now() - timedelta(seconds=1))
+    later, _ = reminders.create_reminder(owner, "x", future(hours=1))
+    app.loader.import_default_modules()  # as the worker did
+    assert app.tasks[beat_name]() == 1
+    assert Reminder.objects.get(id=due.id).state == Reminder.State.FIRED
+    assert Reminder.objects.get(id=later.id).state == Reminder.State.SCHEDULED
+    assert list(TimelineEntry.objects.values_list("kind", "text")) == [("notice", "⏰ 提醒：到点了")]
 
 
 @pytest.mark.django_db(transaction=True)
