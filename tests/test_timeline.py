@@ -56,6 +56,13 @@ def test_a_rolled_back_append_leaves_no_gap(owner: Any) -> None:
     assert list(TimelineEntry.objects.values_list("seq", "text")) == [(1, "one"), (2, "two")]
 
 
+def backend_waits_on_a_lock(pid: int) -> bool:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", [pid])
+        row = cursor.fetchone()
+    return row is not None and row[0] == "Lock"
+
+
 def test_second_writer_waits_for_the_first_writers_transaction(owner: Any) -> None:
     """The counter row lock serializes appends: a writer holding it blocks the next."""
     if connection.vendor != "postgresql":
@@ -64,28 +71,35 @@ def test_second_writer_waits_for_the_first_writers_transaction(owner: Any) -> No
 
     append_entry(owner_id=owner.id, kind="notice", text="first")
     inside, release = threading.Event(), threading.Event()
-    finished_at: dict[str, float] = {}
+    fast_backend: list[int] = []
+    finished: list[str] = []
 
     def slow_writer() -> None:
         with transaction.atomic():
             append_entry(owner_id=owner.id, kind="notice", text="slow")
             inside.set()
-            release.wait(5)
-        finished_at["slow"] = time.monotonic()
+            release.wait(60)  # until the test has seen the fast writer wait (60 s only bound a failure)
+        finished.append("slow")
         connections.close_all()
 
     def fast_writer() -> None:
-        inside.wait(5)
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_backend_pid()")
+            fast_backend.append(cursor.fetchone()[0])
+        inside.wait(60)
         append_entry(owner_id=owner.id, kind="notice", text="fast")
-        finished_at["fast"] = time.monotonic()
+        finished.append("fast")
         connections.close_all()
 
     slow, fast = threading.Thread(target=slow_writer), threading.Thread(target=fast_writer)
     slow.start()
     fast.start()
-    inside.wait(5)
-    time.sleep(0.3)
-    assert "fast" not in finished_at  # still waiting on the lock
+    # Seen, not timed: the fast writer's backend waits on a lock while the slow one holds it.
+    deadline = time.monotonic() + 60
+    while not (fast_backend and backend_waits_on_a_lock(fast_backend[0])):
+        assert time.monotonic() < deadline, "the second writer never waited on the first one's lock"
+        time.sleep(0.02)
+    assert finished == []
     release.set()
     slow.join()
     fast.join()
