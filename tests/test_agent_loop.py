@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -183,12 +184,21 @@ async def test_tool_list_refreshes_between_turns_without_a_restart(make_device: 
     original_complete = __import__("brain.agent_loop", fromlist=["complete"]).complete
     turns = {"n": 0}
 
+    async def tools_version(manager: Any) -> int:
+        return manager.tools_version
+
     async def complete_and_install(messages: Any, **kwargs: Any) -> Any:
         result = await original_complete(messages, **kwargs)
         turns["n"] += 1
         if turns["n"] == 1:  # after the first turn, a new pack appears in the shared host
+            before = await runtime.on_host_loop(tools_version)
             write_pack(packs, "later", tools_py=LATER_TOOLS)
-            await asyncio.sleep(2.5)  # the host polls the directory every second
+            # the host polls the directory every second: wait until it said its tools
+            # changed (seen, not timed; the 60 s only bound a failure)
+            deadline = time.monotonic() + 60
+            while await runtime.on_host_loop(tools_version) == before:
+                assert time.monotonic() < deadline, "the shared host never announced the new pack"
+                await asyncio.sleep(0.05)
         return result
 
     import brain.agent_loop as loop_module

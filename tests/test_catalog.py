@@ -5,6 +5,7 @@ the Silero VAD from the silero-vad wheel and speaker-embedding ONNX models built
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -107,8 +108,9 @@ def test_a_file_swapped_after_verification_is_caught_before_its_next_use(voice_c
     shutil.copy(voice_catalog["vad_model"], copy)
     vad_entry = catalog.parse_catalog(json.dumps([entry("vad", "v", "1", {"model": str(copy)})]))[0]
     catalog.verify_files(vad_entry)
-    time.sleep(0.01)
-    copy.write_bytes(copy.read_bytes()[:-1] + b"\1")
+    verified_mtime = copy.stat().st_mtime_ns
+    copy.write_bytes(copy.read_bytes()[:-1] + b"\1")  # same inode, same size
+    os.utime(copy, ns=(verified_mtime, verified_mtime + 10**9))  # a later write, however coarse the file system's clock
     with pytest.raises(YimiError) as err:
         catalog.verify_files(vad_entry)
     assert err.value.code == "model_digest_mismatch"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import shutil
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -104,10 +105,10 @@ async def test_new_pack_in_the_shared_host_emits_tools_list_changed(manager: Hos
         before = await manager.list_tools(["demo", "later"])
         assert not any(name.startswith("later__") for name in before)
         write_pack(packs_dir, "later")
-        for _ in range(50):
-            await asyncio.sleep(0.1)
-            if manager.changes:  # type: ignore[attr-defined]
-                break
+        deadline = time.monotonic() + 60  # seen, not timed: the 60 s only bound a failure
+        while not manager.changes:  # type: ignore[attr-defined]
+            assert time.monotonic() < deadline, "the shared host never announced the new pack"
+            await asyncio.sleep(0.05)
         assert manager.changes == ["shared"]  # type: ignore[attr-defined]
         after = await manager.list_tools(["demo", "later"])
         assert "later__read" in after

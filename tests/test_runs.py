@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import asyncio
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -30,13 +32,14 @@ def age_run(run_id: Any, seconds: int) -> None:
     "rule, code",
     [
         ({"status": 500}, "brain_error"),
-        ({"hang_seconds": 1.5}, "brain_timeout"),
+        ({"hang_seconds": 30}, "brain_timeout"),
         ({"reply": "half an ans", "truncate": True}, "brain_bad_response"),
         ({"reply": ""}, "brain_bad_response"),
     ],
 )
 async def test_failed_model_call_produces_an_honest_notice_not_a_reply(make_device: Any, brain: Any, settings: Any, rule: dict[str, Any], code: str) -> None:
-    settings.BRAIN_TIMEOUT_SECONDS = 0.5
+    if rule.get("hang_seconds"):
+        settings.BRAIN_TIMEOUT_SECONDS = 0.5  # a hang always outlasts it; the other answers get the usual 5 s
     script(brain, **rule)
     sim = await db_async(make_device)()
     comm, _ = await open_socket(sim)
@@ -84,14 +87,10 @@ async def test_recovery_runs_queued_runs_left_by_a_dead_process(make_device: Any
     await db_async(Run.objects.filter(id=accepted.run_id).update)(created_at=timezone.now() - timedelta(seconds=11))
     recovered, expired = await recover_runs()
     assert (recovered, expired) == (1, 0)
-    for _ in range(100):
-        run = await db_async(Run.objects.get)(id=accepted.run_id)
-        if run.state == "succeeded":
-            break
-        import asyncio
-
+    deadline = time.monotonic() + 60  # seen, not timed: the 60 s only bound a failure
+    while (run := await db_async(Run.objects.get)(id=accepted.run_id)).state != "succeeded":
+        assert time.monotonic() < deadline, f"the recovered run is still {run.state}"
         await asyncio.sleep(0.05)
-    assert run.state == "succeeded"
     reply = await db_async(TimelineEntry.objects.get)(kind="reply")
     assert "were you there?" in reply.text
 
