@@ -121,7 +121,7 @@ def test_commit_waits_for_the_owners_advisory_lock(owner: Any) -> None:
             with transaction.atomic():
                 lock_owner_memory(owner.pk)
                 held.set()
-                release.wait(10)
+                release.wait(60)  # until the test has seen the writer queue (60 s only bound a failure)
         finally:
             connection.close()
 
@@ -134,23 +134,24 @@ def test_commit_waits_for_the_owners_advisory_lock(owner: Any) -> None:
 
     lock_thread = threading.Thread(target=holder)
     lock_thread.start()
-    assert held.wait(10)
+    assert held.wait(60)
     write_thread = threading.Thread(target=writer)
     write_thread.start()
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60  # seen, not timed: the 60 s only bound a failure
     waiting = 0
     while time.monotonic() < deadline and not waiting:
         with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND classid = %s AND objid = %s",
+            cursor.execute(  # this database's lock only: other test runs may share the server
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND classid = %s AND objid = %s"
+                " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
                 [MEMORY_LOCK_SPACE, owner.pk],
             )
             waiting = cursor.fetchone()[0]
         time.sleep(0.02)
     assert waiting == 1 and not done.is_set()
     release.set()
-    lock_thread.join(10)
-    write_thread.join(10)
+    lock_thread.join(60)
+    write_thread.join(60)
     assert done.is_set() and Assertion.objects.filter(owner=owner).count() == 1
 
 
