@@ -56,7 +56,7 @@ def tcp(port):
 
 def internal(path, body, headers):
     sock_path = os.environ.get("YIMI_PLATFORM_SOCKET", "")
-    conn = http.client.HTTPConnection("x", timeout=5)
+    conn = http.client.HTTPConnection("x", timeout=30)  # a bound on a failure, not a window
     s = socket.socket(socket.AF_UNIX)
     s.connect(sock_path)
     conn.sock = s
