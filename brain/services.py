@@ -7,7 +7,7 @@ the row in another state did not happen, and the caller backs off.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -142,8 +142,9 @@ def heartbeat(run: Run) -> bool:
     )
 
 
-def is_stale(run: Run) -> bool:
-    return timezone.now() - run.inbound.created_at > timedelta(seconds=settings.RUN_STALE_SECONDS)
+def is_stale(run: Run, now: datetime | None = None) -> bool:
+    """Said more than ``RUN_STALE_SECONDS`` (3 minutes) before ``now``: expired, not answered."""
+    return (now or timezone.now()) - run.inbound.created_at > timedelta(seconds=settings.RUN_STALE_SECONDS)
 
 
 def history_for(run: Run) -> list[TimelineEntry]:

@@ -11,7 +11,7 @@ from django.utils import timezone
 from brain.models import Run
 from brain.recovery import recover_runs
 from brain.runner import execute_run
-from brain.services import accept_utterance, claim_run, finish_run
+from brain.services import accept_utterance, claim_run, finish_run, is_stale
 from memory.models import TimelineEntry
 from tests.conftest import db_async, new_client_id, open_socket, receive_until, script
 
@@ -76,7 +76,10 @@ async def test_run_older_than_three_minutes_is_expired_not_answered(make_device:
 async def test_run_just_under_three_minutes_is_still_answered(make_device: Any, brain: Any) -> None:
     sim = await db_async(make_device)()
     accepted = await db_async(utter)(sim)
-    await db_async(age_run)(accepted.run_id, 170)
+    run = await db_async(Run.objects.select_related("inbound").get)(id=accepted.run_id)
+    said = run.inbound.created_at  # on the test's clock: three minutes exactly is still in time
+    assert not is_stale(run, now=said + timedelta(seconds=180))
+    assert is_stale(run, now=said + timedelta(seconds=180, microseconds=1))
     assert await execute_run(accepted.run_id) == "succeeded"
 
 
