@@ -283,12 +283,13 @@ def test_autopay_needs_every_condition(voice_pay_on: Any, phone: Any) -> None:
 
 
 def test_autopay_same_payee_rule_counts_unknown_payments_in_the_last_30_minutes(voice_pay_on: Any, phone: Any) -> None:
+    now = timezone.now()  # the check's clock is the test's: the window's edges are exact
     earlier = make_voice_intent(phone, amount="10")
-    PaymentIntent.objects.filter(id=earlier.id).update(state="unknown", created_at=timezone.now() - timedelta(minutes=29))
-    check = payments.autopay_check(make_voice_intent(phone, amount="10"))
-    assert not check.ok and "another payment to this payee in the last 30 minutes" in check.reasons
-    PaymentIntent.objects.filter(id=earlier.id).update(created_at=timezone.now() - timedelta(minutes=31))
-    assert payments.autopay_check(make_voice_intent(phone, amount="10")).ok
+    PaymentIntent.objects.filter(id=earlier.id).update(state="unknown", created_at=now - timedelta(minutes=30))
+    check = payments.autopay_check(make_voice_intent(phone, amount="10"), now=now)
+    assert check.reasons == ["another payment to this payee in the last 30 minutes"]
+    PaymentIntent.objects.filter(id=earlier.id).update(created_at=now - timedelta(minutes=30, microseconds=1))
+    assert payments.autopay_check(make_voice_intent(phone, amount="10"), now=now).reasons == []
 
 
 def test_autopay_daily_limit_follows_midnight_in_the_owners_time_zone(voice_pay_on: Any, phone: Any) -> None:
