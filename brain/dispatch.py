@@ -4,6 +4,7 @@ otherwise tasks on the web server's own event loop (the embedded default)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 from typing import Any
 
@@ -14,8 +15,6 @@ from yimi_project.logs import log_event
 
 _tasks: set[asyncio.Task] = set()
 _sweeper: asyncio.Task | None = None
-SWEEP_SECONDS = 30.0
-REMINDER_SECONDS = 10.0
 
 
 def uses_broker() -> bool:
@@ -108,16 +107,14 @@ def remember_loop() -> None:
     _main_loop = asyncio.get_running_loop()
 
 
-HEARTBEAT_SECONDS = 5.0
-
-
 async def keep_claim(beat: Any) -> None:
-    """Refresh a claim (a run's or a sub-agent task's heartbeat) every 5 s until ``beat``
-    says the claim was lost; the caller cancels it when the work ends."""
+    """Refresh a claim (a run's or a sub-agent task's heartbeat) every
+    ``RUN_HEARTBEAT_SECONDS`` (5 s) until ``beat`` says the claim was lost; the caller
+    cancels it when the work ends."""
     from channels.db import database_sync_to_async
 
     while True:
-        await asyncio.sleep(HEARTBEAT_SECONDS)
+        await asyncio.sleep(settings.RUN_HEARTBEAT_SECONDS)
         if not await database_sync_to_async(beat)():
             return
 
@@ -136,13 +133,25 @@ def _log_failure(task: asyncio.Task) -> None:
 
 def ensure_embedded_sweeper() -> None:
     """Embedded default only (no Celery beat): recover runs left by a previous process
-    and then every 30 s, and fire due reminders every 10 s, on the web server's event
-    loop. Started by the first websocket connection."""
+    and then every ``RUN_RECOVERY_SECONDS`` (30 s), and every ``DUE_SWEEP_SECONDS`` (10 s)
+    fire due reminders and expire unanswered cards and unused authorizations, on the web
+    server's event loop. Started by the first websocket connection."""
     global _sweeper
     remember_loop()
     if uses_broker() or not settings.YIMI_EMBEDDED_SWEEPER or (_sweeper is not None and not _sweeper.done()):
         return
     _sweeper = asyncio.ensure_future(_sweep_forever())
+
+
+async def stop_embedded_sweeper() -> None:
+    """Cancel the embedded sweeper (if this process runs one) and wait for it to end."""
+    global _sweeper
+    sweeper, _sweeper = _sweeper, None
+    if sweeper is None or sweeper.done():
+        return
+    sweeper.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await sweeper
 
 
 async def _sweep_forever() -> None:
@@ -151,11 +160,11 @@ async def _sweep_forever() -> None:
     from consent.services import expire_cards
     from payments.services import expire_authorizations
 
-    last_recovery = -SWEEP_SECONDS
     loop = asyncio.get_running_loop()
+    last_recovery = loop.time() - settings.RUN_RECOVERY_SECONDS
     while True:
         try:
-            if loop.time() - last_recovery >= SWEEP_SECONDS:
+            if loop.time() - last_recovery >= settings.RUN_RECOVERY_SECONDS:
                 last_recovery = loop.time()
                 await recover_runs()
             await sync_to_async(fire_due_reminders)()
@@ -163,4 +172,4 @@ async def _sweep_forever() -> None:
             await sync_to_async(expire_authorizations)()
         except Exception as exc:  # noqa: BLE001 - the sweeper must outlive one bad round
             log_event("embedded_sweep_failed", error=type(exc).__name__)
-        await asyncio.sleep(REMINDER_SECONDS)
+        await asyncio.sleep(settings.DUE_SWEEP_SECONDS)

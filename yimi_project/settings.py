@@ -187,11 +187,24 @@ CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    # A task whose worker died (acks late) is delivered again once it has been unacknowledged
+    # this long. It must outlast the longest task and the longest countdown (the auto-pay undo
+    # window), or a task still running or waiting would be delivered a second time.
+    "visibility_timeout": env.int("YIMI_CELERY_VISIBILITY_TIMEOUT_SECONDS", default=3600),
+    # Prepended to every Redis key of the task queue (kombu's global_keyprefix), so several
+    # instances (or test runs) can share one Redis without restoring each other's tasks.
+    "global_keyprefix": env.str("YIMI_CELERY_KEY_PREFIX", default=""),
+}
+# How often runs left behind are recovered (beat's sweep-runs, the embedded sweeper), and how
+# often due reminders fire and unanswered cards and unused authorizations expire.
+RUN_RECOVERY_SECONDS = env.float("YIMI_RUN_RECOVERY_SECONDS", default=30.0)
+DUE_SWEEP_SECONDS = env.float("YIMI_DUE_SWEEP_SECONDS", default=10.0)
 CELERY_BEAT_SCHEDULE = {
-    "sweep-runs": {"task": "brain.tasks.sweep_runs", "schedule": 30.0},
-    "fire-due-reminders": {"task": "brain.tasks.fire_due_reminders", "schedule": 10.0},
-    "expire-consent-cards": {"task": "consent.tasks.expire_cards", "schedule": 10.0},
-    "expire-payment-authorizations": {"task": "payments.tasks.expire_authorizations", "schedule": 10.0},
+    "sweep-runs": {"task": "brain.tasks.sweep_runs", "schedule": RUN_RECOVERY_SECONDS},
+    "fire-due-reminders": {"task": "brain.tasks.fire_due_reminders", "schedule": DUE_SWEEP_SECONDS},
+    "expire-consent-cards": {"task": "consent.tasks.expire_cards", "schedule": DUE_SWEEP_SECONDS},
+    "expire-payment-authorizations": {"task": "payments.tasks.expire_authorizations", "schedule": DUE_SWEEP_SECONDS},
     "index-timeline-embeddings": {"task": "memory.tasks.index_timeline_embeddings", "schedule": 60.0},
     "regenerate-projections": {"task": "memory.tasks.regenerate_projections", "schedule": 300.0},
 }
@@ -211,7 +224,9 @@ BRAIN_CONNECT_TIMEOUT_SECONDS = env.float("YIMI_BRAIN_CONNECT_TIMEOUT_SECONDS", 
 BRAIN_HISTORY_ENTRIES = env.int("YIMI_BRAIN_HISTORY_ENTRIES", default=20)
 # A run whose utterance is older than this is marked expired instead of answered late.
 RUN_STALE_SECONDS = 180
-# A running run whose worker has not sent a heartbeat for this long is taken over.
+# A running run (or sub-agent task) refreshes its heartbeat this often while it works...
+RUN_HEARTBEAT_SECONDS = env.float("YIMI_RUN_HEARTBEAT_SECONDS", default=5.0)
+# ...and one whose worker has not sent a heartbeat for this long is taken over.
 RUN_HEARTBEAT_STALE_SECONDS = env.int("YIMI_RUN_HEARTBEAT_STALE_SECONDS", default=30)
 # A queued run younger than this is assumed to be on its way to a worker.
 RUN_QUEUED_GRACE_SECONDS = 10
@@ -321,7 +336,7 @@ PAYMENTS_VOICE_PAY_MAX = env.str("YIMI_PAYMENTS_VOICE_PAY_MAX", default="200")
 PAYMENTS_AUTOPAY_ENABLED = env.bool("YIMI_PAYMENTS_AUTOPAY_ENABLED", default=False)
 PAYMENTS_AUTOPAY_MAX = env.str("YIMI_PAYMENTS_AUTOPAY_MAX", default="50")
 PAYMENTS_AUTOPAY_DAILY_MAX = env.str("YIMI_PAYMENTS_AUTOPAY_DAILY_MAX", default="150")
-PAYMENTS_AUTOPAY_UNDO_SECONDS = 5
+PAYMENTS_AUTOPAY_UNDO_SECONDS = env.int("YIMI_PAYMENTS_AUTOPAY_UNDO_SECONDS", default=5)
 PAYMENTS_SAME_PAYEE_WINDOW_SECONDS = 30 * 60
 
 # --- voice (devices/voice, accounts/voice) -------------------------------------------------------
