@@ -15,7 +15,6 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 import httpx
 import pytest
@@ -28,23 +27,9 @@ from devices.services import issue_pairing_code
 from devices.simulator import DeviceConnection, pair, read_timeline
 from memory.models import TimelineEntry
 from tests.conftest import db_async, need, script
+from tests.process_support import ROOT, CeleryWorker, database_url_for_subprocesses, free_port, wait_for_sessions_to_end
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def database_url_for_subprocesses() -> str:
-    d = connection.settings_dict
-    auth = quote(d["USER"] or "")
-    if d.get("PASSWORD"):
-        auth += ":" + quote(d["PASSWORD"])
-    return f"postgres://{auth}@{d['HOST'] or '127.0.0.1'}:{d['PORT'] or 5432}/{d['NAME']}"
 
 
 @pytest.fixture
@@ -59,6 +44,7 @@ def platform(owner: Any, brain: Any) -> Iterator[dict[str, Any]]:
         "DATABASE_URL": database_url_for_subprocesses(),
         "REDIS_URL": django_settings.REDIS_URL,
         "YIMI_CHANNEL_PREFIX": f"yimi-e2e-{uuid.uuid4().hex[:8]}",
+        "PGAPPNAME": f"yimi-e2e-{port}",  # libpq tags the platform's database sessions
         "YIMI_DATA_DIR": str(django_settings.DATA_DIR),
         "YIMI_BRAIN_BASE_URL": brain.base_url,
         # Sub-agents reach the gateway over HTTP on the internal listener (daphne -u), as in production.
@@ -75,10 +61,7 @@ def platform(owner: Any, brain: Any) -> Iterator[dict[str, Any]]:
             [str(bindir / "daphne"), "-b", "127.0.0.1", "-p", str(port), "-u", env["YIMI_INTERNAL_SOCKET"], "yimi_project.asgi:application"],
             cwd=ROOT, env=env, stdout=open(logs / "daphne.log", "w"), stderr=subprocess.STDOUT,
         ),
-        subprocess.Popen(
-            [str(bindir / "celery"), "-A", "yimi_project", "worker", "--loglevel=INFO", "--concurrency=2"],
-            cwd=ROOT, env=env, stdout=open(logs / "celery.log", "w"), stderr=subprocess.STDOUT,
-        ),
+        CeleryWorker(env, logs / "celery.log").proc,
     ]
     base = f"http://127.0.0.1:{port}"
     try:
@@ -101,21 +84,7 @@ def platform(owner: Any, brain: Any) -> Iterator[dict[str, Any]]:
                 p.wait(10)
             except subprocess.TimeoutExpired:
                 p.kill()
-        wait_for_other_sessions_to_close()
-
-
-def wait_for_other_sessions_to_close(timeout: float = 10.0) -> None:
-    """Celery's pool children exit a moment after their parent; let their database
-    sessions end before the test database is dropped."""
-    deadline = time.monotonic() + timeout
-    with connection.cursor() as cursor:
-        while time.monotonic() < deadline:
-            cursor.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
-            )
-            if cursor.fetchone()[0] == 0:
-                return
-            time.sleep(0.2)
+        wait_for_sessions_to_end(env["PGAPPNAME"])
 
 
 async def test_text_from_one_device_is_answered_there_and_synced_to_another(platform: dict[str, Any], brain: Any) -> None:
