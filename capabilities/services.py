@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field
+from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
@@ -21,6 +22,7 @@ from capabilities.manifest import SEPARATOR, ToolDecl, load_packs
 from capabilities.models import ReceiptRecord, ToldFact, ToolCall
 from capabilities.receipts import needs_check, normalize
 from memory.copies import ForgottenContent, redacted_text, rows_in_chunks
+from memory.locks import lock_owner_calls
 from yimi_project import call_capability
 from yimi_project.errors import YimiError
 from yimi_project.ids import uuid_or_nil
@@ -107,17 +109,26 @@ def decide(request: CallRequest) -> Decision:
     Steps: 1. bind the call to its run through the admission record (no run, or an
     ended run: block); 2. take the reserved ``owner_requested`` out of the arguments
     and drop any model-supplied trusted field; 3. scope: the pack must list the run's
-    scope; 4. duplicates and unknowns: a call whose fingerprint already succeeded with
-    ``retry=forbidden`` is blocked, and one whose last result is unknown/partial and
-    needs a check is blocked until the ``check_with`` tool ran; 5. category: resolve
+    scope; 4. duplicates and unknowns: a ``retry=forbidden`` call whose fingerprint
+    already succeeded is blocked (``already_succeeded``), and so is one whose identical
+    call is running now (``already_running``); one whose last result is unknown/partial
+    and needs a check is blocked until the ``check_with`` tool ran; 5. category: resolve
     ``effect``/``effect_by_arg`` (unresolvable: block, no default); 6. gate: observe and
     workspace go ahead; owner_data, send, account, delete and physical go to the consent
     authority (allow, ``ask`` with a card, or block; the same action already waiting for
-    a card is ``already_waiting``), spend to the payment authority, and self_change is
-    blocked with ``releases_authority_missing`` until the release authority exists. Allowed calls get the trusted
-    fields the tool declared in ``context_inject``; if that changed the arguments the
-    result is ``rewrite``. Every decision on a bound run is recorded; a block also
-    writes a ``rejected`` receipt, which only the gateway may write.
+    a card is ``already_waiting``), spend to the payment authority (a payment whose
+    authorization is already waiting is ``already_waiting`` too), and self_change is
+    blocked with ``releases_authority_missing`` until the release authority exists.
+    Allowed calls get the trusted fields the tool declared in ``context_inject``; if
+    that changed the arguments the result is ``rewrite``. Every decision on a bound run
+    is recorded; a block also writes a ``rejected`` receipt, which only the gateway may
+    write.
+
+    Steps 4 to 6 and the recorded call (with its card, payment authorization and
+    receipt) are one transaction under the owner's gateway lock
+    (``memory.locks.lock_owner_calls``). Of two identical calls decided at once, the
+    second therefore sees the first as recorded: it loses the race at step 4
+    (``already_running``) or step 6 (``already_waiting``), never runs or asks twice.
     """
     binding = run_binding(request.run_id)
     if binding is None:
@@ -144,6 +155,16 @@ def decide(request: CallRequest) -> Decision:
         return _record(binding, request, model_args, owner_requested, decision, tool)
 
     fingerprint = sha256(canonical({"tool": request.tool, "args": model_args}))
+    with transaction.atomic():
+        lock_owner_calls(binding.owner_id)
+        return _gate(binding, request, tool, model_args, owner_requested, overridden, budget, fingerprint)
+
+
+def _gate(
+    binding: Any, request: CallRequest, tool: ToolDecl, model_args: dict[str, Any], owner_requested: bool,
+    overridden: list[str], budget: Any, fingerprint: str,
+) -> Decision:
+    """Steps 4 to 6 of ``decide`` and the recorded call, under the owner's gateway lock."""
     repeat = _duplicate_or_unchecked(binding.owner_id, fingerprint, tool, model_args)
     if repeat is not None:
         return _record(binding, request, model_args, owner_requested, repeat, tool, fingerprint)
@@ -195,17 +216,39 @@ def decide(request: CallRequest) -> Decision:
 
 
 def _duplicate_or_unchecked(owner_id: int, fingerprint: str, tool: ToolDecl, model_args: dict[str, Any]) -> Decision | None:
-    """Step 4 of ``decide``: the same call already succeeded with ``retry=forbidden``
-    (by fingerprint: tool and every argument), or the target is held after an unknown."""
-    last = (
-        ReceiptRecord.objects.filter(owner_id=owner_id, call_fingerprint=fingerprint, written_by_gateway=False)
-        .only("status", "created_at")
-        .order_by("-created_at")
-        .first()
-    )
-    if last is not None and last.status == "succeeded" and tool.retry == "forbidden":
-        return _blocked("already_succeeded", "this already succeeded; it must not be done again")
+    """Step 4 of ``decide``: for a ``retry=forbidden`` tool, the same call (by
+    fingerprint: tool and every argument) already succeeded (``already_succeeded``) or is
+    running now (``already_running``: see ``_running``); for any tool, the target is held
+    after an unknown (``_unchecked_target``)."""
+    if tool.retry == "forbidden":
+        last = (
+            ReceiptRecord.objects.filter(owner_id=owner_id, call_fingerprint=fingerprint, written_by_gateway=False)
+            .only("status", "created_at")
+            .order_by("-created_at")
+            .first()
+        )
+        if last is not None and last.status == "succeeded":
+            return _blocked("already_succeeded", "this already succeeded; it must not be done again")
+        if _running(owner_id, fingerprint):
+            return _blocked("already_running", "this exact action is running now and must not be done twice; wait for its result")
     return _unchecked_target(owner_id, tool, model_args)
+
+
+def _running(owner_id: int, fingerprint: str) -> bool:
+    """The same call was allowed within its execution time (the lifetime of its pack
+    capability: the pack call timeout plus the time to reach the pack) and has no result
+    yet. After that time a call without a result no longer holds the action: its pack can
+    no longer act for it."""
+    since = timezone.now() - timedelta(seconds=float(settings.PACK_CALL_TIMEOUT_SECONDS) + CAPABILITY_GRACE_SECONDS)
+    result = ReceiptRecord.objects.filter(call_id=OuterRef("pk"))
+    return (
+        ToolCall.objects.filter(
+            owner_id=owner_id, fingerprint=fingerprint, created_at__gte=since,
+            decision__in=(ToolCall.Decision.ALLOW, ToolCall.Decision.REWRITE),
+        )
+        .exclude(Exists(result))
+        .exists()
+    )
 
 
 UNSETTLED = ("unknown", "partial")
@@ -315,7 +358,7 @@ def _record(
         decision.pack_capability = pack_capability(call, tool)
         decision.receipt_capability = call_capability.mint_receipt(str(call.id))
     if decision.decision != ToolCall.Decision.BLOCK:
-        call.save(force_insert=True)  # one INSERT, autocommit
+        call.save(force_insert=True)  # one INSERT
         return decision
     with transaction.atomic():
         call.save(force_insert=True)

@@ -1,11 +1,21 @@
-"""The owner's memory lock, named in one place.
+"""The owner's locks, named in one place.
 
-Every L3 write (commit, forget) and every projection rewrite runs inside a transaction
-that first takes this lock, so writes for one owner happen one at a time and a
-projection is always rendered from the latest committed state.
+Each is a transaction-scoped lock per owner: taken inside ``transaction.atomic()``,
+released when the transaction ends (commit or rollback); other owners are not blocked.
 
-- PostgreSQL: ``pg_advisory_xact_lock(MEMORY_LOCK_SPACE, owner_id)``, released when the
-  transaction ends (commit or rollback). Other owners are not blocked.
+- ``lock_owner_memory``: every L3 write (commit, forget) and every projection rewrite, so
+  writes for one owner happen one at a time and a projection is always rendered from the
+  latest committed state.
+- ``lock_owner_calls``: the gateway's ``decide`` from its duplicate check to the recorded
+  call (with its card or payment authorization), so two identical calls cannot both pass
+  the duplicate, in-flight or waiting-card check before either is recorded.
+- ``lock_owner_payments``: issuing a payment authorization (the small auto-pay daily sum
+  and same-payee check, then the insert), so concurrent auto-payments are counted.
+
+Order, where more than one is held: calls, then payments (``decide`` asking for a payment
+authorization). Memory's lock is never held together with the others.
+
+- PostgreSQL: ``pg_advisory_xact_lock(space, owner_id)``.
 - SQLite (the embedded default): the settings open every transaction with
   ``BEGIN IMMEDIATE``, which already holds the database's single write lock for the
   whole transaction, so there is nothing more to take.
@@ -15,14 +25,31 @@ from __future__ import annotations
 
 from django.db import connection
 
-# Two-key advisory locks: (space, owner id). 0x4D454D = "MEM".
-MEMORY_LOCK_SPACE = 0x4D454D
+# Two-key advisory locks: (space, owner id).
+MEMORY_LOCK_SPACE = 0x4D454D  # "MEM"
+CALLS_LOCK_SPACE = 0x43414C  # "CAL"
+PAYMENTS_LOCK_SPACE = 0x504159  # "PAY"
+
+
+def lock_owner(space: int, owner_id: int) -> None:
+    """Take the owner's lock in ``space`` until the current transaction ends."""
+    if not connection.in_atomic_block:
+        raise RuntimeError("an owner lock must be taken inside transaction.atomic()")
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [space, int(owner_id)])
 
 
 def lock_owner_memory(owner_id: int) -> None:
     """Take the owner's memory write lock until the current transaction ends."""
-    if not connection.in_atomic_block:
-        raise RuntimeError("lock_owner_memory must be called inside transaction.atomic()")
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [MEMORY_LOCK_SPACE, int(owner_id)])
+    lock_owner(MEMORY_LOCK_SPACE, owner_id)
+
+
+def lock_owner_calls(owner_id: int) -> None:
+    """Take the owner's gateway lock (``decide``) until the current transaction ends."""
+    lock_owner(CALLS_LOCK_SPACE, owner_id)
+
+
+def lock_owner_payments(owner_id: int) -> None:
+    """Take the owner's payment authorization lock until the current transaction ends."""
+    lock_owner(PAYMENTS_LOCK_SPACE, owner_id)

@@ -1,12 +1,14 @@
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from django.test import Client
+from django.utils import timezone
 
 from brain.models import Run
 from brain.services import accept_utterance
@@ -78,6 +80,7 @@ def test_trusted_fields_override_model_supplied_ones(run: Run) -> None:
 
 def test_idempotency_key_is_stable_for_the_same_call(run: Run) -> None:
     first = call(run, "demo__note", text="same")
+    record_receipt(first.call_id, {"receipt_schema": 1, "status": "failed", "error": {"code": "REFUSED"}})  # may be tried again
     second = call(run, "demo__note", text="same")
     other = call(run, "demo__note", text="different")
     assert first.arguments["idempotency_key"] == second.arguments["idempotency_key"] != other.arguments["idempotency_key"]
@@ -119,6 +122,17 @@ def test_repeating_a_succeeded_call_with_retry_forbidden_is_blocked(run: Run) ->
     assert (again.decision, again.code) == ("block", "already_succeeded")
     assert "already succeeded" in again.reason
     assert call(run, "demo__note", text="something else").decision == "rewrite"
+
+
+def test_a_retry_forbidden_call_is_blocked_while_the_same_call_is_running(run: Run, settings: Any) -> None:
+    first = call(run, "demo__note", text="send once")
+    again = call(run, "demo__note", text="send once")
+    assert (again.decision, again.code) == ("block", "already_running")
+    assert call(run, "demo__note", text="something else").decision == "rewrite"
+    # Past its execution time (its pack capability has expired) a call without a result holds nothing.
+    window = settings.PACK_CALL_TIMEOUT_SECONDS + services.CAPABILITY_GRACE_SECONDS
+    ToolCall.objects.filter(id=first.call_id).update(created_at=timezone.now() - timedelta(seconds=window + 1))
+    assert call(run, "demo__note", text="send once").decision == "rewrite"
 
 
 def test_repeating_a_call_whose_retry_is_allowed_goes_ahead(run: Run) -> None:
