@@ -27,6 +27,7 @@ from django.utils import timezone
 
 from devices import signatures
 from devices.models import Device
+from memory.locks import lock_owner_payments
 from payments.models import PaymentAuthorization, PaymentIntent, UnlockLease
 from yimi_project.errors import YimiError
 from yimi_project.ids import uuid_or_nil
@@ -94,14 +95,18 @@ class PaymentVerdict:
 
 
 def gate(binding: Any) -> PaymentVerdict:
-    """A ``spend`` call: it needs an intent from the owner's own request in this run whose
-    checkout amount was read; then it asks for a fresh authorization."""
+    """A ``spend`` call: it needs an open intent from the owner's own request in this run
+    whose checkout amount was read; then it asks for a fresh authorization. An intent whose
+    authorization is already waiting is ``already_waiting`` (the gateway decides under the
+    owner's lock, so of two spend calls at once the second sees the first's)."""
     if binding.scope != "owner":
         return PaymentVerdict("block", "payment_not_owner_scope", "only the owner's own request can lead to a payment")
     if binding.origin == "scheduled":
         return PaymentVerdict("block", "needs_confirmation_in_scheduled_task", "a payment needs the owner's authorization, which a scheduled task cannot ask for")
     intent = PaymentIntent.objects.filter(run_id=binding.run_id, state=PaymentIntent.State.OPEN).order_by("-created_at").first()
     if intent is None:
+        if PaymentIntent.objects.filter(run_id=binding.run_id, state=PaymentIntent.State.AUTHORIZING).exists():
+            return PaymentVerdict("block", "already_waiting", "this payment is already waiting for the owner's authorization; not paid again")
         return PaymentVerdict("block", "no_payment_intent", "no payment intent from the owner's own request in this run; go through the checkout first")
     if intent.amount is None or not intent.payee:
         return PaymentVerdict("block", "checkout_not_read", "the checkout amount has not been read back yet")
@@ -113,36 +118,55 @@ def gate(binding: Any) -> PaymentVerdict:
 
 def open_authorization(intent: PaymentIntent, call: Any) -> PaymentAuthorization:
     """Issue the authorization request for the intent's current amount (inside the
-    gateway's transaction). Small auto-pay authorizes at once with an undo window when
-    every condition holds; otherwise a card goes to the phone."""
-    now = timezone.now()
-    PaymentIntent.objects.filter(id=intent.id).update(state=PaymentIntent.State.AUTHORIZING)
-    intent.refresh_from_db()
-    assert intent.amount is not None, "gate() lets a payment ask only after the checkout amount was read"
-    auto = autopay_check(intent)
-    auth = PaymentAuthorization(
-        intent=intent,
-        call=call,
-        amount=intent.amount,
-        payee=intent.payee,
-        method=PaymentAuthorization.Method.AUTO if auto.ok else PaymentAuthorization.Method.PHONE_CARD,
-        card_expires_at=now + timedelta(seconds=settings.PAYMENT_CARD_TTL_SECONDS),
-    )
-    if not auto.ok:
-        auth.card = _issued_card(auth, intent)  # what the phone is shown, now and on reconnect
-    auth.save(force_insert=True)
-    if auto.ok:
-        authorize(auth, method=PaymentAuthorization.Method.AUTO, device=None, undo_seconds=settings.PAYMENTS_AUTOPAY_UNDO_SECONDS)
+    gateway's transaction, or the settlement's for a replacement card).
+
+    Steps, in one transaction: 1. take the owner's payment lock
+    (``memory.locks.lock_owner_payments``); 2. conditional UPDATE of the intent ``open`` →
+    ``authorizing`` — a row count other than 1 means another authorization was issued for
+    it first: ``already_waiting``, and everything rolls back; 3. the small auto-pay check:
+    today's auto-paid sum and the same-payee rule count every auto-payment committed
+    before, because a concurrent one waits for the lock and sees this one after it
+    commits (so together they never exceed the daily cap or pay one payee twice in 30
+    minutes); 4. insert the authorization: authorized at once with an undo window when
+    every auto-pay condition holds, otherwise a card for the phone.
+    """
+    with transaction.atomic():
+        lock_owner_payments(intent.owner_id)
+        claimed = PaymentIntent.objects.filter(id=intent.id, state=PaymentIntent.State.OPEN).update(state=PaymentIntent.State.AUTHORIZING)
+        if claimed != 1:
+            raise YimiError("already_waiting", "this payment already has an authorization waiting; not paid again")
+        now = timezone.now()
+        intent.refresh_from_db()
+        assert intent.amount is not None, "gate() lets a payment ask only after the checkout amount was read"
+        auto = autopay_check(intent, now)
+        auth = PaymentAuthorization(
+            intent=intent,
+            call=call,
+            amount=intent.amount,
+            payee=intent.payee,
+            method=PaymentAuthorization.Method.AUTO if auto.ok else PaymentAuthorization.Method.PHONE_CARD,
+            card_expires_at=now + timedelta(seconds=settings.PAYMENT_CARD_TTL_SECONDS),
+        )
+        if not auto.ok:
+            auth.card = _issued_card(auth, intent)  # what the phone is shown, now and on reconnect
+        auth.save(force_insert=True)
+        if auto.ok:
+            authorize(auth, method=PaymentAuthorization.Method.AUTO, device=None, undo_seconds=settings.PAYMENTS_AUTOPAY_UNDO_SECONDS)
     log_event("payment_authorization_opened", intent_id=str(intent.id), method=auth.method, reasons=auto.reasons)
     return auth
 
 
 def authorize(auth: PaymentAuthorization, *, method: str, device: Device | None, undo_seconds: int = 0) -> bool:
-    """``pending`` → ``authorized``, valid 60 s from now (after the undo window, if any)."""
+    """``pending`` → ``authorized``, valid 60 s from now (after the undo window, if any).
+
+    One conditional UPDATE: the card must still be pending and not past its end. False
+    (nothing changed) when another answer or the expiry sweeper closed it first."""
     now = timezone.now()
     undo_until = now + timedelta(seconds=undo_seconds) if undo_seconds else None
     starts = undo_until or now
-    changed = PaymentAuthorization.objects.filter(id=auth.id, state=PaymentAuthorization.State.PENDING).update(
+    changed = PaymentAuthorization.objects.filter(
+        id=auth.id, state=PaymentAuthorization.State.PENDING, card_expires_at__gt=now
+    ).update(
         state=PaymentAuthorization.State.AUTHORIZED,
         method=method,
         authorized_at=now,
@@ -229,8 +253,10 @@ def answer_card(device: Device, authorization_id: Any, answer: Any, signature: A
 
     Steps: 1. valid answer, the owner's own non-guest phone; 2. the signature over the
     canonical card, answer and "unlocked" must be the device's (else nothing changes);
-    3. an expired card is closed; 4. approve: ``pending`` → ``authorized`` (valid 60 s);
-    deny: ``pending`` → ``denied`` and the intent is cancelled.
+    3. an expired card is closed; 4. approve: ``pending`` → ``authorized`` (valid 60 s),
+    a conditional UPDATE that also checks the card has not ended (``authorize``); deny:
+    ``pending`` → ``denied`` and the intent is cancelled. An answer that loses the race to
+    another answer or to the expiry sweeper is ``card_closed`` and changes nothing.
     """
     if answer not in ("approve", "deny"):
         raise YimiError("invalid_frame", "answer must be approve or deny")
@@ -239,8 +265,9 @@ def answer_card(device: Device, authorization_id: Any, answer: Any, signature: A
     auth = _authorization_for(device, authorization_id)
     if not signatures.verify(device.public_key, payment_card_message(auth, answer), signature):
         raise YimiError("bad_signature", "the answer is not signed by this phone over this card")
-    if auth.state == PaymentAuthorization.State.PENDING and auth.card_expires_at <= timezone.now():
-        expire_authorization(auth)
+    now = timezone.now()
+    if auth.state == PaymentAuthorization.State.PENDING and auth.card_expires_at <= now:
+        expire_authorization(auth, now)
         raise YimiError("card_expired", "this payment card has expired; nothing was paid")
     if answer == "deny":
         with transaction.atomic():
@@ -250,7 +277,7 @@ def answer_card(device: Device, authorization_id: Any, answer: Any, signature: A
                 raise YimiError("card_closed", "this payment card was already answered")
             _close_intent(auth, PaymentIntent.State.CANCELLED, "the owner declined the payment; nothing was paid")
     elif not authorize(auth, method=PaymentAuthorization.Method.PHONE_CARD, device=device):
-        raise YimiError("card_closed", "this payment card was already answered")
+        raise YimiError("card_closed", "this payment card was already answered or has expired")
     auth.refresh_from_db()
     log_event("payment_answered", authorization_id=str(auth.id), answer=answer)
     return auth
@@ -274,23 +301,33 @@ def _close_intent(auth: PaymentAuthorization, state: str, reason: str) -> None:
     record_gateway_receipt(auth.call_id, "cancelled", reason)
 
 
-def expire_authorization(auth: PaymentAuthorization) -> bool:
+def _due(now: datetime) -> Q:
+    """An authorization past its end at ``now``: a card nobody answered in time, or an
+    authorization nobody used within its 60 s."""
+    return Q(state=PaymentAuthorization.State.PENDING, card_expires_at__lte=now) | Q(
+        state=PaymentAuthorization.State.AUTHORIZED, expires_at__lte=now
+    )
+
+
+def expire_authorization(auth: PaymentAuthorization, now: datetime | None = None) -> bool:
+    """Close one authorization past its end: a conditional UPDATE that checks again, on
+    the row as it is now, that it is still pending or authorized *and* past its end. An
+    answer, an undo or a use that got there first wins (nothing changes, False): an
+    approval is never expired after it was accepted. Otherwise the intent is cancelled
+    with a ``cancelled`` receipt."""
+    now = now or timezone.now()
     with transaction.atomic():
-        changed = PaymentAuthorization.objects.filter(
-            id=auth.id, state__in=[PaymentAuthorization.State.PENDING, PaymentAuthorization.State.AUTHORIZED]
-        ).update(state=PaymentAuthorization.State.EXPIRED)
+        changed = PaymentAuthorization.objects.filter(_due(now), id=auth.id).update(state=PaymentAuthorization.State.EXPIRED)
         if changed:
             _close_intent(auth, PaymentIntent.State.CANCELLED, "the payment authorization expired; nothing was paid")
     return bool(changed)
 
 
-def expire_authorizations() -> int:
-    now = timezone.now()
-    due = PaymentAuthorization.objects.filter(
-        Q(state=PaymentAuthorization.State.PENDING, card_expires_at__lte=now)
-        | Q(state=PaymentAuthorization.State.AUTHORIZED, expires_at__lte=now)
-    )
-    return sum(expire_authorization(a) for a in due)
+def expire_authorizations(now: datetime | None = None) -> int:
+    """The sweeper: expire every authorization past its end at ``now`` (each checked again
+    as it is closed, so one answered meanwhile is left alone)."""
+    now = now or timezone.now()
+    return sum(expire_authorization(a, now) for a in PaymentAuthorization.objects.filter(_due(now)))
 
 
 def undo(device: Device, authorization_id: Any, signature: Any, now: datetime | None = None) -> PaymentAuthorization:
@@ -353,6 +390,7 @@ def settle(auth: PaymentAuthorization, receipt: dict[str, Any]) -> Settlement:
     status = receipt.get("status")
     error = str((receipt.get("error") or {}).get("code", "")).upper()
     with transaction.atomic():
+        lock_owner_payments(auth.intent.owner_id)  # before the intent's row: the order open_authorization takes them in
         intent = PaymentIntent.objects.select_for_update().get(id=auth.intent_id)
         if status == "succeeded":
             PaymentIntent.objects.filter(id=intent.id).update(state=PaymentIntent.State.PAID)

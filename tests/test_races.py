@@ -12,14 +12,19 @@ closes its connection at the end, so the test database can be dropped.
 from __future__ import annotations
 
 import threading
+import uuid
 from collections.abc import Callable
+from datetime import timedelta
+from decimal import Decimal
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
 from django.db import connection
+from django.utils import timezone
 
+from accounts.models import AdmissionRecord, User
 from brain.models import Run
 from brain.services import accept_utterance
 from capabilities.mcp_host import runtime
@@ -27,6 +32,8 @@ from capabilities.models import ReceiptRecord, ToolCall
 from capabilities.services import CallRequest, Decision, decide
 from consent import services as consent
 from consent.models import ConsentCard
+from payments import services as payments
+from payments.models import PaymentAuthorization, PaymentIntent, UnlockLease
 from tests.conftest import new_client_id
 from tests.gateway_support import copy_repo_pack, write_pack
 from tests.test_consent import OUTBOX_TOOLS, outbox_manifest
@@ -89,6 +96,13 @@ def phone(make_device: Any, packs: Path) -> Any:
     return make_device("phone")
 
 
+@pytest.fixture
+def no_payment_loop(monkeypatch: Any) -> None:
+    """An auto-payment starts after commit on the server's loop; racers have none (and a
+    loop remembered by an earlier test is closed), so nothing is scheduled."""
+    monkeypatch.setattr("brain.dispatch._main_loop", None)
+
+
 def new_run(sim: Any) -> Run:
     return Run.objects.get(id=accept_utterance(sim.device, new_client_id(), "please").run_id)
 
@@ -132,3 +146,99 @@ def test_concurrent_first_attempts_of_a_call_that_needs_a_card_open_exactly_one_
         assert {d.code for d in decisions if d.decision == "block"} == {"already_waiting"}
         fingerprint = ToolCall.objects.get(id=decisions[0].call_id).fingerprint
         assert ConsentCard.objects.filter(call__fingerprint=fingerprint).count() == 1
+
+
+# --- the payment gate and small auto-pay ---------------------------------------------------------
+
+
+def test_concurrent_spend_calls_never_both_open_an_authorization_on_one_intent(phone: Any, no_payment_loop: None) -> None:
+    for _ in range(ROUNDS):
+        run = new_run(phone)
+        intent = PaymentIntent.objects.create(owner=run.owner, run=run, payee="milk-tea-shop", merchant="奶茶小铺", amount=Decimal("18.00"))
+        pay = partial(decide_call, run, "shop__pay")
+        decisions = race(pay, pay)
+        assert sorted((d.decision, d.code) for d in decisions) == [("ask", "waiting_for_authorization"), ("block", "already_waiting")]
+        assert PaymentAuthorization.objects.filter(intent=intent).count() == 1
+        assert PaymentIntent.objects.get(id=intent.id).state == "authorizing"
+
+
+@pytest.fixture
+def autopay_on(settings: Any, phone: Any, no_payment_loop: None) -> Any:
+    settings.PAYMENTS_VOICE_PAY_ENABLED = True
+    settings.PAYMENTS_AUTOPAY_ENABLED = True
+    UnlockLease.objects.create(device=phone.device, expires_at=timezone.now() + timedelta(minutes=30))
+    return settings
+
+
+def voice_checkout(phone: Any, *, payee: str, amount: str) -> Run:
+    """A run from a spoken request verified by voiceprint, at a checkout that read back
+    ``amount`` for ``payee``, a payee paid days ago (so known)."""
+    if not PaymentIntent.objects.filter(payee=payee, state="paid").exists():
+        earlier = new_run(phone)
+        PaymentIntent.objects.create(owner=earlier.owner, run=earlier, payee=payee, amount=Decimal("10"), state="paid")
+        PaymentIntent.objects.filter(payee=payee, state="paid").update(created_at=timezone.now() - timedelta(days=3))
+    run = new_run(phone)
+    AdmissionRecord.objects.filter(id=run.admission_id).update(channel="voice", reason="voiceprint_verified")
+    PaymentIntent.objects.create(owner=run.owner, run=run, payee=payee, amount=Decimal(amount), budget=Decimal("100"))
+    return run
+
+
+def test_concurrent_small_autopays_never_exceed_the_daily_cap(autopay_on: Any, phone: Any) -> None:
+    """Four auto-payments of 45 to four payees at once: 3 × 45 fit under 150, the fourth
+    goes to the phone as a card. The owner then undoes the three, so the next round starts
+    from nothing again."""
+    # Where it is about noon, so the owner's day cannot end during the test. Etc/GMT-N is N hours ahead of UTC.
+    User.objects.filter(id=phone.device.owner_id).update(time_zone=f"Etc/GMT{timezone.now().hour - 12:+d}")
+    for attempt in range(ROUNDS):
+        runs = [voice_checkout(phone, payee=f"shop-{attempt}-{i}", amount="45") for i in range(4)]
+        decisions = race(*[partial(decide_call, run, "shop__pay") for run in runs])
+        assert [d.decision for d in decisions] == ["ask"] * 4
+        issued = PaymentAuthorization.objects.select_related("intent").filter(intent__run__in=runs)
+        assert sorted(a.method for a in issued) == ["auto", "auto", "auto", "phone_card"]
+        assert payments.autopaid_today(phone.device.owner_id, timezone.now()) == Decimal("135")
+        for auth in issued:
+            if auth.method == "auto":
+                payments.undo(phone.device, auth.id, phone.sign(payments.payment_card_message(auth, "undo")), now=auth.authorized_at)
+        assert payments.autopaid_today(phone.device.owner_id, timezone.now()) == Decimal("0")
+
+
+def test_concurrent_small_autopays_never_pay_one_payee_twice_within_30_minutes(autopay_on: Any, phone: Any) -> None:
+    for attempt in range(NARROW_ROUNDS):  # 20 × 5 stays under the daily cap
+        runs = [voice_checkout(phone, payee=f"payee-{attempt}", amount="5") for _ in range(3)]
+        decisions = race(*[partial(decide_call, run, "shop__pay") for run in runs])
+        assert [d.decision for d in decisions] == ["ask", "ask", "ask"]
+        methods = sorted(PaymentAuthorization.objects.filter(payee=f"payee-{attempt}").values_list("method", flat=True))
+        assert methods == ["auto", "phone_card", "phone_card"]
+
+
+# --- approvals racing the expiry sweeper ----------------------------------------------------------
+
+
+def phone_card(run: Run, amount: str = "18.00") -> PaymentAuthorization:
+    intent = PaymentIntent.objects.create(owner=run.owner, run=run, payee="milk-tea-shop", amount=Decimal(amount))
+    call = ToolCall.objects.create(
+        owner=run.owner, run=run, tool="shop__pay", category="spend", fingerprint=uuid.uuid4().hex, idempotency_key="k", decision="ask"
+    )
+    return payments.open_authorization(intent, call)
+
+
+def test_a_payment_approval_racing_the_expiry_sweeper_is_used_once_or_expired_never_both(phone: Any) -> None:
+    for _ in range(NARROW_ROUNDS):
+        run = new_run(phone)
+        auth = phone_card(run)
+        t0 = timezone.now()
+        PaymentAuthorization.objects.filter(id=auth.id).update(card_expires_at=t0 + timedelta(seconds=30))
+        auth = PaymentAuthorization.objects.select_related("intent").get(id=auth.id)
+        signature = phone.sign(payments.payment_card_message(auth, "approve"))
+        answered, swept = race(
+            lambda auth=auth, signature=signature: payments.answer_card(phone.device, auth.id, "approve", signature).state,
+            partial(payments.expire_authorizations, now=t0 + timedelta(seconds=31)),
+        )
+        # Then the executor uses it, twice (a redelivered task).
+        used = [payments.claim_authorization(auth.id) is not None for _ in range(2)]
+        auth.refresh_from_db()
+        intent = PaymentIntent.objects.get(id=auth.intent_id)
+        if answered == "authorized":
+            assert (auth.state, intent.state, swept, used) == ("used", "paying", 0, [True, False])
+        else:
+            assert (answered, auth.state, intent.state, swept, used) == ("card_closed", "expired", "cancelled", 1, [False, False])
