@@ -11,7 +11,7 @@ Inside scheduled tasks nothing is carded: what would need a card is blocked.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -174,9 +174,11 @@ def answer_card(device: Device, card_id: Any, answer: Any, signature: Any) -> Co
     Steps: 1. the answer and the card must be valid and the card the device owner's;
     2. the signature over the canonical card and answer must be the device's (otherwise
     nothing changes); 3. an expired card is closed as expired; 4. conditional UPDATE
-    ``pending`` → ``approved``/``denied`` (a second or replayed answer finds it closed
-    and changes nothing); 5. denied: a ``cancelled`` receipt; approved: an execution token,
-    and an owner-requested send is remembered for (recipient, task type).
+    ``pending`` → ``approved``/``denied`` that also checks the card has not ended (a
+    second or replayed answer, or one that loses the race to the expiry sweeper, finds it
+    closed: ``card_closed``, nothing changes); 5. denied: a ``cancelled`` receipt;
+    approved: an execution token, and an owner-requested send is remembered for
+    (recipient, task type).
     """
     if answer not in ANSWERS:
         raise YimiError("invalid_frame", "answer must be approve or deny")
@@ -189,7 +191,7 @@ def answer_card(device: Device, card_id: Any, answer: Any, signature: Any) -> Co
         raise YimiError("bad_signature", "the answer is not signed by this device over this card")
     now = timezone.now()
     if card.state == ConsentCard.State.PENDING and card.expires_at <= now:
-        expire_card(card)
+        expire_card(card, now)
         raise YimiError("card_expired", "this card has expired; nothing was done")
     new_state = ConsentCard.State.APPROVED if answer == "approve" else ConsentCard.State.DENIED
     with transaction.atomic():
@@ -223,20 +225,27 @@ def _cancel_call(card: ConsentCard, reason: str) -> None:
     record_gateway_receipt(card.call_id, "cancelled", reason)
 
 
-def expire_card(card: ConsentCard) -> bool:
+def expire_card(card: ConsentCard, now: datetime | None = None) -> bool:
+    """Close one card past its end: a conditional UPDATE ``pending`` → ``expired`` that
+    checks again, on the row as it is now, that it is still pending and past its end at
+    ``now``. An answer that got there first wins (nothing changes, False): an approved card
+    is never expired, so it runs once or not at all. Otherwise a ``cancelled`` receipt."""
+    now = now or timezone.now()
     with transaction.atomic():
-        changed = ConsentCard.objects.filter(id=card.id, state=ConsentCard.State.PENDING).update(
-            state=ConsentCard.State.EXPIRED, answered_at=timezone.now()
+        changed = ConsentCard.objects.filter(id=card.id, state=ConsentCard.State.PENDING, expires_at__lte=now).update(
+            state=ConsentCard.State.EXPIRED, answered_at=now
         )
         if changed:
             _cancel_call(card, "the card expired without an answer; not executed")
     return bool(changed)
 
 
-def expire_cards() -> int:
-    """Close every pending card past its expiry with a ``cancelled`` receipt."""
-    due = ConsentCard.objects.filter(state=ConsentCard.State.PENDING, expires_at__lte=timezone.now())
-    return sum(expire_card(card) for card in due)
+def expire_cards(now: datetime | None = None) -> int:
+    """The sweeper: close every pending card past its end at ``now`` with a ``cancelled``
+    receipt (each checked again as it is closed, so one answered meanwhile is left alone)."""
+    now = now or timezone.now()
+    due = ConsentCard.objects.filter(state=ConsentCard.State.PENDING, expires_at__lte=now)
+    return sum(expire_card(card, now) for card in due)
 
 
 def revoke_remembered(consent_id: Any) -> bool:
@@ -248,9 +257,17 @@ def revoke_remembered(consent_id: Any) -> bool:
 
 def claim_execution(card_id: Any) -> ConsentCard | None:
     """Take the card's execution token (``ready`` → ``executing``). Only one caller ever
-    gets it: a second approval, a replayed answer or a racing worker gets None."""
+    gets it: a second approval, a replayed answer or a racing worker gets None.
+
+    One conditional UPDATE whose ``state = ready`` is a condition on the token row itself.
+    (Filtering through the card, ``card__state``, would make Django write ``UPDATE ...
+    WHERE id IN (SELECT ... JOIN card ... WHERE state = 'ready')``: PostgreSQL re-checks
+    a row that a concurrent claim just updated against that subquery's old snapshot, so
+    two workers waiting on each other would both claim it.) The card's approval is checked
+    through a subquery on the card alone; an approved card never changes state again."""
+    approved = ConsentCard.objects.filter(id=uuid_or_nil(card_id), state=ConsentCard.State.APPROVED).values("id")
     claimed = ExecutionToken.objects.filter(
-        card_id=uuid_or_nil(card_id), state=ExecutionToken.State.READY, card__state=ConsentCard.State.APPROVED
+        card_id=uuid_or_nil(card_id), state=ExecutionToken.State.READY, card_id__in=approved
     ).update(state=ExecutionToken.State.EXECUTING, claimed_at=timezone.now())
     if claimed != 1:
         return None

@@ -292,7 +292,9 @@ def test_a_second_or_replayed_approval_changes_nothing(phone: Any) -> None:
 # --- exactly once ---------------------------------------------------------------------------------
 
 
-async def test_two_racing_workers_execute_an_approved_card_once(phone: Any, brain: Any, settings: Any) -> None:
+async def test_executing_an_approved_card_again_is_skipped(phone: Any, brain: Any, settings: Any) -> None:
+    """Executions one after another (``database_sync_to_async`` runs these on one thread
+    and one connection); workers racing on their own connections are in test_races.py."""
     run = await db_async(new_run)(phone)
     asked = await db_async(call)(run, "outbox__send", to="xiaolin", text="hi", owner_requested=True)
     await db_async(approve)(phone, asked.card_id)

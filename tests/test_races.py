@@ -11,6 +11,7 @@ closes its connection at the end, so the test database can be dropped.
 
 from __future__ import annotations
 
+import json
 import threading
 import uuid
 from collections.abc import Callable
@@ -21,18 +22,22 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from asgiref.sync import async_to_sync
 from django.db import connection
 from django.utils import timezone
 
 from accounts.models import AdmissionRecord, User
 from brain.models import Run
 from brain.services import accept_utterance
+from capabilities.client import call_tool
 from capabilities.mcp_host import runtime
 from capabilities.models import ReceiptRecord, ToolCall
 from capabilities.services import CallRequest, Decision, decide
 from consent import services as consent
+from consent.execution import execute_approved
 from consent.models import ConsentCard
 from payments import services as payments
+from payments.execution import execute_payment
 from payments.models import PaymentAuthorization, PaymentIntent, UnlockLease
 from tests.conftest import new_client_id
 from tests.gateway_support import copy_repo_pack, write_pack
@@ -242,3 +247,69 @@ def test_a_payment_approval_racing_the_expiry_sweeper_is_used_once_or_expired_ne
             assert (auth.state, intent.state, swept, used) == ("used", "paying", 0, [True, False])
         else:
             assert (answered, auth.state, intent.state, swept, used) == ("card_closed", "expired", "cancelled", 1, [False, False])
+
+
+def test_a_consent_approval_racing_the_expiry_sweeper_is_executed_once_or_expired_never_both(phone: Any, brain: Any, settings: Any) -> None:
+    run = new_run(phone)
+    for attempt in range(NARROW_ROUNDS):
+        asked = decide_call(run, "outbox__send", to=f"friend-{attempt}", text="hi")
+        t0 = timezone.now()
+        ConsentCard.objects.filter(id=asked.card_id).update(expires_at=t0 + timedelta(seconds=30))
+        card = ConsentCard.objects.get(id=asked.card_id)
+        signature = phone.sign(consent.card_message(card, "approve"))
+        # The owner approves just before the card's end, while the sweeper, whose clock
+        # already says it has ended, closes it.
+        answered, swept = race(
+            lambda card=card, signature=signature: consent.answer_card(phone.device, card.id, "approve", signature).state,
+            partial(consent.expire_cards, now=t0 + timedelta(seconds=31)),
+        )
+        # Then the executor runs it, twice (a redelivered task).
+        outcomes = [async_to_sync(execute_approved)(card.id) for _ in range(2)]
+        card.refresh_from_db()
+        times_sent = sent(settings).count(f"send friend-{attempt}")
+        if answered == "approved":
+            assert (card.state, swept, outcomes, times_sent) == ("approved", 0, ["succeeded", "skipped"], 1)
+            assert latest_receipt(asked.call_id).status == "succeeded"
+        else:
+            assert (answered, card.state, swept, outcomes, times_sent) == ("card_closed", "expired", 1, ["skipped", "skipped"], 0)
+            assert latest_receipt(asked.call_id).status == "cancelled"
+
+
+# --- exactly-once execution ---------------------------------------------------------------------
+
+
+def test_three_workers_on_their_own_connections_execute_an_approved_card_once(phone: Any, brain: Any, settings: Any) -> None:
+    run = new_run(phone)
+    for attempt in range(NARROW_ROUNDS):
+        asked = decide_call(run, "outbox__send", to=f"friend-{attempt}", text="hi")
+        card = ConsentCard.objects.get(id=asked.card_id)
+        consent.answer_card(phone.device, card.id, "approve", phone.sign(consent.card_message(card, "approve")))
+        execute = partial(async_to_sync(execute_approved), card.id)
+        assert sorted(race(execute, execute, execute)) == ["skipped", "skipped", "succeeded"]
+        assert sent(settings).count(f"send friend-{attempt}") == 1
+        record = latest_receipt(asked.call_id)
+        assert (record.status, record.revision, record.written_by_gateway) == ("succeeded", 2, False)
+
+
+def test_three_workers_on_their_own_connections_pay_with_one_authorization_once(phone: Any, brain: Any, settings: Any) -> None:
+    store = Path(settings.DATA_DIR) / "packs" / "shop" / "store.json"
+    for attempt in range(NARROW_ROUNDS):
+        run = new_run(phone)
+
+        async def to_checkout(run: Run = run) -> Any:
+            await call_tool(str(run.id), "", "shop__add_to_cart", {"item": "珍珠奶茶", "quantity": 1})
+            return (await call_tool(str(run.id), "", "shop__checkout", {"owner_requested": True})).receipt
+
+        assert async_to_sync(to_checkout)()["status"] == "succeeded"
+        intent = PaymentIntent.objects.get(run=run)
+        # The pay call as the gateway records it when it asks (see the gateway's own tests).
+        call = ToolCall.objects.create(
+            owner=run.owner, run=run, tool="shop__pay", category="spend", fingerprint=uuid.uuid4().hex, idempotency_key="k", decision="ask"
+        )
+        auth = payments.open_authorization(intent, call)
+        auth = PaymentAuthorization.objects.select_related("intent").get(id=auth.id)
+        payments.answer_card(phone.device, auth.id, "approve", phone.sign(payments.payment_card_message(auth, "approve")))
+        pay = partial(async_to_sync(execute_payment), auth.id)
+        assert sorted(race(pay, pay, pay)) == ["paid", "skipped", "skipped"]
+        assert len(json.loads(store.read_text())["orders"]) == attempt + 1
+        assert PaymentIntent.objects.get(id=intent.id).state == "paid"
