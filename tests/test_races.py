@@ -36,6 +36,9 @@ from capabilities.services import CallRequest, Decision, decide
 from consent import services as consent
 from consent.execution import execute_approved
 from consent.models import ConsentCard
+from memory import assertions
+from memory.assertions import CommitRequest, Dependency
+from memory.models import Assertion, AssertionDependency, MemoryReceipt
 from payments import services as payments
 from payments.execution import execute_payment
 from payments.models import PaymentAuthorization, PaymentIntent, UnlockLease
@@ -313,3 +316,43 @@ def test_three_workers_on_their_own_connections_pay_with_one_authorization_once(
         assert sorted(race(pay, pay, pay)) == ["paid", "skipped", "skipped"]
         assert len(json.loads(store.read_text())["orders"]) == attempt + 1
         assert PaymentIntent.objects.get(id=intent.id).state == "paid"
+
+
+# --- memory ------------------------------------------------------------------------------------------
+
+
+def commit(owner: Any, text: str, *, deps: tuple[tuple[str, int], ...] = ()) -> assertions.CommitResult:
+    return assertions.commit(
+        CommitRequest(
+            owner_id=owner.pk, request_id=uuid.uuid4().hex, predicate="preference.food", payload={"text": text},
+            expected_version=0, depends_on=tuple(Dependency(uuid.UUID(a), v) for a, v in deps), actor="agent",
+        )
+    )
+
+
+def test_forgetting_a_while_b_is_committed_on_a_leaves_no_live_dependent_of_a_forgotten_assertion(owner: Any) -> None:
+    for attempt in range(ROUNDS):
+        a = commit(owner, f"a {attempt}").assertion_id
+        forgot, concluded = race(
+            partial(assertions.forget, owner.pk, a, request_id=f"forget-{attempt}"),
+            partial(commit, owner, f"b {attempt}", deps=((a, 1),)),
+        )
+        assert Assertion.objects.get(id=a).state == "forgotten"
+        if concluded == "forgotten":  # the forget went first: B was refused
+            assert [f["id"] for f in forgot.forgotten] == [a]
+        else:  # B went first: the forget took it along
+            assert sorted(f["id"] for f in forgot.forgotten) == sorted([a, concluded.assertion_id])
+        live_on_forgotten = AssertionDependency.objects.filter(downstream__state="active", upstream__state="forgotten")
+        assert not live_on_forgotten.exists()
+
+
+def test_concurrent_retries_of_one_forget_write_one_result(owner: Any) -> None:
+    for attempt in range(ROUNDS):
+        a = commit(owner, f"a {attempt}").assertion_id
+        commit(owner, f"b {attempt}", deps=((a, 1),))
+        retry = partial(assertions.forget, owner.pk, a, request_id=f"net-retry-{attempt}")
+        results = race(retry, retry, retry)
+        assert sorted(r.replayed for r in results) == [False, True, True]
+        assert len({json.dumps(r.payload() | {"replayed": None}, sort_keys=True) for r in results}) == 1
+        assert MemoryReceipt.objects.filter(owner=owner, request_id=f"net-retry-{attempt}").count() == 1
+        assert results[0].versions_erased == 2
