@@ -219,8 +219,11 @@ def _duplicate_or_unchecked(owner_id: int, fingerprint: str, tool: ToolDecl, mod
     """Step 4 of ``decide``: for a ``retry=forbidden`` tool, the same call (by
     fingerprint: tool and every argument) already succeeded (``already_succeeded``) or is
     running now (``already_running``: see ``_running``); for any tool, the target is held
-    after an unknown (``_unchecked_target``)."""
-    if tool.retry == "forbidden":
+    after an unknown (``_unchecked_target``). A ``spend`` call is not matched by
+    fingerprint: its arguments do not name the payment (the intent and authorization are
+    injected), so every payment would look like the first one; the payment authority
+    pays each one-shot authorization once instead."""
+    if tool.retry == "forbidden" and tool.resolve_category(model_args) != "spend":
         last = (
             ReceiptRecord.objects.filter(owner_id=owner_id, call_fingerprint=fingerprint, written_by_gateway=False)
             .only("status", "created_at")

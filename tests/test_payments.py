@@ -161,6 +161,25 @@ async def test_phone_card_authorizes_one_payment_that_is_paid_once(phone: Any, b
     await comm.disconnect()
 
 
+async def test_a_second_order_can_be_paid_after_the_first_was(phone: Any, brain: Any, settings: Any) -> None:
+    """A payment's arguments do not name the payment (the intent and authorization are
+    injected), so one paid order must not make every later ``shop__pay`` look like a
+    repeat of it: each new request asks for its own authorization."""
+    script(brain, match="payment the owner asked for has ended", reply="付好了。")
+    first = await db_async(new_run)(phone)
+    await to_checkout(first)
+    pay, _ = await run_tool(first, "shop__pay")
+    auth = await db_async(PaymentAuthorization.objects.get)(call_id=pay.call_id)
+    await db_async(answer)(phone, auth.id)
+    await execute_payment(auth.id)
+    assert (await db_async(PaymentIntent.objects.get)()).state == "paid"
+    second = await db_async(new_run)(phone)
+    await to_checkout(second)
+    again, _ = await run_tool(second, "shop__pay")
+    assert again.decision == "ask", again.model_text
+    assert await db_async(PaymentAuthorization.objects.filter(call_id=again.call_id).exists)()
+
+
 async def test_an_authorization_is_refused_after_60_seconds(phone: Any) -> None:
     run = await db_async(new_run)(phone)
     await to_checkout(run)
