@@ -157,7 +157,7 @@ async def stop_embedded_sweeper() -> None:
 async def _sweep_forever() -> None:
     from brain.recovery import recover_runs
     from brain.reminders import fire_due_reminders
-    from consent.services import expire_cards
+    from consent.services import expire_cards, settle_interrupted_executions
     from payments.services import expire_authorizations
 
     loop = asyncio.get_running_loop()
@@ -169,6 +169,7 @@ async def _sweep_forever() -> None:
                 await recover_runs()
             await sync_to_async(fire_due_reminders)()
             await sync_to_async(expire_cards)()
+            await sync_to_async(settle_interrupted_executions)()  # as beat's consent.tasks.expire_cards
             await sync_to_async(expire_authorizations)()
         except Exception as exc:  # noqa: BLE001 - the sweeper must outlive one bad round
             log_event("embedded_sweep_failed", error=type(exc).__name__)

@@ -21,6 +21,7 @@ from brain.runner import execute_run
 from brain.services import claim_run
 from memory.models import TimelineEntry
 from tests.conftest import db_async, open_socket, script
+from tests.test_consent import packs, phone  # noqa: F401 - fixtures: the outbox pack, a phone
 from tests.test_runs import age_run, utter
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -105,3 +106,26 @@ async def test_the_embedded_sweeper_recovers_and_expires_runs_and_fires_reminder
     notices = await db_async(lambda: sorted(TimelineEntry.objects.filter(kind="notice").values_list("notice_code", flat=True)))()
     assert notices == ["reminder", "run_expired", "run_expired"]
     assert (await run_state(stranded.run_id)).attempts == 1
+
+
+async def test_the_embedded_sweeper_settles_an_interrupted_consent_execution(embedded_sweeper: None, phone: Any, settings: Any) -> None:  # noqa: F811
+    """A web process that died while executing an approved card leaves its token
+    ``executing``: the sweeper records the action ``unknown`` (check first), as beat's
+    ``consent.tasks.expire_cards`` does with a broker, and never runs it again."""
+    from capabilities.models import ReceiptRecord
+    from consent.models import ExecutionToken
+    from tests.test_consent import approve, call, new_run
+
+    asked = await db_async(lambda: call(new_run(phone), "outbox__send", to="xiaolin", text="hi"))()
+    card = await db_async(approve)(phone, asked.card_id)
+    # As a process that claimed the execution and died would leave it, long enough ago.
+    long_ago = timezone.now() - timedelta(seconds=settings.PACK_CALL_TIMEOUT_SECONDS + 120)
+    await db_async(lambda: ExecutionToken.objects.filter(card=card).update(state=ExecutionToken.State.EXECUTING, claimed_at=long_ago, outcome=""))()
+    comm, _ = await open_socket(phone)  # the first connection starts the sweeper
+    try:
+        settled = await poll("the settled token", lambda: db_async(ExecutionToken.objects.filter(card=card, outcome="unknown").first)())
+    finally:
+        await comm.disconnect()
+    assert settled.state == ExecutionToken.State.DONE
+    latest = await db_async(lambda: ReceiptRecord.objects.filter(call_id=asked.call_id).order_by("-revision").first())()
+    assert (latest.status, latest.written_by_gateway, latest.receipt["next"]["retry"]) == ("unknown", True, "after_check")
