@@ -130,7 +130,7 @@ def main() -> None:
     import importlib.util
     import threading
 
-    from devices.catalog import parse_catalog
+    from brain.catalog import parse_catalog
     from devices.voice.engines import SpeakerEmbedder
     from devices.voice.probe import build
     from devices.voice.session import VoiceSession

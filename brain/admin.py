@@ -1,6 +1,7 @@
 from django.contrib import admin
 
 from accounts.owner_admin import OwnerContentAdmin
+from brain import catalog_admin  # noqa: F401  (registers the local-models settings page)
 from brain.models import Run
 
 

@@ -5,7 +5,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from accounts.owner_admin import OwnerContentAdmin
-from devices.models import Delivery, Device, PairingCode
+from devices.models import Delivery, Device, PairingCode, VoiceUtterance
 from devices.services import issue_pairing_code, revoke_device
 
 
@@ -60,10 +60,6 @@ class DeliveryAdmin(OwnerContentAdmin):
 
     def has_change_permission(self, request: HttpRequest, obj: Delivery | None = None) -> bool:
         return False
-
-
-from devices import catalog_admin  # noqa: E402,F401  (registers the local-models settings page)
-from devices.models import VoiceUtterance  # noqa: E402
 
 
 @admin.register(VoiceUtterance)

@@ -27,6 +27,7 @@ from redis.exceptions import RedisError
 from accounts.identity import instance_public_key_b64, sign_as_instance
 from accounts.models import Scope
 from accounts.services import device_scope_limit
+from brain import catalog, model_settings
 from brain.dispatch import dispatch_card_execution, dispatch_payment, dispatch_run, ensure_embedded_sweeper
 from brain.services import accept_utterance
 from devices import services as device_services
@@ -378,7 +379,6 @@ class DeviceConsumer(AsyncWebsocketConsumer):
 
     async def _on_model_catalog(self, frame: dict[str, Any]) -> None:
         """The local models a device may switch to, with the digests a switch signs."""
-        from devices import catalog, model_settings
 
         def listing() -> list[dict[str, Any]]:
             rows = []
@@ -397,12 +397,10 @@ class DeviceConsumer(AsyncWebsocketConsumer):
         await self._send({"type": "model.catalog", "id": frame.get("id"), "models": await database_sync_to_async(listing)()})
 
     async def _on_model_switch(self, frame: dict[str, Any]) -> None:
-        """A switch signed on this device (``devices.model_settings.model_switch_message``)."""
-        from devices.model_settings import SignedSwitch, switch_model
-
+        """A switch signed on this device (``brain.model_settings.model_switch_message``)."""
         assert self.device is not None
         payload = {**frame, "device_id": str(self.device.id)}
-        row = await database_sync_to_async(lambda: switch_model(SignedSwitch.from_payload(payload)))()
+        row = await database_sync_to_async(lambda: model_settings.switch_model(model_settings.SignedSwitch.from_payload(payload)))()
         await self._send({
             "type": "model.switch.ok", "id": frame.get("id"), "kind": row.kind, "state": row.state,
             "selected": row.selected_key, "effective": row.effective_key, "previous": row.previous_key,

@@ -1,10 +1,12 @@
 """Text embeddings for recall's vector list: the interface, a test embedder, the index.
 
 An embedding model comes from the local model catalog: once a switch's index rebuild has
-finished (``devices.vector_index``, which stores its vectors here), the catalog's effective
-embedding model is recall's embedder. ``settings.YIMI_EMBEDDING_MODEL`` can name a
-registered embedder instead (tests, benchmarks). Without either, recall uses keyword search
-alone. Nothing here downloads anything.
+finished (``brain.vector_index``, which stores its vectors here), the catalog's effective
+embedding model is recall's embedder. The catalog is the model authority's (``brain``, a
+layer above, which memory never imports): brain registers it here when Django starts
+(``register_catalog_embedder``). ``settings.YIMI_EMBEDDING_MODEL`` can name a registered
+embedder instead (tests, benchmarks). Without either, recall uses keyword search alone.
+Nothing here downloads anything.
 
 ``HashingEmbedder`` is a real but tiny embedder for tests and benchmarks: character
 unigrams and bigrams hashed (BLAKE2b) into signed buckets, L2-normalized. Texts sharing
@@ -82,23 +84,18 @@ _FACTORIES: dict[str, Callable[[], Embedder]] = {HashingEmbedder.name: HashingEm
 
 
 def register_embedder(name: str, factory: Callable[[], Embedder]) -> None:
-    """Make an embedding model available under ``name`` (called by the model catalog)."""
+    """Make an embedding model available under ``name`` (for ``settings.YIMI_EMBEDDING_MODEL``)."""
     _FACTORIES[name] = factory
 
 
-class CatalogEmbedder:
-    """The local model catalog's embedding model, served by its own runtime
-    (``devices.vector_index.embed_texts``); vectors are stored under ``model@version``."""
+# The catalog's effective embedding model, or None: ``brain.vector_index.effective_embedder``.
+_CATALOG_EMBEDDER: list[Callable[[], Embedder | None]] = []
 
-    def __init__(self, entry: Any) -> None:
-        self.entry = entry
-        self.name = entry.key
-        self.dim = int(entry.metadata["dim"])
 
-    def embed(self, texts: Sequence[str]) -> list[list[float]]:
-        from devices.vector_index import embed_texts
-
-        return [list(map(float, row)) for row in embed_texts(self.entry, list(texts))]
+def register_catalog_embedder(provider: Callable[[], Embedder | None]) -> None:
+    """Called from the model authority's ``AppConfig.ready`` (``brain``): ``provider`` gives
+    the local catalog's effective embedding model, or None when there is none."""
+    _CATALOG_EMBEDDER[:] = [provider]
 
 
 def configured_embedder() -> Embedder | None:
@@ -106,13 +103,7 @@ def configured_embedder() -> Embedder | None:
     embedding model (effective only once its index was rebuilt); else None (keyword only)."""
     name = getattr(settings, "YIMI_EMBEDDING_MODEL", "") or ""
     if not name:
-        from devices import model_settings
-
-        try:
-            entry = model_settings.effective_entry("embedding")
-        except Exception:  # noqa: BLE001 - no catalog, or an unreadable one: keyword only
-            return None
-        return CatalogEmbedder(entry) if entry is not None else None
+        return _CATALOG_EMBEDDER[0]() if _CATALOG_EMBEDDER else None
     factory = _FACTORIES.get(name)
     if factory is None:
         log_event("embedding_model_unknown", model=name)

@@ -44,7 +44,7 @@ OWNER_CONTENT_PAGES = [
     "/admin/devices/pairingcode/",
     "/admin/devices/delivery/",
     "/admin/devices/voiceutterance/",
-    "/admin/devices/modelselection/",
+    "/admin/brain/modelselection/",
     "/admin/accounts/admissionrecord/",
     "/admin/accounts/voiceprintenrollment/",
     "/admin/accounts/channelthreshold/",

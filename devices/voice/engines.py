@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 from django.conf import settings
 
-from devices.catalog import CatalogEntry, check_entry, verify_files
+from brain.catalog import CatalogEntry, check_entry, verify_files
 from devices.voice.audio import SAMPLE_RATE
 from devices.voice.probe import build
 from yimi_project.errors import YimiError

@@ -21,8 +21,8 @@ from accounts import voiceprint
 from accounts.models import VoiceCall
 from accounts.voice import SpeakerDecision
 from accounts.voiceprint import EnrollmentSegment, LearningOutcome
+from brain import model_settings
 from brain.services import AcceptedUtterance, accept_voice_utterance
-from devices import model_settings
 from devices.models import Device, VoiceUtterance
 from devices.voice import config, engines
 from devices.voice.session import Utterance, VoiceSession

@@ -10,7 +10,7 @@ Nothing is ever downloaded. Every file's SHA-256 is checked against the trusted 
 before the file is used (``verify_files``), and an ONNX model a native library would load
 is validated with the ``onnx`` package first (``validate_entry``): sherpa-onnx kills the
 process on a model with missing metadata, and Python cannot catch that. Reading and
-checking only; the selection state is ``devices.model_settings``.
+checking only; the selection state is ``brain.model_settings``.
 """
 
 from __future__ import annotations

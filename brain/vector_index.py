@@ -6,17 +6,25 @@ local text-embeddings server serving the catalog's files); Yimi talks to it thro
 OpenAI-compatible ``POST {endpoint}/embeddings``. The index is a derived copy stored in
 memory's vector store (``memory.embeddings``, one row per timeline entry and model), the
 same rows recall searches; a rebuild replaces a model's rows in one transaction.
+
+Once its index is rebuilt, the catalog's effective embedding model is recall's embedder
+(``effective_embedder``, registered with ``memory.embeddings`` in ``BrainConfig.ready``:
+memory sits below brain and never imports it).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import httpx
 import numpy as np
 
-from devices import catalog, model_settings
-from devices.catalog import CatalogEntry
+from accounts.services import get_owner
+from brain import catalog, model_settings
+from brain.catalog import CatalogEntry
+from memory import services as timeline
+from memory.embeddings import model_vectors, replace_model_vectors
 from yimi_project.errors import YimiError
 from yimi_project.logs import log_event
 
@@ -51,8 +59,6 @@ def rebuild_vector_index(model_id: str, version: str) -> str:
             if not model_settings.rebuild_progress(model_id, version, start + len(batch), len(items)):
                 return "superseded"
         if owner_id is not None:
-            from memory.embeddings import replace_model_vectors
-
             replace_model_vectors(owner_id, entry.key, [entry_id for entry_id, _, _ in items], vectors)
     except YimiError as exc:
         model_settings.fail_rebuild(model_id, version, exc)
@@ -65,9 +71,6 @@ def rebuild_vector_index(model_id: str, version: str) -> str:
 
 def _timeline_items() -> tuple[int | None, list[tuple[int, int, str]]]:
     """The owner and their (entry id, seq, text) utterances and replies."""
-    from accounts.services import get_owner
-    from memory import services as timeline
-
     owner = get_owner()
     if owner is None:
         return None, []
@@ -109,9 +112,6 @@ def embed_texts(entry: CatalogEntry, texts: list[str]) -> np.ndarray:
 
 def read_index(entry: CatalogEntry) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
     """(timeline numbers, unit vectors, meta) of a built index; ``index_missing`` if none."""
-    from accounts.services import get_owner
-    from memory.embeddings import model_vectors
-
     owner = get_owner()
     rows = model_vectors(owner.id, entry.key) if owner is not None else []
     if not rows:
@@ -119,3 +119,26 @@ def read_index(entry: CatalogEntry) -> tuple[np.ndarray, np.ndarray, dict[str, A
     seqs = np.array([seq for seq, _ in rows], dtype=np.int64)
     vectors = np.frombuffer(b"".join(bytes(v) for _, v in rows), dtype=np.float32).reshape(len(rows), -1)
     return seqs, vectors, {"model": entry.key, "dim": int(vectors.shape[1]), "count": len(rows)}
+
+
+class CatalogEmbedder:
+    """The local model catalog's embedding model, served by its own runtime
+    (``embed_texts``); vectors are stored under ``model@version``."""
+
+    def __init__(self, entry: CatalogEntry) -> None:
+        self.entry = entry
+        self.name = entry.key
+        self.dim = int(entry.metadata["dim"])
+
+    def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        return [list(map(float, row)) for row in embed_texts(self.entry, list(texts))]
+
+
+def effective_embedder() -> CatalogEmbedder | None:
+    """The catalog's effective embedding model (effective only once its index was rebuilt),
+    or None (keyword only): recall's embedder when ``settings.YIMI_EMBEDDING_MODEL`` names none."""
+    try:
+        entry = model_settings.effective_entry("embedding")
+    except Exception:  # noqa: BLE001 - no catalog, or an unreadable one: keyword only
+        return None
+    return CatalogEmbedder(entry) if entry is not None else None

@@ -1,9 +1,10 @@
-"""The settings page for local models: ``/admin/devices/modelselection/``.
+"""The settings page for local models: ``/admin/brain/modelselection/``.
 
 For each kind it shows the selected, effective and previous versions, what the switch
 is waiting for, progress and errors, and the catalog's entries. A switch is prepared
-here (the canonical message, with a fresh nonce, for one of the owner's devices) and
-takes effect only with that device's signature over it (``model_settings.switch_model``).
+here (the canonical message, with a fresh nonce, for one of the owner's devices, as the
+device authority lists them: ``model_settings.switch_signers``) and takes effect only with
+that device's signature over it (``model_settings.switch_model``).
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 
 from accounts.owner_admin import OwnerContentAdmin
-from devices import catalog, model_settings
-from devices.models import Device, ModelSelection, ModelSwitch
+from brain import catalog, model_settings
+from brain.models import ModelSelection, ModelSwitch
 from yimi_project.errors import YimiError
+from yimi_project.ids import uuid_or_nil
 
 
 @admin.register(ModelSelection)
@@ -37,7 +39,7 @@ class ModelSelectionAdmin(OwnerContentAdmin):
         if request.method == "POST":
             return self._post(request)
         cat = catalog.load_catalog()
-        devices = Device.objects.filter(owner=request.user, revoked_at=None, is_guest=False).order_by("name")
+        devices = model_settings.switch_signers().of_owner(request.user.pk)
         prepared = None
         if request.GET.get("prepare") and request.GET.get("device"):
             prepared = self._prepare(request, cat, devices)
@@ -52,19 +54,22 @@ class ModelSelectionAdmin(OwnerContentAdmin):
             "opts": self.model._meta,
             "recent_switches": ModelSwitch.objects.select_related("device").order_by("-created_at")[:10],
         }
-        return TemplateResponse(request, "admin/devices/local_models.html", context)
+        return TemplateResponse(request, "admin/brain/local_models.html", context)
 
-    def _prepare(self, request: HttpRequest, cat: catalog.Catalog, devices: Any) -> dict[str, Any] | None:
+    def _prepare(
+        self, request: HttpRequest, cat: catalog.Catalog, devices: list[model_settings.SwitchSigner]
+    ) -> dict[str, Any] | None:
         kind, _, key = str(request.GET["prepare"]).partition(":")
         model_id, _, version = key.partition("@")
         entry = cat.find(kind, model_id, version)
-        device = devices.filter(id=request.GET["device"]).first() if _is_uuid(request.GET["device"]) else None
+        wanted = str(uuid_or_nil(request.GET["device"]))
+        device = next((d for d in devices if d.id == wanted), None)
         if entry is None or device is None:
             messages.error(request, "Choose a model from the catalog and one of your devices.")
             return None
         issued_at, nonce = int(time.time()), secrets.token_urlsafe(24)
         message = model_settings.model_switch_message(
-            str(device.id), entry.kind, entry.id, entry.version, entry.digest_summary, issued_at, nonce
+            device.id, entry.kind, entry.id, entry.version, entry.digest_summary, issued_at, nonce
         )
         return {"kind": entry.kind, "model_id": entry.id, "version": entry.version, "device": device,
                 "issued_at": issued_at, "nonce": nonce, "message": message.decode()}
@@ -84,13 +89,3 @@ class ModelSelectionAdmin(OwnerContentAdmin):
             note = model_settings.STATE_NOTES.get(row.state, "")
             messages.success(request, f"{row.kind}: {row.selected_key} selected ({row.state}){' — ' + note if note else ''}.")
         return HttpResponseRedirect(request.path)
-
-
-def _is_uuid(value: str) -> bool:
-    import uuid
-
-    try:
-        uuid.UUID(value)
-    except ValueError:
-        return False
-    return True

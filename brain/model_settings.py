@@ -14,26 +14,30 @@ The only code that writes ``ModelSelection`` and ``ModelSwitch``. Per kind:
   the old model effective and shows the error.
 - ``face``: listed only; switching goes through face enrollment.
 
-A switch must be signed on one of the owner's devices (``model_switch_message``).
+A switch must be signed on one of the owner's devices (``model_switch_message``). Devices
+are the ``devices`` app's, a layer above: it registers the devices that may sign
+(``register_switch_signers``) when Django starts, and this module never imports it.
 """
 
 from __future__ import annotations
 
 import re
 import threading
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from accounts.services import is_owner_device
-from devices import catalog, signatures
-from devices.catalog import CatalogEntry
-from devices.models import Device, ModelSelection, ModelSwitch
+from accounts.voiceprint import enrolled_channels
+from brain import catalog
+from brain.catalog import CatalogEntry
+from brain.models import ModelSelection, ModelSwitch
+from brain.tasks import dispatch_rebuild
 from yimi_project.errors import YimiError
-from yimi_project.ids import uuid_or_nil
 from yimi_project.logs import log_event
 
 RESTART_KINDS = ("asr", "vad", "wake_word")
@@ -46,6 +50,45 @@ def model_switch_message(device_id: str, kind: str, model_id: str, version: str,
     """What the owner's device signs to switch a model. ``digest_summary`` binds the
     signature to the exact files (``CatalogEntry.digest_summary``)."""
     return f"yimi-model-switch-v1\n{device_id}\n{kind}\n{model_id}\n{version}\n{digest_summary}\n{issued_at}\n{nonce}".encode()
+
+
+# --- who may sign: the device authority's answer, registered when Django starts ----------------
+
+
+@dataclass(frozen=True)
+class SwitchSigner:
+    """A device that may sign a switch, as the device authority describes it.
+    ``verify(message, signature)`` checks the device's signature over ``message``."""
+
+    id: str
+    name: str
+    owner_id: int
+    is_guest: bool
+    verify: Callable[[bytes, str], bool] = field(repr=False, compare=False)
+
+
+class SwitchSigners(Protocol):
+    def active(self, device_id: str) -> SwitchSigner | None:
+        """The active (not revoked) device with this id, of any account; None if none."""
+        ...
+
+    def of_owner(self, owner_id: int) -> list[SwitchSigner]:
+        """The account's active, non-guest devices, by name (the settings page offers them)."""
+        ...
+
+
+_SIGNERS: list[SwitchSigners] = []
+
+
+def register_switch_signers(signers: SwitchSigners) -> None:
+    """Called from the ``devices`` app's ``AppConfig.ready``."""
+    _SIGNERS[:] = [signers]
+
+
+def switch_signers() -> SwitchSigners:
+    if not _SIGNERS:
+        raise YimiError("forbidden", "no device authority is installed: nothing can sign a model switch")
+    return _SIGNERS[0]
 
 
 # --- reading --------------------------------------------------------------------------------
@@ -200,7 +243,7 @@ def switch_model(switch: SignedSwitch, *, now: datetime | None = None) -> ModelS
     docstring). An embedding rebuild is dispatched after commit. Any refusal changes nothing.
     """
     now = now or timezone.now()
-    device = Device.objects.filter(id=uuid_or_nil(switch.device_id), revoked_at=None).first()
+    device = switch_signers().active(switch.device_id)
     if device is None:
         raise YimiError("forbidden", "the switch must be signed by one of the owner's active devices")
     if not is_owner_device(device):
@@ -217,30 +260,30 @@ def switch_model(switch: SignedSwitch, *, now: datetime | None = None) -> ModelS
     if entry is None:
         raise YimiError("unknown_model", f"there is no {switch.kind} model {switch.model_id}@{switch.version} in the catalog")
     message = model_switch_message(
-        str(device.id), switch.kind, switch.model_id, switch.version, entry.digest_summary, switch.issued_at, switch.nonce
+        device.id, switch.kind, switch.model_id, switch.version, entry.digest_summary, switch.issued_at, switch.nonce
     )
-    if not signatures.verify(device.public_key, message, switch.signature):
+    if not device.verify(message, switch.signature):
         raise YimiError("bad_signature", "the signature over the model switch does not match the device key")
     catalog.check_entry(entry)
     selection(switch.kind)  # make sure the row exists before locking it
     try:
         with transaction.atomic():
             ModelSwitch.objects.create(
-                kind=switch.kind, model_id=switch.model_id, version=switch.version, device=device,
+                kind=switch.kind, model_id=switch.model_id, version=switch.version, device_id=device.id,
                 issued_at=datetime.fromtimestamp(switch.issued_at, tz=UTC), nonce=switch.nonce,
                 message=message.decode(), signature=switch.signature,
             )
             row = ModelSelection.objects.select_for_update().get(kind=switch.kind)
-            _apply_switch(row, entry, device)
+            _apply_switch(row, entry, device.owner_id)
     except IntegrityError:
         raise YimiError("switch_replayed", "this signed switch was already used") from None
-    log_event("model_switched", kind=switch.kind, model=entry.key, state=row.state, device_id=str(device.id))
+    log_event("model_switched", kind=switch.kind, model=entry.key, state=row.state, device_id=device.id)
     if row.state == State.REBUILDING:
         _dispatch_rebuild_after_commit(entry.id, entry.version)
     return row
 
 
-def _apply_switch(row: ModelSelection, entry: CatalogEntry, device: Device) -> None:
+def _apply_switch(row: ModelSelection, entry: CatalogEntry, owner_id: int) -> None:
     row.selected_id, row.selected_version = entry.id, entry.version
     row.error_code, row.error_message = "", ""
     row.progress_done = row.progress_total = 0
@@ -254,8 +297,7 @@ def _apply_switch(row: ModelSelection, entry: CatalogEntry, device: Device) -> N
         row.state = State.NEEDS_ENROLLMENT
     row.save()
     if row.state == State.NEEDS_ENROLLMENT:
-        _settle_voiceprint(row, device.owner_id)
-
+        _settle_voiceprint(row, owner_id)
 
 
 # --- voiceprint: effective once the channels in use are enrolled again -------------------------
@@ -277,8 +319,6 @@ def _settle_voiceprint(row: ModelSelection, owner_id: int) -> None:
     those enrolled under the selected model as well; 3. progress done/total; 4. all done
     (or none in use) → selected becomes effective, the old one previous. Caller holds the
     row lock."""
-    from accounts.voiceprint import enrolled_channels
-
     in_use = set(enrolled_channels(owner_id, row.effective_key)) if row.effective_key else set()
     done = in_use & set(enrolled_channels(owner_id, row.selected_key))
     row.progress_total, row.progress_done = len(in_use), len(done)
@@ -294,8 +334,6 @@ def _settle_voiceprint(row: ModelSelection, owner_id: int) -> None:
 
 
 def _dispatch_rebuild_after_commit(model_id: str, version: str) -> None:
-    from devices.tasks import dispatch_rebuild
-
     transaction.on_commit(lambda: dispatch_rebuild(model_id, version))
 
 
