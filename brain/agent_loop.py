@@ -24,18 +24,15 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from channels.db import database_sync_to_async
-from channels.layers import get_channel_layer
 from django.conf import settings
 
-from brain import agents
+from brain import agents, reporting
 from brain.client import BrainError, Completion, complete
 from brain.dispatch import keep_claim
 from brain.models import AgentTask, Run
-from capabilities import reporting
 from capabilities.client import ToolOutcome, call_tool
 from capabilities.manifest import load_packs, note_listed_tools
 from capabilities.mcp_host.runtime import on_host_loop
-from devices.services import device_group, owner_group
 from yimi_project.errors import YimiError
 from yimi_project.logs import log_event
 
@@ -93,14 +90,6 @@ def parse_arguments(raw: str) -> dict[str, Any] | None:
     except ValueError:
         return None
     return value if isinstance(value, dict) else None
-
-
-async def send_to_device(device_id: Any, frame: dict[str, Any]) -> None:
-    await get_channel_layer().group_send(device_group(device_id), frame)
-
-
-async def send_to_owner(owner_id: int, frame: dict[str, Any]) -> None:
-    await get_channel_layer().group_send(owner_group(owner_id), frame)
 
 
 # --- the main turn ------------------------------------------------------------------------------

@@ -1,4 +1,17 @@
+import asyncio
+
+from celery.signals import worker_ready
 from django.apps import AppConfig
+
+from capabilities import authorities
+from memory import copies
+from yimi_project import push
+
+
+def _recover_runs_on_worker_start(**_: object) -> None:
+    from brain.recovery import recover_runs
+
+    asyncio.run(recover_runs())
 
 
 class BrainConfig(AppConfig):
@@ -7,8 +20,15 @@ class BrainConfig(AppConfig):
 
     def ready(self) -> None:
         from brain.agents import redact_payload
+        from brain.dispatch import start_payment
+        from brain.execution_tasks import execute_payment_task
+        from brain.services import run_binding
         from brain.vector_index import effective_embedder
-        from memory import copies, embeddings
+        from memory import embeddings
 
         copies.register("brain", redact_payload)  # forgetting redacts the copies in this app's tables
         embeddings.register_catalog_embedder(effective_embedder)  # recall embeds with the catalog's model
+        authorities.register_run_binder(run_binding)  # the gateway binds each call to its run
+        push.register_starter(execute_payment_task.name, start_payment)  # an auto-payment, once authorized
+        # A Celery worker recovers the runs a dead worker left (brain.recovery) when it is ready.
+        worker_ready.connect(_recover_runs_on_worker_start, weak=False, dispatch_uid="brain.recover_runs")

@@ -8,9 +8,14 @@ import contextlib
 import contextvars
 from typing import Any
 
-from asgiref.sync import sync_to_async
+from asgiref.sync import SyncToAsync, sync_to_async
+from channels.db import database_sync_to_async
 from django.conf import settings
 
+from brain.consent_execution import execute_approved
+from brain.reminders import fire_due_reminders
+from consent.services import expire_cards, settle_interrupted_executions
+from payments.services import expire_authorizations
 from yimi_project.logs import log_event
 
 _tasks: set[asyncio.Task] = set()
@@ -47,23 +52,21 @@ async def dispatch_task(task_id: Any) -> None:
 async def dispatch_card_execution(card_id: Any) -> None:
     """Run an approved card's call (exactly once, guarded by its execution token)."""
     if uses_broker():
-        from consent.tasks import execute_approved_task
+        from brain.execution_tasks import execute_approved_task
 
         await sync_to_async(execute_approved_task.delay, thread_sensitive=False)(str(card_id))
         return
-    from consent.execution import execute_approved
-
     _keep(asyncio.ensure_future(execute_approved(card_id)))
 
 
 async def dispatch_payment(authorization_id: Any, *, delay: float = 0.0) -> None:
     """Pay with an authorization (after ``delay``: a small auto-payment's undo window)."""
     if uses_broker():
-        from payments.tasks import execute_payment_task
+        from brain.execution_tasks import execute_payment_task
 
         await sync_to_async(lambda: execute_payment_task.apply_async((str(authorization_id),), countdown=delay), thread_sensitive=False)()
         return
-    from payments.execution import execute_payment
+    from brain.payment_execution import execute_payment
 
     async def later() -> None:
         await asyncio.sleep(delay)
@@ -72,30 +75,24 @@ async def dispatch_payment(authorization_id: Any, *, delay: float = 0.0) -> None
     _keep(asyncio.ensure_future(later()))
 
 
-def schedule_payment_after_commit(authorization_id: Any, *, delay: float) -> None:
-    """From synchronous code inside a transaction (the gateway): start the payment once
-    the authorization is committed."""
-    from django.db import transaction
+def start_payment(authorization_id: Any, *, delay: float) -> None:
+    """From synchronous code: start the payment (after ``delay``) on a worker, or on the
+    server's event loop. The payment authority asks for it after its transaction commits
+    (``yimi_project.push.start_after_commit``; registered by ``BrainConfig.ready``)."""
+    if uses_broker():
+        from brain.execution_tasks import execute_payment_task
 
-    def start() -> None:
-        if uses_broker():
-            from payments.tasks import execute_payment_task
-
-            execute_payment_task.apply_async((str(authorization_id),), countdown=delay)
-            return
-        # Called in a sync_to_async thread: asgiref remembers the loop that called it.
-        from asgiref.sync import SyncToAsync
-
-        loop = getattr(SyncToAsync.threadlocal, "main_event_loop", None) or _main_loop
-        if loop is None:
-            log_event("payment_not_scheduled", reason="no event loop in this process")
-            return
-        # A fresh context: the task must not inherit this sync thread's asgiref state.
-        loop.call_soon_threadsafe(
-            lambda: asyncio.ensure_future(dispatch_payment(authorization_id, delay=delay)), context=contextvars.Context()
-        )
-
-    transaction.on_commit(start)
+        execute_payment_task.apply_async((str(authorization_id),), countdown=delay)
+        return
+    # Called in a sync_to_async thread: asgiref remembers the loop that called it.
+    loop = getattr(SyncToAsync.threadlocal, "main_event_loop", None) or _main_loop
+    if loop is None:
+        log_event("payment_not_scheduled", reason="no event loop in this process")
+        return
+    # A fresh context: the task must not inherit this sync thread's asgiref state.
+    loop.call_soon_threadsafe(
+        lambda: asyncio.ensure_future(dispatch_payment(authorization_id, delay=delay)), context=contextvars.Context()
+    )
 
 
 _main_loop: asyncio.AbstractEventLoop | None = None
@@ -111,8 +108,6 @@ async def keep_claim(beat: Any) -> None:
     """Refresh a claim (a run's or a sub-agent task's heartbeat) every
     ``RUN_HEARTBEAT_SECONDS`` (5 s) until ``beat`` says the claim was lost; the caller
     cancels it when the work ends."""
-    from channels.db import database_sync_to_async
-
     while True:
         await asyncio.sleep(settings.RUN_HEARTBEAT_SECONDS)
         if not await database_sync_to_async(beat)():
@@ -156,9 +151,6 @@ async def stop_embedded_sweeper() -> None:
 
 async def _sweep_forever() -> None:
     from brain.recovery import recover_runs
-    from brain.reminders import fire_due_reminders
-    from consent.services import expire_cards, settle_interrupted_executions
-    from payments.services import expire_authorizations
 
     loop = asyncio.get_running_loop()
     last_recovery = loop.time() - settings.RUN_RECOVERY_SECONDS

@@ -13,6 +13,8 @@ from django.conf import settings
 from django.db import IntegrityError, models, transaction
 from django.utils import timezone
 
+from memory.services import append_entry
+from yimi_project import push
 from yimi_project.errors import YimiError
 from yimi_project.logs import log_event
 
@@ -173,8 +175,6 @@ def fire_due_reminders(now: datetime | None = None) -> int:
 
 
 def _fire_one(rid: uuid.UUID, now: datetime) -> int:
-    from memory.services import append_entry
-
     with transaction.atomic():
         claimed = Reminder.objects.filter(id=rid, state=Reminder.State.SCHEDULED).update(
             state=Reminder.State.FIRED, fired_at=now
@@ -190,12 +190,9 @@ def _fire_one(rid: uuid.UUID, now: datetime) -> int:
 
 
 def _announce(owner_id: int, seq: int, text: str) -> None:
-    from devices.services import owner_group, send_to_group
-
-    group = owner_group(owner_id)
     try:
-        send_to_group(group, {"type": "notice", "seq": seq, "code": "reminder", "text": text, "run_id": None, "reply_to_seq": None})
-        send_to_group(group, {"type": "timeline.new", "seq": seq})
+        push.to_owner_sync(owner_id, {"type": "notice", "seq": seq, "code": "reminder", "text": text, "run_id": None, "reply_to_seq": None})
+        push.to_owner_sync(owner_id, {"type": "timeline.new", "seq": seq})
     except Exception as exc:  # noqa: BLE001 - the entry is committed; devices catch up with sync
         log_event("reminder_announce_failed", logging.WARNING, seq=seq, error=type(exc).__name__)
 

@@ -20,7 +20,6 @@ import contextlib
 from typing import Any
 
 from channels.db import database_sync_to_async
-from channels.layers import get_channel_layer
 
 from brain import services
 from brain.agent_loop import main_turn
@@ -28,8 +27,8 @@ from brain.client import BrainError
 from brain.dispatch import dispatch_task, keep_claim
 from brain.models import Run
 from brain.prompts import accept_memory, build_messages, prepare_memory, with_memory
-from devices.services import device_group, owner_group
 from memory.models import TimelineEntry
+from yimi_project import push
 from yimi_project.logs import log_event
 
 
@@ -50,14 +49,13 @@ async def execute_run(run_id: Any) -> str:
     memory = await database_sync_to_async(prepare_memory)(run.owner_id, run.scope, run.inbound.seq)
     messages = with_memory(messages, history, memory)
     beat = asyncio.ensure_future(keep_claim(lambda: services.heartbeat(run)))
-    layer = get_channel_layer()
     sent = 0
     delegated: list = []
 
     async def forward(delta: str) -> None:
         nonlocal sent
-        await layer.group_send(
-            device_group(run.origin_device_id),
+        await push.to_device(
+            run.origin_device_id,
             {"type": "reply.chunk", "run_id": str(run.id), "reply_to_seq": run.inbound.seq, "index": sent, "text": delta},
         )
         sent += 1
@@ -86,7 +84,6 @@ async def execute_run(run_id: Any) -> str:
 
 async def _announce(run: Run, entry: TimelineEntry) -> None:
     """Deliver the outcome to the origin device and tell every device to sync."""
-    layer = get_channel_layer()
     if entry.kind == TimelineEntry.Kind.REPLY:
         frame = {"type": "reply.done", "run_id": str(run.id), "reply_to_seq": run.inbound.seq, "seq": entry.seq, "text": entry.text}
     else:
@@ -98,5 +95,5 @@ async def _announce(run: Run, entry: TimelineEntry) -> None:
             "code": entry.notice_code,
             "text": entry.text,
         }
-    await layer.group_send(device_group(run.origin_device_id), frame)
-    await layer.group_send(owner_group(run.owner_id), {"type": "timeline.new", "seq": entry.seq})
+    await push.to_device(run.origin_device_id, frame)
+    await push.to_owner(run.owner_id, {"type": "timeline.new", "seq": entry.seq})

@@ -6,20 +6,25 @@ the row in another state did not happen, and the caller backs off.
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from accounts.services import admit_text
+from accounts.services import admit_text, admit_voice
+from brain.agents import run_has_active_agents
 from brain.models import Run
-from devices.models import Device
+from capabilities.authorities import RunBinding
 from memory import services as timeline
 from memory.models import TimelineEntry
+
+if TYPE_CHECKING:  # the device that spoke, from the consumer above (devices/)
+    from devices.models import Device
 
 NOTICE_TEXT = {
     "brain_timeout": "I couldn't answer this: my brain did not respond in time. Nothing was answered; please ask again.",
@@ -52,8 +57,6 @@ def accept_voice_utterance(device: Device, client_id: str, text: str, *, scope: 
     """The same for a spoken request, except step 2: the scope was decided from the audio
     (``accounts.voice.decide_speaker``) and is admitted by ``accounts.services.admit_voice``.
     ``client_id`` is the utterance's id, so a resent transcript stores nothing new."""
-    from accounts.services import admit_voice
-
     return _accept(device, client_id, text, lambda: admit_voice(device, scope=scope, reason=reason))
 
 
@@ -89,21 +92,10 @@ def _duplicate(entry: TimelineEntry) -> AcceptedUtterance:
     return AcceptedUtterance(entry=entry, run_id=run_id, duplicate=True)
 
 
-@dataclass(frozen=True)
-class RunBinding:
-    """What the gateway needs to bind a call: the run, its owner, admission and scope."""
-
-    run_id: Any
-    owner_id: int
-    admission_id: Any
-    scope: str
-    active: bool
-    origin: str = "interactive"
-
-
 def run_binding(run_id: Any) -> RunBinding | None:
-    import uuid
-
+    """The gateway's binding of a call to its run (``capabilities.authorities.bind_run``,
+    registered by ``BrainConfig.ready``); None when there is no such run. A run counts as
+    live while its sub-agents work."""
     try:
         key = uuid.UUID(str(run_id))
     except ValueError:
@@ -112,8 +104,6 @@ def run_binding(run_id: Any) -> RunBinding | None:
     if not row:
         return None
     owner_id, admission_id, scope, state, origin = row[0]
-    from brain.agents import run_has_active_agents
-
     active = state in (Run.State.QUEUED, Run.State.RUNNING) or run_has_active_agents(key)
     return RunBinding(key, owner_id, admission_id, scope, active, origin)
 

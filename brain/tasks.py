@@ -43,4 +43,5 @@ def dispatch_rebuild(model_id: str, version: str) -> None:
         rebuild_vector_index_task.apply(args=(model_id, version))
 
 
+from brain.execution_tasks import execute_approved_task, execute_payment_task  # noqa: E402,F401  (registers them)
 from brain.reminder_tasks import fire_due_reminders_task  # noqa: E402,F401  (registers brain.tasks.fire_due_reminders)

@@ -1,5 +1,7 @@
 from django.apps import AppConfig
 
+from memory import copies
+
 
 class CapabilitiesConfig(AppConfig):
     name = "capabilities"
@@ -7,6 +9,5 @@ class CapabilitiesConfig(AppConfig):
 
     def ready(self) -> None:
         from capabilities.services import redact_payload
-        from memory import copies
 
         copies.register("capabilities", redact_payload)  # forgetting redacts the copies in this app's tables

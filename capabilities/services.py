@@ -17,7 +17,8 @@ from django.db import IntegrityError, transaction
 from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
-from brain.services import run_binding
+from capabilities import authorities
+from capabilities.authorities import GateQuestion, RunBinding, Verdict
 from capabilities.manifest import SEPARATOR, ToolDecl, load_packs
 from capabilities.models import ReceiptRecord, ToldFact, ToolCall
 from capabilities.receipts import needs_check, normalize
@@ -106,21 +107,23 @@ def _blocked(code: str, reason: str, **extra: Any) -> Decision:
 def decide(request: CallRequest) -> Decision:
     """Decide one capability call.
 
-    Steps: 1. bind the call to its run through the admission record (no run, or an
-    ended run: block); 2. take the reserved ``owner_requested`` out of the arguments
+    Steps: 1. bind the call to its run through the admission record (brain's binder,
+    ``authorities.bind_run``; no run, or an ended run: block); 2. take the reserved ``owner_requested`` out of the arguments
     and drop any model-supplied trusted field; 3. scope: the pack must list the run's
     scope; 4. duplicates and unknowns: a ``retry=forbidden`` call whose fingerprint
     already succeeded is blocked (``already_succeeded``), and so is one whose identical
     call is running now (``already_running``); one whose last result is unknown/partial
     and needs a check is blocked until the ``check_with`` tool ran; 5. category: resolve
     ``effect``/``effect_by_arg`` (unresolvable: block, no default); 6. gate: observe and
-    workspace go ahead; owner_data, send, account, delete and physical go to the consent
-    authority (allow, ``ask`` with a card, or block; the same action already waiting for
-    a card is ``already_waiting``), spend to the payment authority (a payment whose
-    authorization is already waiting is ``already_waiting`` too), and self_change is
-    blocked with ``releases_authority_missing`` until the release authority exists.
-    Allowed calls get the trusted fields the tool declared in ``context_inject``; if
-    that changed the arguments the result is ``rewrite``. Every decision on a bound run
+    workspace go ahead; the other categories go to the gate their authority registered
+    (``capabilities.authorities``): owner_data, send, account, delete and physical to the
+    consent authority (allow, ``ask`` with a card, or block; the same action already
+    waiting for a card is ``already_waiting``), spend to the payment authority (a payment
+    whose authorization is already waiting is ``already_waiting`` too), and self_change is
+    blocked with ``releases_authority_missing`` until the release authority registers one.
+    Allowed calls get the trusted fields the tool declared in ``context_inject`` (an
+    authority fills in its own, such as the payment intent); if that changed the arguments
+    the result is ``rewrite``. Every decision on a bound run
     is recorded; a block also writes a ``rejected`` receipt, which only the gateway may
     write.
 
@@ -130,7 +133,7 @@ def decide(request: CallRequest) -> Decision:
     second therefore sees the first as recorded: it loses the race at step 4
     (``already_running``) or step 6 (``already_waiting``), never runs or asks twice.
     """
-    binding = run_binding(request.run_id)
+    binding = authorities.bind_run(request.run_id)
     if binding is None:
         return _blocked("no_run", "this call is not bound to any run")
     if not binding.active:
@@ -161,7 +164,7 @@ def decide(request: CallRequest) -> Decision:
 
 
 def _gate(
-    binding: Any, request: CallRequest, tool: ToolDecl, model_args: dict[str, Any], owner_requested: bool,
+    binding: RunBinding, request: CallRequest, tool: ToolDecl, model_args: dict[str, Any], owner_requested: bool,
     overridden: list[str], budget: Any, fingerprint: str,
 ) -> Decision:
     """Steps 4 to 6 of ``decide`` and the recorded call, under the owner's gateway lock."""
@@ -175,44 +178,38 @@ def _gate(
         return _record(binding, request, model_args, owner_requested, decision, tool, fingerprint)
 
     authority = GATE_AUTHORITY[category]
-    if authority == "consent":
-        from consent.services import ConsentQuestion, gate, pending_card_exists
-
-        if pending_card_exists(binding.owner_id, fingerprint):
-            decision = _blocked("already_waiting", "this exact action is already waiting for the owner's confirmation", category=category)
-            return _record(binding, request, model_args, owner_requested, decision, tool, fingerprint)
-
-        question = ConsentQuestion(
-            owner_id=binding.owner_id, origin=binding.origin, category=category, owner_requested=owner_requested,
-            target=tool.target_of(model_args), task_type=tool.task_type, tool=request.tool,
-        )
-        verdict = gate(question)
-        if verdict.kind == "block":
-            decision = _blocked(verdict.code, verdict.reason, category=category)
-        elif verdict.kind == "ask":
-            decision = Decision(ToolCall.Decision.ASK, verdict.code, verdict.reason, category=category, overridden=overridden)
-        else:
-            decision = Decision(ToolCall.Decision.ALLOW, verdict.code, verdict.reason, category=category, overridden=overridden)
-        return _record(binding, request, model_args, owner_requested, decision, tool, fingerprint, question)
-    if authority == "payments":
-        from payments.services import gate as payment_gate
-
-        payment = payment_gate(binding)
-        if payment.kind == "block":
-            decision = _blocked(payment.code, payment.reason, category=category)
-        else:
-            decision = Decision(ToolCall.Decision.ASK, payment.code, payment.reason, category=category, overridden=overridden)
-        return _record(binding, request, model_args, owner_requested, decision, tool, fingerprint, payment.intent)
-    if authority is not None:
+    if authority is None:
+        decision = Decision(ToolCall.Decision.ALLOW, "ok", "allowed", category=category, overridden=overridden)
+        return _record(binding, request, model_args, owner_requested, decision, tool, fingerprint, budget=budget)
+    gate = authorities.gate(authority)
+    if gate is None:
         decision = _blocked(
             f"{authority}_authority_missing",
             f"{category} actions need the {authority} authority, which this platform version does not have yet; not executed",
             category=category,
         )
         return _record(binding, request, model_args, owner_requested, decision, tool, fingerprint)
+    question = GateQuestion(
+        binding=binding, category=category, tool=request.tool, target=tool.target_of(model_args),
+        task_type=tool.task_type, owner_requested=owner_requested, fingerprint=fingerprint,
+    )
+    verdict = gate.decide(question)
+    if verdict.kind == "block":
+        decision = _blocked(verdict.code, verdict.reason, category=category)
+    elif verdict.kind == "ask":
+        decision = Decision(ToolCall.Decision.ASK, verdict.code, verdict.reason, category=category, overridden=overridden)
+    else:
+        decision = Decision(ToolCall.Decision.ALLOW, verdict.code, verdict.reason, category=category, overridden=overridden)
+    return _record(binding, request, model_args, owner_requested, decision, tool, fingerprint, _Asking(gate, question, verdict))
 
-    decision = Decision(ToolCall.Decision.ALLOW, "ok", "allowed", category=category, overridden=overridden)
-    return _record(binding, request, model_args, owner_requested, decision, tool, fingerprint, budget=budget)
+
+@dataclass(frozen=True)
+class _Asking:
+    """The gate a call goes to if its decision is ``ask``, and what it decided."""
+
+    gate: authorities.Gate
+    question: GateQuestion
+    verdict: Verdict
 
 
 def _duplicate_or_unchecked(owner_id: int, fingerprint: str, tool: ToolDecl, model_args: dict[str, Any]) -> Decision | None:
@@ -306,14 +303,14 @@ def _unchecked_target(owner_id: int, tool: ToolDecl, model_args: dict[str, Any])
 
 
 def _record(
-    binding: Any,
+    binding: RunBinding,
     request: CallRequest,
     model_args: dict[str, Any],
     owner_requested: bool,
     decision: Decision,
     tool: ToolDecl | None,
     fingerprint: str | None = None,
-    question: Any = None,
+    asking_gate: _Asking | None = None,
     budget: Any = None,
 ) -> Decision:
     fingerprint = fingerprint or sha256(canonical({"tool": request.tool, "args": model_args}))
@@ -339,21 +336,20 @@ def _record(
             "call_id": str(call.id),
             "idempotency_key": call.idempotency_key,
         }
-        if "payment_intent_id" in tool.context_inject and not asking:
-            # Reaching a checkout: only the owner's own request opens a payment intent;
-            # without one the executor's CheckoutStop refuses to go further.
-            from payments.services import open_intent, set_budget
-
-            intent = open_intent(binding, owner_requested)
-            trusted["payment_intent_id"] = str(intent.id) if intent else ""
-            if intent is not None and budget is not None:
-                set_budget(intent.id, budget)
+        if not asking:
+            # Fields an authority fills in, e.g. a checkout's payment intent: only the
+            # owner's own request opens one (payments/); without one the executor's
+            # CheckoutStop refuses to go further.
+            for name, trusted_field in authorities.trusted_fields().items():
+                if name in tool.context_inject:
+                    trusted[name] = trusted_field.provide(binding, owner_requested, budget)
         final = dict(model_args)
         # Fields only known at execution (a payment authorization) are added then.
         final.update({name: trusted[name] for name in tool.context_inject if name in trusted})
         call.arguments = final  # what runs, now or once the owner approves
         if asking:
-            return _ask(binding, call, decision, question, final)
+            assert asking_gate is not None, "only a gate asks"
+            return _ask(call, decision, asking_gate, final)
         decision.arguments = final
         if final != request.arguments:
             decision.decision = ToolCall.Decision.REWRITE
@@ -375,45 +371,20 @@ def _record(
     return decision
 
 
-def _ask(binding: Any, call: ToolCall, decision: Decision, question: Any, final: dict[str, Any]) -> Decision:
-    """Ask the owner: the call, the consent card (or, for ``spend``, the payment
-    authorization request) and a ``waiting`` receipt commit together; the card goes to
-    the owner's devices after commit. Nothing is executed now."""
-    if decision.category == "spend":
-        return _ask_payment(call, decision, question)
-    from consent.services import open_card, push_card_after_commit
-
+def _ask(call: ToolCall, decision: Decision, asking: _Asking, final: dict[str, Any]) -> Decision:
+    """Ask the owner: the call, its ``waiting`` receipt and what the owner answers (the
+    gate's: a consent card, or for ``spend`` a payment authorization) commit together; the
+    gate sends it to the owner's devices after commit. Nothing is executed now."""
     preview = canonical({k: v for k, v in final.items() if k not in TRUSTED_FIELDS})[:500]
     with transaction.atomic():
         call.save(force_insert=True)
-        card = open_card(call=call, run_id=binding.run_id, q=question, preview=preview, arguments_digest=sha256(canonical(final)))
         _store_gateway_receipt(
-            call, {"receipt_schema": 1, "status": "waiting", "summary": "waiting for your confirmation; not executed",
+            call, {"receipt_schema": 1, "status": "waiting", "summary": asking.gate.waiting_summary,
                    "next": {"retry": "forbidden", "waiting_on": "owner"}},
         )
-        push_card_after_commit(card)
-    decision.card_id = str(card.id)
-    return decision
-
-
-def _ask_payment(call: ToolCall, decision: Decision, intent: Any) -> Decision:
-    from payments.models import PaymentAuthorization
-    from payments.services import open_authorization, push_card_after_commit
-
-    with transaction.atomic():
-        call.save(force_insert=True)
-        _store_gateway_receipt(
-            call, {"receipt_schema": 1, "status": "waiting", "summary": "waiting for your payment authorization; not paid",
-                   "next": {"retry": "forbidden", "waiting_on": "owner"}},
+        decision.card_id = asking.gate.ask(
+            call, asking.question, asking.verdict, preview=preview, arguments_digest=sha256(canonical(final))
         )
-        auth = open_authorization(intent, call)
-        if auth.method == PaymentAuthorization.Method.PHONE_CARD:
-            push_card_after_commit(auth)
-        else:
-            from brain.dispatch import schedule_payment_after_commit
-
-            schedule_payment_after_commit(auth.id, delay=float(settings.PAYMENTS_AUTOPAY_UNDO_SECONDS))
-    decision.card_id = str(auth.id)
     return decision
 
 
@@ -523,7 +494,7 @@ def record_receipt(call_id: Any, result: Any, *, transport_error: str | None = N
     )
     if call is None:
         raise YimiError("unknown_call", "there is no decided call with this id")
-    approved = call.decision == ToolCall.Decision.ASK and _approved_and_executing(call.id)
+    approved = call.decision == ToolCall.Decision.ASK and authorities.approval_in_use(call.id)
     if call.decision not in (ToolCall.Decision.ALLOW, ToolCall.Decision.REWRITE) and not approved:
         raise YimiError("call_not_executed", "this call was not allowed, so it has no tool result")
     tool = load_packs().tool(call.tool)
@@ -558,21 +529,11 @@ def record_receipt(call_id: Any, result: Any, *, transport_error: str | None = N
         if same is None:
             raise YimiError("stale_revision", f"task {task_id} revision {revision} was recorded by another call") from None
         return _replay(same, content_fp)
-    intent_id = call.arguments.get("payment_intent_id") if call.category != "spend" else None
-    if intent_id:
-        from payments.services import checkout_read
-
-        checkout_read(intent_id, receipt)  # what the checkout page said, for the payment authority
+    for name, trusted_field in authorities.trusted_fields().items():
+        value = call.arguments.get(name)
+        if value and trusted_field.on_receipt is not None:
+            trusted_field.on_receipt(call, value, receipt)  # e.g. what the checkout page said, for the payment authority
     return ReceiptOutcome(record, replayed=False)
-
-
-def _approved_and_executing(call_id: Any) -> bool:
-    """An asked call may report a result only while an approval is being used for it: a
-    consent card's execution token, or a payment authorization just used."""
-    from consent.services import execution_in_progress
-    from payments.services import authorization_in_use
-
-    return execution_in_progress(call_id) or authorization_in_use(call_id)
 
 
 def _replay(existing: ReceiptRecord, content_fp: str) -> ReceiptOutcome:

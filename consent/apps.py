@@ -1,12 +1,15 @@
 from django.apps import AppConfig
 
+from capabilities import authorities
+from memory import copies
+
 
 class ConsentConfig(AppConfig):
     name = "consent"
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from consent.services import redact_payload
-        from memory import copies
+        from consent.services import ConsentGate, redact_payload
 
         copies.register("consent", redact_payload)  # forgetting redacts the copies in this app's tables
+        authorities.register_gate("consent", ConsentGate())  # the gateway asks it about consent categories

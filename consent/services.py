@@ -12,23 +12,29 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from capabilities.authorities import GateQuestion, Verdict
+from capabilities.models import ToolCall
+from capabilities.services import canonical, record_gateway_receipt, sha256
 from consent.models import ConsentCard, ExecutionToken, RememberedConsent, RidePermission
-from devices import signatures
-from devices.models import Device
 from memory.copies import ForgottenContent, redacted_text, rows_in_chunks
+from yimi_project import push
 from yimi_project.errors import YimiError
 from yimi_project.ids import uuid_or_nil
 from yimi_project.logs import log_event
 
+if TYPE_CHECKING:  # the caller's device (devices/ is above): only its fields and verify_signature are used
+    from devices.models import Device
+
 DOOR_LOCK_TASK_TYPES = frozenset({"door_lock", "lock"})
 RIDE_TASK_TYPES = frozenset({"ride"})
 ANSWERS = ("approve", "deny")
+CARD_DEVICE_KINDS = ("phone", "glasses")  # Device.Kind values: where consent cards go
 
 
 @dataclass(frozen=True)
@@ -40,13 +46,6 @@ class ConsentQuestion:
     target: str | None
     task_type: str
     tool: str
-
-
-@dataclass(frozen=True)
-class Verdict:
-    kind: str  # "allow", "ask" or "block"
-    code: str
-    reason: str
 
 
 def gate(q: ConsentQuestion) -> Verdict:
@@ -94,7 +93,7 @@ def grant_ride_permission_from_device(device: Device, nonce: str, minutes: Any, 
         raise YimiError("forbidden", "a guest device cannot grant ride permission")
     if isinstance(minutes, bool) or not isinstance(minutes, int):
         raise YimiError("invalid_frame", "minutes must be an integer")
-    if not signatures.verify(device.public_key, ride_permission_message(device.id, nonce, minutes), signature):
+    if not device.verify_signature(ride_permission_message(device.id, nonce, minutes), signature):
         raise YimiError("bad_signature", "the ride permission is not signed by this device")
     return grant_ride_permission(device.owner_id, minutes=minutes, device=device)
 
@@ -159,9 +158,7 @@ def card_frame(card: ConsentCard) -> dict[str, Any]:
 
 def card_devices(owner_id: int) -> list[Any]:
     """Where cards go: the owner's phones and glasses; any owner device if there are none."""
-    from devices.services import owner_devices_preferring
-
-    return owner_devices_preferring(owner_id, (Device.Kind.PHONE, Device.Kind.GLASSES))
+    return push.owner_devices(owner_id, CARD_DEVICE_KINDS)
 
 
 def pending_cards(owner_id: int) -> list[ConsentCard]:
@@ -187,7 +184,7 @@ def answer_card(device: Device, card_id: Any, answer: Any, signature: Any) -> Co
     card = ConsentCard.objects.filter(id=uuid_or_nil(card_id), owner_id=device.owner_id).select_related("call").first()
     if card is None:
         raise YimiError("not_found", "there is no such card")
-    if not signatures.verify(device.public_key, card_message(card, answer), signature):
+    if not device.verify_signature(card_message(card, answer), signature):
         raise YimiError("bad_signature", "the answer is not signed by this device over this card")
     now = timezone.now()
     if card.state == ConsentCard.State.PENDING and card.expires_at <= now:
@@ -220,8 +217,6 @@ def _remember(card: ConsentCard) -> None:
 
 
 def _cancel_call(card: ConsentCard, reason: str) -> None:
-    from capabilities.services import record_gateway_receipt
-
     record_gateway_receipt(card.call_id, "cancelled", reason)
 
 
@@ -290,8 +285,6 @@ def finish_execution(card_id: Any, outcome: str) -> None:
 def settle_interrupted_executions() -> int:
     """An execution whose worker died leaves its token ``executing``: the action may or
     may not have happened, so it is recorded ``unknown`` (check first), never retried."""
-    from capabilities.services import record_gateway_receipt
-
     limit = timezone.now() - timedelta(seconds=settings.PACK_CALL_TIMEOUT_SECONDS + 60)
     settled = 0
     for token in ExecutionToken.objects.filter(state=ExecutionToken.State.EXECUTING, claimed_at__lt=limit).select_related("card"):
@@ -312,20 +305,47 @@ def mark_card_reported(card_id: Any, entry_id: int) -> bool:
 
 def push_card_after_commit(card: ConsentCard) -> None:
     """Send the card to the owner's phone and glasses once the transaction commits."""
-    from devices.services import device_group, send_to_group
-
-    def push() -> None:
-        frame = card_frame(card)
-        for device_id in card_devices(card.owner_id):
-            send_to_group(device_group(device_id), frame)
-
-    transaction.on_commit(push)
+    transaction.on_commit(lambda: push.to_owner_devices_sync(card.owner_id, CARD_DEVICE_KINDS, card_frame(card)))
 
 
 def pending_card_exists(owner_id: int, fingerprint: str) -> bool:
     return ConsentCard.objects.filter(
         owner_id=owner_id, call__fingerprint=fingerprint, state=ConsentCard.State.PENDING, expires_at__gt=timezone.now()
     ).exists()
+
+
+# --- the gate in the gateway ---------------------------------------------------------------------
+
+
+def _consent_question(q: GateQuestion) -> ConsentQuestion:
+    return ConsentQuestion(
+        owner_id=q.binding.owner_id, origin=q.binding.origin, category=q.category, owner_requested=q.owner_requested,
+        target=q.target, task_type=q.task_type, tool=q.tool,
+    )
+
+
+class ConsentGate:
+    """The consent authority's gate (``capabilities.authorities.Gate``), registered by
+    ``ConsentConfig.ready`` for owner_data, send, account, delete and physical calls."""
+
+    waiting_summary = "waiting for your confirmation; not executed"
+
+    def decide(self, question: GateQuestion) -> Verdict:
+        """The same action already waiting for a card is ``already_waiting``; otherwise ``gate``."""
+        if pending_card_exists(question.binding.owner_id, question.fingerprint):
+            return Verdict("block", "already_waiting", "this exact action is already waiting for the owner's confirmation")
+        return gate(_consent_question(question))
+
+    def ask(self, call: ToolCall, question: GateQuestion, verdict: Verdict, *, preview: str, arguments_digest: str) -> str:
+        card = open_card(
+            call=call, run_id=question.binding.run_id, q=_consent_question(question), preview=preview,
+            arguments_digest=arguments_digest,
+        )
+        push_card_after_commit(card)
+        return str(card.id)
+
+    def executing(self, call_id: Any) -> bool:
+        return execution_in_progress(call_id)
 
 
 # --- forgetting -------------------------------------------------------------------------------------
@@ -344,8 +364,6 @@ def redact_payload(owner_id: int, content: ForgottenContent) -> dict[str, int]:
     (outcome ``withdrawn``), each a conditional UPDATE, with a ``cancelled`` receipt for
     the call; a card answered meanwhile keeps its answer. Returns rows changed per place.
     """
-    from capabilities.services import canonical, record_gateway_receipt, sha256
-
     previews = withdrawn = 0
     cards = ConsentCard.objects.filter(owner_id=owner_id).select_related("call", "token").only(
         "id", "preview", "target", "state", "arguments_digest", "call__id", "call__arguments", "token__state"

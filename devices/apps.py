@@ -1,5 +1,7 @@
 from django.apps import AppConfig
 
+from yimi_project import push
+
 
 class DevicesConfig(AppConfig):
     name = "devices"
@@ -7,6 +9,8 @@ class DevicesConfig(AppConfig):
 
     def ready(self) -> None:
         from brain import model_settings
+        from devices.services import owner_devices_preferring
         from devices.switch_signers import DeviceSwitchSigners
 
         model_settings.register_switch_signers(DeviceSwitchSigners())  # who may sign a local-model switch
+        push.register_device_chooser(owner_devices_preferring)  # where cards go (yimi_project.push.owner_devices)

@@ -30,10 +30,13 @@ from accounts.services import device_scope_limit
 from brain import catalog, model_settings
 from brain.dispatch import dispatch_card_execution, dispatch_payment, dispatch_run, ensure_embedded_sweeper
 from brain.services import accept_utterance
+from consent import services as consent
 from devices import services as device_services
 from devices.models import Device
 from devices.signatures import challenge_message
 from memory import services as timeline
+from payments import services as payments
+from yimi_project import push
 from yimi_project.errors import YimiError
 from yimi_project.logs import log_event
 
@@ -158,8 +161,8 @@ class DeviceConsumer(AsyncWebsocketConsumer):
         if self._auth_timer is not None:
             self._auth_timer.cancel()
         if self.device is not None:
-            await self.channel_layer.group_discard(device_services.device_group(self.device.id), self.channel_name)
-            await self.channel_layer.group_discard(device_services.owner_group(self.device.owner_id), self.channel_name)
+            await self.channel_layer.group_discard(push.device_group(self.device.id), self.channel_name)
+            await self.channel_layer.group_discard(push.owner_group(self.device.owner_id), self.channel_name)
 
     # --- inbound frames -----------------------------------------------------------------
 
@@ -227,9 +230,9 @@ class DeviceConsumer(AsyncWebsocketConsumer):
             log_event("ws_auth_failed", reason=exc.code)
             return
         self.device = device
-        await self.channel_layer.group_add(device_services.device_group(device.id), self.channel_name)
+        await self.channel_layer.group_add(push.device_group(device.id), self.channel_name)
         if not device.is_guest:  # owner-wide frames (timeline hints, cards, reminders) skip guests
-            await self.channel_layer.group_add(device_services.owner_group(device.owner_id), self.channel_name)
+            await self.channel_layer.group_add(push.owner_group(device.owner_id), self.channel_name)
         # The scope admission will use (accounts.services.device_scope_limit): a guest device,
         # or a device of any account but the owner's, is admitted as guest.
         limit = await database_sync_to_async(device_scope_limit)(device)
@@ -252,9 +255,6 @@ class DeviceConsumer(AsyncWebsocketConsumer):
         """Cards that were pushed while this device was away, once per connection: open
         consent cards (to phones and glasses) and open payment cards (to phones), each as
         it was first sent."""
-        from consent import services as consent
-        from payments import services as payments
-
         def cards() -> list[dict[str, Any]]:
             if device.is_guest:
                 return []
@@ -289,9 +289,7 @@ class DeviceConsumer(AsyncWebsocketConsumer):
         )
         if not accepted.duplicate:
             await dispatch_run(accepted.run_id)
-            await self.channel_layer.group_send(
-                device_services.owner_group(self.device.owner_id), {"type": "timeline.new", "seq": accepted.entry.seq}
-            )
+            await push.to_owner(self.device.owner_id, {"type": "timeline.new", "seq": accepted.entry.seq})
 
     async def _on_ack(self, frame: dict[str, Any]) -> None:
         assert self.device is not None
@@ -325,10 +323,8 @@ class DeviceConsumer(AsyncWebsocketConsumer):
         await self._send({"type": "pong", "id": frame.get("id")})
 
     async def _on_consent_answer(self, frame: dict[str, Any]) -> None:
-        from consent.services import answer_card
-
         assert self.device is not None
-        card = await database_sync_to_async(answer_card)(
+        card = await database_sync_to_async(consent.answer_card)(
             self.device, frame.get("card_id"), frame.get("answer"), frame.get("signature")
         )
         await self._send({"type": "consent.result", "id": frame.get("id"), "card_id": str(card.id), "state": card.state})
@@ -336,10 +332,8 @@ class DeviceConsumer(AsyncWebsocketConsumer):
             await dispatch_card_execution(card.id)
 
     async def _on_payment_answer(self, frame: dict[str, Any]) -> None:
-        from payments.services import answer_card
-
         assert self.device is not None
-        auth = await database_sync_to_async(answer_card)(
+        auth = await database_sync_to_async(payments.answer_card)(
             self.device, frame.get("authorization_id"), frame.get("answer"), frame.get("signature")
         )
         await self._send({"type": "payment.result", "id": frame.get("id"), "authorization_id": str(auth.id), "state": auth.state})
@@ -347,32 +341,24 @@ class DeviceConsumer(AsyncWebsocketConsumer):
             await dispatch_payment(auth.id)
 
     async def _on_payment_voice_confirm(self, frame: dict[str, Any]) -> None:
-        from payments.services import voice_confirm
-
         assert self.device is not None
-        auth = await database_sync_to_async(voice_confirm)(self.device, frame.get("authorization_id"), frame.get("utterance_seq"))
+        auth = await database_sync_to_async(payments.voice_confirm)(self.device, frame.get("authorization_id"), frame.get("utterance_seq"))
         await self._send({"type": "payment.result", "id": frame.get("id"), "authorization_id": str(auth.id), "state": auth.state})
         await dispatch_payment(auth.id)
 
     async def _on_payment_undo(self, frame: dict[str, Any]) -> None:
-        from payments.services import undo
-
         assert self.device is not None
-        auth = await database_sync_to_async(undo)(self.device, frame.get("authorization_id"), frame.get("signature"))
+        auth = await database_sync_to_async(payments.undo)(self.device, frame.get("authorization_id"), frame.get("signature"))
         await self._send({"type": "payment.result", "id": frame.get("id"), "authorization_id": str(auth.id), "state": auth.state})
 
     async def _on_unlock(self, frame: dict[str, Any]) -> None:
-        from payments.services import grant_unlock_lease
-
         assert self.device is not None
-        lease = await database_sync_to_async(grant_unlock_lease)(self.device, self.nonce, frame.get("signature"))
+        lease = await database_sync_to_async(payments.grant_unlock_lease)(self.device, self.nonce, frame.get("signature"))
         await self._send({"type": "unlock.ok", "id": frame.get("id"), "expires_at": lease.expires_at.isoformat()})
 
     async def _on_ride_permission(self, frame: dict[str, Any]) -> None:
-        from consent.services import grant_ride_permission_from_device
-
         assert self.device is not None
-        permission = await database_sync_to_async(grant_ride_permission_from_device)(
+        permission = await database_sync_to_async(consent.grant_ride_permission_from_device)(
             self.device, self.nonce, frame.get("minutes"), frame.get("signature")
         )
         await self._send({"type": "ride.permission.ok", "id": frame.get("id"), "expires_at": permission.expires_at.isoformat()})

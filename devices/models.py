@@ -5,6 +5,8 @@ import uuid
 from django.conf import settings
 from django.db import models
 
+from devices import signatures
+
 
 class Device(models.Model):
     """A paired device: its kind, its capture channels and its Ed25519 public key."""
@@ -34,6 +36,12 @@ class Device(models.Model):
     @property
     def is_active(self) -> bool:
         return self.revoked_at is None
+
+    def verify_signature(self, message: bytes, signature: object) -> bool:
+        """Whether ``signature`` (base64) was made by this device's key over ``message``.
+        The authorities below devices/ (voice identity, consent, payments) check a device's
+        signed statements through this, without importing devices/."""
+        return signatures.verify(self.public_key, message, signature)
 
 
 class PairingCode(models.Model):

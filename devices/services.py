@@ -12,16 +12,16 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from asgiref.sync import async_to_sync
-from channels.layers import get_channel_layer
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from accounts.services import is_owner
+from capabilities.services import acknowledge_entry
 from devices import signatures
 from devices.models import Delivery, Device, PairingCode, PairingGuessSlot, SignedRequestNonce
 from memory.services import visible_entries
+from yimi_project import push
 from yimi_project.errors import YimiError
 from yimi_project.ids import uuid_or_nil
 from yimi_project.logs import log_event
@@ -31,14 +31,6 @@ CODE_ALPHABET = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 CODE_LENGTH = 8
 CHANNEL_NAME = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 MAX_CAPTURE_CHANNELS = 8
-
-
-def device_group(device_id: Any) -> str:
-    return f"device.{device_id}"
-
-
-def owner_group(owner_id: int) -> str:
-    return f"owner.{owner_id}"
 
 
 def _digest(code: str) -> str:
@@ -320,7 +312,7 @@ def revoke_device(device: Device) -> bool:
     with transaction.atomic():
         changed = Device.objects.filter(id=device.id, revoked_at=None).update(revoked_at=timezone.now())
         if changed:
-            transaction.on_commit(lambda: send_to_group(device_group(device.id), {"type": "device.revoked"}))
+            transaction.on_commit(lambda: push.to_device_sync(device.id, {"type": "device.revoked"}))
     if changed:
         log_event("device_revoked", device_id=str(device.id))
     return bool(changed)
@@ -328,17 +320,11 @@ def revoke_device(device: Device) -> bool:
 
 def owner_devices_preferring(owner_id: int, kinds: tuple[str, ...]) -> list[Any]:
     """Ids of the owner's active, non-guest devices of ``kinds``; all of them if none is of
-    those kinds (so a card is never addressed to nobody)."""
+    those kinds (so a card is never addressed to nobody). Registered as the push seam's
+    device chooser (``yimi_project.push.owner_devices``, ``DevicesConfig.ready``)."""
     devices = list(Device.objects.filter(owner_id=owner_id, revoked_at__isnull=True, is_guest=False).only("id", "kind"))
     preferred = [d.id for d in devices if d.kind in kinds]
     return preferred or [d.id for d in devices]
-
-
-def send_to_group(group: str, message: dict[str, Any]) -> None:
-    """Send a channel-layer message from synchronous code (services, Celery tasks)."""
-    layer = get_channel_layer()
-    if layer is not None:
-        async_to_sync(layer.group_send)(group, message)
 
 
 # --- delivery ---------------------------------------------------------------------------
@@ -360,8 +346,5 @@ def record_delivery(device: Device, seq: Any, status: Any) -> Delivery:
     if entry is None:
         raise YimiError("unknown_entry", f"there is no timeline entry {seq} for this device")
     delivery, _ = Delivery.objects.get_or_create(entry=entry, device=device, status=status)
-    # The facts this reply carried are now told (capabilities owns that ledger).
-    from capabilities.services import acknowledge_entry
-
-    acknowledge_entry(entry.id)
+    acknowledge_entry(entry.id)  # the facts this reply carried are now told (capabilities owns that ledger)
     return delivery

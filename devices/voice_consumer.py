@@ -24,6 +24,7 @@ from devices.voice import audio, config
 from devices.voice import services as voice_services
 from devices.voice.services import SessionStatus
 from devices.voice.session import SAMPLE_RATE, StreamOutput, Utterance, VoiceSession, ms
+from yimi_project import push
 from yimi_project.errors import YimiError
 from yimi_project.logs import log_event
 
@@ -127,7 +128,7 @@ class VoiceConsumer(DeviceConsumer):
     async def _start_run(self, run_id: Any, seq: int) -> None:
         assert self.device is not None
         await dispatch_run(run_id)
-        await self.channel_layer.group_send(device_services.owner_group(self.device.owner_id), {"type": "timeline.new", "seq": seq})
+        await push.to_owner(self.device.owner_id, {"type": "timeline.new", "seq": seq})
 
     # --- control frames ----------------------------------------------------------------------
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal, InvalidOperation
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo
 
 from django.conf import settings
@@ -25,14 +25,29 @@ from django.db import transaction
 from django.db.models import Q, Sum
 from django.utils import timezone
 
-from devices import signatures
-from devices.models import Device
+from accounts.models import AdmissionRecord, User
+from accounts.voice_checks import voice_request_verified
+from capabilities.authorities import GateQuestion, RunBinding, TrustedField, Verdict
+from capabilities.models import ToolCall
+from capabilities.services import record_gateway_receipt
 from memory.locks import lock_owner_payments
+from memory.models import TimelineEntry
 from payments.models import PaymentAuthorization, PaymentIntent, UnlockLease
+from yimi_project import push
 from yimi_project.errors import YimiError
 from yimi_project.ids import uuid_or_nil
 from yimi_project.logs import log_event
 
+if TYPE_CHECKING:  # the caller's device (devices/ is above): only its fields and verify_signature are used
+    from devices.models import Device
+
+# Device.Kind values: payment cards go to the owner's phones; an unlock lease is held by a
+# phone or glasses.
+PHONE = "phone"
+UNLOCK_DEVICE_KINDS = ("phone", "glasses")
+# The Celery task that pays with an authorization; brain/ runs it and registers how to start
+# it (yimi_project.push.start_after_commit). The name predates its move to brain/.
+EXECUTE_PAYMENT_TASK = "payments.tasks.execute_payment"
 CENT = Decimal("0.01")
 LIVE_INTENT = (PaymentIntent.State.OPEN, PaymentIntent.State.AUTHORIZING)
 # "authorized, paying, paid or unknown" — what the 30-minute same-payee rule counts.
@@ -50,7 +65,7 @@ def money(value: Any) -> Decimal | None:
 # --- intents ---------------------------------------------------------------------------------
 
 
-def open_intent(binding: Any, owner_requested: bool) -> PaymentIntent | None:
+def open_intent(binding: RunBinding, owner_requested: bool) -> PaymentIntent | None:
     """The intent for a checkout in this run: only the owner's own request opens one.
 
     Returns None (so the executor stops at the checkout) for any other scope, for a call
@@ -86,31 +101,24 @@ def set_budget(intent_id: Any, budget: Any) -> None:
         PaymentIntent.objects.filter(id=intent_id).update(budget=amount)
 
 
-@dataclass(frozen=True)
-class PaymentVerdict:
-    kind: str  # "ask" or "block"
-    code: str
-    reason: str
-    intent: PaymentIntent | None = None
-
-
-def gate(binding: Any) -> PaymentVerdict:
+def gate(binding: RunBinding) -> Verdict:
     """A ``spend`` call: it needs an open intent from the owner's own request in this run
     whose checkout amount was read; then it asks for a fresh authorization. An intent whose
     authorization is already waiting is ``already_waiting`` (the gateway decides under the
-    owner's lock, so of two spend calls at once the second sees the first's)."""
+    owner's lock, so of two spend calls at once the second sees the first's). An ``ask``
+    verdict's ticket is the intent."""
     if binding.scope != "owner":
-        return PaymentVerdict("block", "payment_not_owner_scope", "only the owner's own request can lead to a payment")
+        return Verdict("block", "payment_not_owner_scope", "only the owner's own request can lead to a payment")
     if binding.origin == "scheduled":
-        return PaymentVerdict("block", "needs_confirmation_in_scheduled_task", "a payment needs the owner's authorization, which a scheduled task cannot ask for")
+        return Verdict("block", "needs_confirmation_in_scheduled_task", "a payment needs the owner's authorization, which a scheduled task cannot ask for")
     intent = PaymentIntent.objects.filter(run_id=binding.run_id, state=PaymentIntent.State.OPEN).order_by("-created_at").first()
     if intent is None:
         if PaymentIntent.objects.filter(run_id=binding.run_id, state=PaymentIntent.State.AUTHORIZING).exists():
-            return PaymentVerdict("block", "already_waiting", "this payment is already waiting for the owner's authorization; not paid again")
-        return PaymentVerdict("block", "no_payment_intent", "no payment intent from the owner's own request in this run; go through the checkout first")
+            return Verdict("block", "already_waiting", "this payment is already waiting for the owner's authorization; not paid again")
+        return Verdict("block", "no_payment_intent", "no payment intent from the owner's own request in this run; go through the checkout first")
     if intent.amount is None or not intent.payee:
-        return PaymentVerdict("block", "checkout_not_read", "the checkout amount has not been read back yet")
-    return PaymentVerdict("ask", "waiting_for_authorization", "waiting for the owner's payment authorization; not paid", intent)
+        return Verdict("block", "checkout_not_read", "the checkout amount has not been read back yet")
+    return Verdict("ask", "waiting_for_authorization", "waiting for the owner's payment authorization; not paid", ticket=intent)
 
 
 # --- authorizations -------------------------------------------------------------------------------
@@ -214,9 +222,7 @@ def _issued_card(auth: PaymentAuthorization, intent: PaymentIntent) -> dict[str,
 
 def card_devices(owner_id: int) -> list[Any]:
     """Payment cards go to the owner's phones (any owner device if there is none)."""
-    from devices.services import owner_devices_preferring
-
-    return owner_devices_preferring(owner_id, (Device.Kind.PHONE,))
+    return push.owner_devices(owner_id, (PHONE,))
 
 
 def pending_cards(owner_id: int, now: datetime | None = None) -> list[PaymentAuthorization]:
@@ -237,15 +243,13 @@ def pending_cards(owner_id: int, now: datetime | None = None) -> list[PaymentAut
 
 
 def push_card_after_commit(auth: PaymentAuthorization) -> None:
-    from devices.services import device_group, send_to_group
+    """Send the card to the owner's phones once the transaction commits."""
 
-    def push() -> None:
+    def send() -> None:
         fresh = PaymentAuthorization.objects.select_related("intent").get(id=auth.id)
-        frame = card_frame(fresh)
-        for device_id in card_devices(fresh.intent.owner_id):
-            send_to_group(device_group(device_id), frame)
+        push.to_owner_devices_sync(fresh.intent.owner_id, (PHONE,), card_frame(fresh))
 
-    transaction.on_commit(push)
+    transaction.on_commit(send)
 
 
 def answer_card(device: Device, authorization_id: Any, answer: Any, signature: Any) -> PaymentAuthorization:
@@ -260,10 +264,10 @@ def answer_card(device: Device, authorization_id: Any, answer: Any, signature: A
     """
     if answer not in ("approve", "deny"):
         raise YimiError("invalid_frame", "answer must be approve or deny")
-    if device.is_guest or device.kind != Device.Kind.PHONE:
+    if device.is_guest or device.kind != PHONE:
         raise YimiError("forbidden", "payment cards are answered on the owner's phone")
     auth = _authorization_for(device, authorization_id)
-    if not signatures.verify(device.public_key, payment_card_message(auth, answer), signature):
+    if not device.verify_signature(payment_card_message(auth, answer), signature):
         raise YimiError("bad_signature", "the answer is not signed by this phone over this card")
     now = timezone.now()
     if auth.state == PaymentAuthorization.State.PENDING and auth.card_expires_at <= now:
@@ -295,8 +299,6 @@ def _authorization_for(device: Device, authorization_id: Any) -> PaymentAuthoriz
 
 
 def _close_intent(auth: PaymentAuthorization, state: str, reason: str) -> None:
-    from capabilities.services import record_gateway_receipt
-
     PaymentIntent.objects.filter(id=auth.intent_id).exclude(state__in=[PaymentIntent.State.PAID]).update(state=state)
     record_gateway_receipt(auth.call_id, "cancelled", reason)
 
@@ -336,7 +338,7 @@ def undo(device: Device, authorization_id: Any, signature: Any, now: datetime | 
     if device.is_guest:
         raise YimiError("forbidden", "a guest device cannot undo the owner's payments")
     auth = _authorization_for(device, authorization_id)
-    if not signatures.verify(device.public_key, payment_card_message(auth, "undo"), signature):
+    if not device.verify_signature(payment_card_message(auth, "undo"), signature):
         raise YimiError("bad_signature", "the undo is not signed by this device")
     with transaction.atomic():
         changed = PaymentAuthorization.objects.filter(
@@ -406,8 +408,6 @@ def settle(auth: PaymentAuthorization, receipt: dict[str, Any]) -> Settlement:
                 replacements=intent.replacements + 1, amount=new_amount, state=PaymentIntent.State.OPEN
             )
             intent.refresh_from_db()
-            from capabilities.services import record_gateway_receipt
-
             record_gateway_receipt(auth.call_id, "waiting", "the amount changed; waiting for a new authorization; not paid")
             new = open_authorization(intent, auth.call)
             if new.method == PaymentAuthorization.Method.PHONE_CARD:
@@ -434,9 +434,9 @@ def unlock_message(device_id: Any, nonce: str) -> bytes:
 def grant_unlock_lease(device: Device, nonce: str, signature: Any) -> UnlockLease:
     """The phone or glasses says, signed, that it is unlocked; the lease lasts a few minutes.
     ``nonce`` is the websocket's challenge nonce, so a lease cannot be replayed later."""
-    if device.is_guest or device.kind not in (Device.Kind.PHONE, Device.Kind.GLASSES):
+    if device.is_guest or device.kind not in UNLOCK_DEVICE_KINDS:
         raise YimiError("forbidden", "only the owner's phone or glasses hold an unlock lease")
-    if not signatures.verify(device.public_key, unlock_message(device.id, nonce), signature):
+    if not device.verify_signature(unlock_message(device.id, nonce), signature):
         raise YimiError("bad_signature", "the unlock statement is not signed by this device")
     return UnlockLease.objects.create(
         device=device, expires_at=timezone.now() + timedelta(seconds=settings.PAYMENT_UNLOCK_LEASE_SECONDS)
@@ -454,8 +454,6 @@ class Check:
 
 
 def _voice_request(intent: PaymentIntent) -> Any:
-    from accounts.models import AdmissionRecord
-
     return AdmissionRecord.objects.select_related("device").filter(run__id=intent.run_id).first()
 
 
@@ -470,7 +468,7 @@ def voice_pay_check(intent: PaymentIntent) -> Check:
     recent = timezone.now() - timedelta(seconds=settings.PAYMENT_RECENT_VOICE_REQUEST_SECONDS)
     if admission is None or admission.channel != "voice" or admission.scope != "owner" or admission.created_at < recent:
         reasons.append("no recent voice request from the owner")
-    elif admission.device.kind not in (Device.Kind.PHONE, Device.Kind.GLASSES) or not unlock_lease_valid(admission.device_id):
+    elif admission.device.kind not in UNLOCK_DEVICE_KINDS or not unlock_lease_valid(admission.device_id):
         reasons.append("no valid unlock lease on the phone or glasses")
     if not known_payee(intent.owner_id, intent.payee, exclude=intent.id):
         reasons.append("the payee is not known")
@@ -492,8 +490,6 @@ def autopay_check(intent: PaymentIntent, now: datetime | None = None) -> Check:
     if not settings.PAYMENTS_AUTOPAY_ENABLED:
         reasons.append("small auto-pay is off")
     admission = _voice_request(intent)
-    from accounts.voice_checks import voice_request_verified
-
     if admission is None or not voice_request_verified(admission):
         reasons.append("the voice request was not verified by voiceprint")
     amount = intent.amount or Decimal("0")
@@ -511,8 +507,6 @@ def known_payee(owner_id: int, payee: str, exclude: Any = None) -> bool:
 
 
 def owner_day_start(owner_id: int, now: datetime) -> datetime:
-    from accounts.models import User
-
     tz_name = User.objects.filter(id=owner_id).values_list("time_zone", flat=True).first() or "UTC"
     local = now.astimezone(ZoneInfo(tz_name))
     return local.replace(hour=0, minute=0, second=0, microsecond=0)
@@ -541,9 +535,6 @@ def recent_payment_to_same_payee(intent: PaymentIntent, now: datetime) -> bool:
 def voice_confirm(device: Device, authorization_id: Any, utterance_seq: Any) -> PaymentAuthorization:
     """"付吧" said on the phone or glasses for a recent voice request from the same device:
     the utterance must be a voice request in scope owner, from that device, after the card."""
-    from accounts.models import AdmissionRecord
-    from memory.models import TimelineEntry
-
     auth = _authorization_for(device, authorization_id)
     intent = auth.intent
     check = voice_pay_check(intent)
@@ -555,11 +546,55 @@ def voice_confirm(device: Device, authorization_id: Any, utterance_seq: Any) -> 
     entry = TimelineEntry.objects.filter(owner_id=device.owner_id, seq=utterance_seq, device=device).first()
     admission = AdmissionRecord.objects.filter(run__inbound=entry).first() if entry else None
     said = (entry.text if entry else "").strip().rstrip("。！!.")
-    from accounts.voice_checks import voice_request_verified
-
     # Payment never rests on a trust window or a call anchor: the voiceprint itself must verify it.
     if entry is None or admission is None or not voice_request_verified(admission) or entry.created_at < auth.created_at or said != "付吧":
         raise YimiError("not_confirmed", "no spoken 付吧 from the owner, verified by voiceprint, on this device after the card")
     if not authorize(auth, method=PaymentAuthorization.Method.VOICE, device=device):
         raise YimiError("card_closed", "this payment card was already answered")
     return auth
+
+
+# --- in the gateway ------------------------------------------------------------------------------
+
+
+class PaymentGate:
+    """The payment authority's gate (``capabilities.authorities.Gate``), registered by
+    ``PaymentsConfig.ready`` for spend calls."""
+
+    waiting_summary = "waiting for your payment authorization; not paid"
+
+    def decide(self, question: GateQuestion) -> Verdict:
+        return gate(question.binding)
+
+    def ask(self, call: ToolCall, question: GateQuestion, verdict: Verdict, *, preview: str, arguments_digest: str) -> str:
+        """Open the authorization for the verdict's intent: a card for the phone, sent after
+        commit, or an auto-payment, paid after its undo window by the payment task."""
+        auth = open_authorization(verdict.ticket, call)
+        if auth.method == PaymentAuthorization.Method.PHONE_CARD:
+            push_card_after_commit(auth)
+        else:
+            push.start_after_commit(EXECUTE_PAYMENT_TASK, auth.id, delay=float(settings.PAYMENTS_AUTOPAY_UNDO_SECONDS))
+        return str(auth.id)
+
+    def executing(self, call_id: Any) -> bool:
+        return authorization_in_use(call_id)
+
+
+def _checkout_intent(binding: RunBinding, owner_requested: bool, budget: Any) -> str:
+    """``payment_intent_id`` for a checkout call: the intent only the owner's own request
+    opens (``open_intent``; empty otherwise, and the executor's CheckoutStop refuses to go
+    further), with the owner's own spending limit when the request gave one."""
+    intent = open_intent(binding, owner_requested)
+    if intent is not None and budget is not None:
+        set_budget(intent.id, budget)
+    return str(intent.id) if intent else ""
+
+
+def _checkout_result(call: ToolCall, intent_id: str, receipt: dict[str, Any]) -> None:
+    """What the checkout page said, recorded on the intent (a spend call's own result is
+    settled by ``settle`` instead)."""
+    if call.category != "spend":
+        checkout_read(intent_id, receipt)
+
+
+CHECKOUT_INTENT = TrustedField(provide=_checkout_intent, on_receipt=_checkout_result)

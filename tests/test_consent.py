@@ -14,13 +14,13 @@ from django.utils import timezone
 
 from brain import agents
 from brain.agent_loop import execute_agent_task
+from brain.consent_execution import execute_approved
 from brain.models import Run
 from brain.services import accept_utterance
 from capabilities.mcp_host import runtime
 from capabilities.models import ReceiptRecord, ToolCall
 from capabilities.services import CallRequest, decide
 from consent import services as consent
-from consent.execution import execute_approved
 from consent.models import ConsentCard, ExecutionToken, RememberedConsent
 from memory.models import TimelineEntry
 from tests.conftest import db_async, new_client_id, open_socket, receive_until, script

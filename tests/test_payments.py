@@ -17,12 +17,12 @@ from django.utils import timezone
 
 from accounts.models import AdmissionRecord, User
 from brain.models import Run
+from brain.payment_execution import execute_payment
 from brain.services import accept_utterance
 from capabilities.mcp_host import runtime
 from capabilities.models import ReceiptRecord, ToolCall
 from capabilities.services import CallRequest, decide, record_receipt
 from payments import services as payments
-from payments.execution import execute_payment
 from payments.models import PaymentAuthorization, PaymentIntent, UnlockLease
 from tests.conftest import db_async, new_client_id, open_socket, receive_until, script
 from tests.gateway_support import copy_repo_pack

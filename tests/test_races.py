@@ -27,20 +27,20 @@ from django.db import connection
 from django.utils import timezone
 
 from accounts.models import AdmissionRecord, User
+from brain.consent_execution import execute_approved
 from brain.models import Run
+from brain.payment_execution import execute_payment
 from brain.services import accept_utterance
 from capabilities.client import call_tool
 from capabilities.mcp_host import runtime
 from capabilities.models import ReceiptRecord, ToolCall
 from capabilities.services import CallRequest, Decision, decide
 from consent import services as consent
-from consent.execution import execute_approved
 from consent.models import ConsentCard
 from memory import assertions
 from memory.assertions import CommitRequest, Dependency
 from memory.models import Assertion, AssertionDependency, MemoryReceipt
 from payments import services as payments
-from payments.execution import execute_payment
 from payments.models import PaymentAuthorization, PaymentIntent, UnlockLease
 from tests.conftest import new_client_id
 from tests.gateway_support import copy_repo_pack, write_pack

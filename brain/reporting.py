@@ -17,13 +17,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from channels.db import database_sync_to_async
-from channels.layers import get_channel_layer
 
+from brain.client import BrainError, complete
 from brain.models import AgentTask
+from brain.prompts import OWNER_SYSTEM
+from brain.services import store_reply_once
 from capabilities import services, truth
 from capabilities.client import ToolOutcome
 from capabilities.models import ReceiptRecord, ToolCall
-from devices.services import device_group, owner_group
+from yimi_project import push
 from yimi_project.ids import uuid_or_nil
 from yimi_project.logs import log_event
 
@@ -34,13 +36,9 @@ def tool_label(tool: str) -> str:
     return tool.replace("__", " ")
 
 
-async def _send(group: str, frame: dict[str, Any]) -> None:
-    await get_channel_layer().group_send(group, frame)
-
-
 async def push_receipt_card(owner_id: int, task: AgentTask, outcome: ToolOutcome) -> None:
     card = truth.activity_card(str(task.id), task.goal[:120], outcome.receipt or {})
-    await _send(owner_group(owner_id), {"type": "activity", **card})
+    await push.to_owner(owner_id, {"type": "activity", **card})
 
 
 async def push_task_card(owner_id: int, task: AgentTask, state: str) -> None:
@@ -50,7 +48,7 @@ async def push_task_card(owner_id: int, task: AgentTask, state: str) -> None:
     )()
     if last is not None:
         card = truth.activity_card(str(task.id), task.goal[:120], last.receipt)
-        await _send(owner_group(owner_id), {"type": "activity", **card})
+        await push.to_owner(owner_id, {"type": "activity", **card})
 
 
 def _facts_for(records: list[ReceiptRecord]) -> list[truth.Fact]:
@@ -109,9 +107,6 @@ async def report_turn(run: Any, report: Report, claim: Callable[[int], bool], *,
     """One report turn: the model drafts from the report's prompt (after ``context``), the
     draft is checked and delivered once (``claim``). If the model call fails, the facts are
     told from templates alone."""
-    from brain.client import BrainError, complete
-    from brain.prompts import OWNER_SYSTEM
-
     messages = [{"role": "system", "content": OWNER_SYSTEM}, *(context or []), {"role": "user", "content": report.prompt}]
     try:
         draft = (await complete(messages)).text
@@ -124,8 +119,6 @@ async def report_turn(run: Any, report: Report, claim: Callable[[int], bool], *,
 async def deliver_checked_reply(run: Any, report: Report, draft: str, claim: Callable[[int], bool]) -> None:
     """Check a draft against the receipts, store it at most once (``claim``), deliver it in
     chunks to the device that spoke, and remember which facts it carried."""
-    from brain.services import store_reply_once
-
     checked = truth.check_reply(draft, receipts=report.receipts, delivered_fact_ids=report.delivered, facts=report.facts)
     text = checked.text.strip() or "这件事结束了，但我没有可以确认的结果。"
     entry = await database_sync_to_async(store_reply_once)(run, text, claim)
@@ -134,9 +127,9 @@ async def deliver_checked_reply(run: Any, report: Report, draft: str, claim: Cal
     await database_sync_to_async(services.facts_carried)(run.owner_id, entry.id, list(checked.told))
     pieces = [text[i : i + CHUNK_CHARS] for i in range(0, len(text), CHUNK_CHARS)]
     for index, piece in enumerate(pieces):
-        await _send(device_group(run.origin_device_id), {"type": "reply.chunk", "run_id": str(run.id), "reply_to_seq": run.inbound.seq, "index": index, "text": piece})
-    await _send(device_group(run.origin_device_id), {"type": "reply.done", "run_id": str(run.id), "reply_to_seq": run.inbound.seq, "seq": entry.seq, "text": text})
-    await _send(owner_group(run.owner_id), {"type": "timeline.new", "seq": entry.seq})
+        await push.to_device(run.origin_device_id, {"type": "reply.chunk", "run_id": str(run.id), "reply_to_seq": run.inbound.seq, "index": index, "text": piece})
+    await push.to_device(run.origin_device_id, {"type": "reply.done", "run_id": str(run.id), "reply_to_seq": run.inbound.seq, "seq": entry.seq, "text": text})
+    await push.to_owner(run.owner_id, {"type": "timeline.new", "seq": entry.seq})
 
 
 def report_for_records(records: list[ReceiptRecord], owner_id: int, header: list[str]) -> Report:

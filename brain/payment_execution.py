@@ -1,5 +1,8 @@
 """Paying with an authorization, once, and telling the owner how the payment ended.
 
+The payment authority (``payments.services``) keeps the authorization (claim, settle); this
+is the executor's side, in brain/ because its last step is a turn of the model.
+
 Steps: 1. use the authorization (one-shot, within its 60 s, after any undo window);
 2. call the executor's ``pay`` with the authorization id and amount injected — the
 executor reads the checkout amount back and pays only if it equals the authorized
@@ -16,7 +19,9 @@ from typing import Any
 from channels.db import database_sync_to_async
 from django.conf import settings
 
-from capabilities import reporting, services
+from brain import reporting
+from brain.dispatch import dispatch_payment
+from capabilities import services
 from capabilities.mcp_host.runtime import on_host_loop
 from capabilities.models import ReceiptRecord
 from payments import services as payments
@@ -45,8 +50,6 @@ async def execute_payment(authorization_id: Any, now: datetime | None = None) ->
     settlement = await database_sync_to_async(payments.settle)(auth, stored.record.receipt)
     log_event("payment_settled", intent_id=str(auth.intent_id), outcome=settlement.outcome)
     if settlement.new_authorization is not None and settlement.new_authorization.method == PaymentAuthorization.Method.AUTO:
-        from brain.dispatch import dispatch_payment
-
         await dispatch_payment(settlement.new_authorization.id, delay=float(settings.PAYMENTS_AUTOPAY_UNDO_SECONDS))
     if settlement.outcome != "replaced":
         await report_payment(auth.intent_id)

@@ -1,5 +1,8 @@
 """Running an approved card's call exactly once, and telling the owner how it went.
 
+The consent authority (``consent.services``) keeps the card and its execution token (claim,
+finish); this is the executor's side, in brain/ because its last step is a turn of the model.
+
 Steps: 1. claim the card's execution token (only one caller ever does); 2. recheck the
 call with the approval as credential (a failed recheck is a ``cancelled`` receipt);
 3. execute the stored arguments over MCP; a disconnect or timeout is recorded
@@ -14,10 +17,12 @@ from typing import Any
 from channels.db import database_sync_to_async
 from django.conf import settings
 
-from capabilities import reporting, services
+from brain import reporting
+from capabilities import services
 from capabilities.mcp_host.runtime import on_host_loop
 from capabilities.models import ReceiptRecord
 from consent import services as consent
+from consent.models import ConsentCard
 from yimi_project.logs import log_event
 
 
@@ -47,7 +52,7 @@ async def report_card(card_id: Any) -> None:
     """A new turn tells the owner what happened to the approved action, once per card."""
 
     def build() -> tuple[Any, reporting.Report] | None:
-        card = consent.ConsentCard.objects.select_related("run", "run__inbound", "call").get(id=card_id)
+        card = ConsentCard.objects.select_related("run", "run__inbound", "call").get(id=card_id)
         if card.reported_entry_id is not None:
             return None
         record = ReceiptRecord.objects.select_related("call").filter(call_id=card.call_id).order_by("-revision").first()

@@ -1,0 +1,110 @@
+"""The one seam upward: how code below ``devices/`` reaches a device, or starts work that
+lives in a layer above it (CONVENTIONS.md, "Layers, and one seam upward").
+
+Like Zulip's ``send_event``: a service never imports a consumer. It hands a frame to
+``to_device`` or ``to_owner`` (``*_sync`` from synchronous code), which send it on the
+channel layer to the group the device consumers joined; the consumers deliver it. The group
+names are made here and nowhere else (``device_group``, ``owner_group``: the consumers join
+them, a guest device joins only its own).
+
+Two answers only a higher layer has are registered when Django starts
+(``AppConfig.ready``), so that no lower layer imports it:
+
+- which of the owner's devices a card goes to: ``owner_devices`` (devices/ registers
+  ``register_device_chooser``); ``to_owner_devices_sync`` pushes a card to them;
+- how to start work that runs above the caller (a payment whose authorization was given
+  at once, which brain/ executes): ``start_after_commit`` with the Celery task's name,
+  whichever way brain/ runs it (a worker, or the web server's own loop); brain/ registers
+  ``register_starter``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from django.db import transaction
+
+DeviceChooser = Callable[[int, tuple[str, ...]], list[Any]]
+
+_device_chooser: DeviceChooser | None = None
+_starters: dict[str, Callable[..., None]] = {}
+
+
+def device_group(device_id: Any) -> str:
+    """The channel group of one device's sockets."""
+    return f"device.{device_id}"
+
+
+def owner_group(owner_id: int) -> str:
+    """The channel group of the owner's devices (guest devices are not in it)."""
+    return f"owner.{owner_id}"
+
+
+async def to_device(device_id: Any, frame: dict[str, Any]) -> None:
+    """Send ``frame`` to every open socket of one device."""
+    await get_channel_layer().group_send(device_group(device_id), frame)
+
+
+async def to_owner(owner_id: int, frame: dict[str, Any]) -> None:
+    """Send ``frame`` to every open socket of the owner's devices."""
+    await get_channel_layer().group_send(owner_group(owner_id), frame)
+
+
+def _send_sync(group: str, frame: dict[str, Any]) -> None:
+    layer = get_channel_layer()
+    if layer is not None:
+        async_to_sync(layer.group_send)(group, frame)
+
+
+def to_device_sync(device_id: Any, frame: dict[str, Any]) -> None:
+    """``to_device`` from synchronous code (services, Celery tasks)."""
+    _send_sync(device_group(device_id), frame)
+
+
+def to_owner_sync(owner_id: int, frame: dict[str, Any]) -> None:
+    """``to_owner`` from synchronous code (services, Celery tasks)."""
+    _send_sync(owner_group(owner_id), frame)
+
+
+# --- which devices -----------------------------------------------------------------------
+
+
+def register_device_chooser(chooser: DeviceChooser) -> None:
+    """devices/ answers ``owner_devices`` (``DevicesConfig.ready``)."""
+    global _device_chooser
+    _device_chooser = chooser
+
+
+def owner_devices(owner_id: int, kinds: tuple[str, ...]) -> list[Any]:
+    """Ids of the owner's active, non-guest devices of ``kinds`` (``Device.Kind`` values);
+    all of them if none is of those kinds, so a card is never addressed to nobody."""
+    if _device_chooser is None:
+        raise RuntimeError("no device chooser registered: the devices app is not installed")
+    return _device_chooser(owner_id, kinds)
+
+
+def to_owner_devices_sync(owner_id: int, kinds: tuple[str, ...], frame: dict[str, Any]) -> None:
+    """Send ``frame`` to each of ``owner_devices(owner_id, kinds)``."""
+    for device_id in owner_devices(owner_id, kinds):
+        to_device_sync(device_id, frame)
+
+
+# --- starting work above -----------------------------------------------------------------
+
+
+def register_starter(task_name: str, starter: Callable[..., None]) -> None:
+    """The layer that runs the Celery task ``task_name`` says how to start it now."""
+    _starters[task_name] = starter
+
+
+def start_after_commit(task_name: str, *args: Any, **kwargs: Any) -> None:
+    """Start the work of the Celery task ``task_name`` once the current transaction
+    commits (at once outside one). Raises, inside the caller's transaction, if no layer
+    registered it: work that would never start must not be recorded as started."""
+    starter = _starters.get(task_name)
+    if starter is None:
+        raise RuntimeError(f"nothing registered to start {task_name}")
+    transaction.on_commit(lambda: starter(*args, **kwargs))
