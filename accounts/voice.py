@@ -31,7 +31,6 @@ from django.utils import timezone
 from accounts import voiceprint
 from accounts.models import CallAnchor, Scope, TrustWindow, VoiceCall
 from accounts.services import device_scope_limit, is_owner_device
-from devices import signatures
 from yimi_project.errors import YimiError
 from yimi_project.logs import log_event
 
@@ -72,7 +71,7 @@ def open_trust_window(device: Any, *, attestation_id: Any, method: Any, issued_a
         raise YimiError("invalid_frame", "issued_at must be unix seconds")
     if abs(now.timestamp() - issued_at) > ATTESTATION_MAX_SKEW_SECONDS:
         raise YimiError("attestation_expired", "the attestation is older than 30 seconds (or from the future)")
-    if not signatures.verify(device.public_key, trust_window_message(str(device.id), attestation_id, method, issued_at), signature):
+    if not device.verify_signature(trust_window_message(str(device.id), attestation_id, method, issued_at), signature):
         raise YimiError("bad_signature", "the attestation signature does not match this device's key")
     try:
         with transaction.atomic():

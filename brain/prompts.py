@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from memory import injection, projections
 from memory.models import TimelineEntry
+from memory.projections import body
 from yimi_project.logs import log_event
 
 OWNER_SYSTEM = (
@@ -44,8 +46,6 @@ class RunMemory:
 def prepare_memory(owner_id: int, scope: str, anchor_seq: int) -> RunMemory:
     """The core profile (owner scope) and this turn's injection plan. A failure to read
     memory is logged and the run goes on without it."""
-    from memory import injection, projections
-
     try:
         profile = projections.core_profile(owner_id) if scope == "owner" else None
         return RunMemory(profile, injection.plan(owner_id, scope, anchor_seq))
@@ -55,8 +55,6 @@ def prepare_memory(owner_id: int, scope: str, anchor_seq: int) -> RunMemory:
 
 
 def accept_memory(memory: RunMemory) -> None:
-    from memory import injection
-
     if memory.plan is None:
         return
     try:
@@ -73,8 +71,6 @@ def with_memory(messages: list[dict[str, Any]], history: list[TimelineEntry], me
     """Add the core profile to the system message and the session's memory blocks to the
     conversation: earlier blocks before the turns they came with, the new block just
     before the utterance. Other scopes than the owner's get nothing."""
-    from memory.projections import body
-
     if memory.plan is None or memory.plan.scope != "owner":
         return messages
     out = [dict(m) for m in messages]

@@ -25,6 +25,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from django.db import connections
 
+from accounts.models import User
 from memory import assertions, projections
 from memory.models import TimelineEntry
 from yimi_project.logs import log_event
@@ -66,8 +67,6 @@ def timeline_source(owner_id: int) -> str:
 
 
 def time_zone_source(owner_id: int) -> str:
-    from accounts.models import User
-
     name = User.objects.filter(id=owner_id).values_list("time_zone", flat=True).first() or "UTC"
     try:
         zone = ZoneInfo(name)

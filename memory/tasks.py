@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from celery import shared_task
 
+from accounts.services import get_owner
+from memory.embeddings import configured_embedder, index_timeline
+from memory.projections import regenerate
+
 
 @shared_task(name="memory.tasks.regenerate_projections")
 def regenerate_projections_task() -> list[str]:
     """Rewrite any stale projection (commits regenerate them already; this heals misses)."""
-    from accounts.services import get_owner
-    from memory.projections import regenerate
-
     owner = get_owner()
     return regenerate(owner.pk) if owner is not None else []
 
@@ -18,9 +19,6 @@ def regenerate_projections_task() -> list[str]:
 @shared_task(name="memory.tasks.index_timeline_embeddings")
 def index_timeline_embeddings_task(limit: int = 2000) -> int:
     """Embed timeline entries that have no vector yet, when an embedding model is set."""
-    from accounts.services import get_owner
-    from memory.embeddings import configured_embedder, index_timeline
-
     embedder, owner = configured_embedder(), get_owner()
     if embedder is None or owner is None:
         return 0

@@ -22,6 +22,7 @@ from accounts.models import VoiceCall
 from accounts.voice import SpeakerDecision
 from accounts.voiceprint import EnrollmentSegment, LearningOutcome
 from brain import model_settings
+from brain.models import Run
 from brain.services import AcceptedUtterance, accept_voice_utterance
 from devices.models import Device, VoiceUtterance
 from devices.voice import config, engines
@@ -180,8 +181,6 @@ def client_id(record: VoiceUtterance) -> str:
 
 
 def _admission_id(accepted: AcceptedUtterance) -> Any:
-    from brain.models import Run
-
     return Run.objects.filter(id=accepted.run_id).values_list("admission_id", flat=True).first()
 
 

@@ -13,6 +13,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
+from accounts.models import User
+from accounts.services import get_owner
 from memory.core_import import import_entries
 
 
@@ -25,9 +27,6 @@ class Command(BaseCommand):
         parser.add_argument("--owner", help="username of the owner (default: the instance's owner)")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        from accounts.models import User
-        from accounts.services import get_owner
-
         owner = User.objects.filter(username=options["owner"]).first() if options["owner"] else get_owner()
         if owner is None:
             raise CommandError("no owner: run manage.py yimi_init first (or pass --owner)")

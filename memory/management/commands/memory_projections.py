@@ -10,6 +10,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
+from accounts.services import get_owner
 from memory import projections
 
 
@@ -20,8 +21,6 @@ class Command(BaseCommand):
         parser.add_argument("--check", action="store_true", help="only list stale files; exit 1 if any")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        from accounts.services import get_owner
-
         owner = get_owner()
         if owner is None:
             raise CommandError("no owner: run manage.py yimi_init first")

@@ -2,7 +2,8 @@
 
 Migrates, creates the instance identity (Ed25519) and the owner account if they are
 missing, and prints a fresh pairing code. Running it again changes nothing that exists
-(it only issues another single-use pairing code, unless ``--no-pairing-code``).
+(it only issues another single-use pairing code, unless ``--no-pairing-code``). It is
+devices' command because it ends with pairing, which accounts/, a layer below, cannot import.
 """
 
 from __future__ import annotations
