@@ -19,6 +19,8 @@ class BrainConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        # Here, not at the top: these modules import models, which exist only once the app
+        # registry is ready (memory.embeddings is a layer below; no cycle is being dodged).
         from brain.agents import redact_payload
         from brain.dispatch import start_payment
         from brain.execution_tasks import execute_payment_task

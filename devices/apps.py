@@ -8,6 +8,8 @@ class DevicesConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        # Here, not at the top: these modules import models, which exist only once the app
+        # registry is ready (brain.model_settings is a layer below; no cycle is being dodged).
         from brain import model_settings
         from devices.services import owner_devices_preferring
         from devices.switch_signers import DeviceSwitchSigners
