@@ -76,6 +76,17 @@ def admit_text(device) -> AdmissionRecord:  # type: ignore[no-untyped-def]
     )
 
 
+def admit_scheduled(device) -> AdmissionRecord:  # type: ignore[no-untyped-def]
+    """Admission of a scheduled task's run (a schedule or a watch the owner stored): it acts
+    with the scope of the device it is bound to, as typed text from that device would
+    (``owner`` for a paired owner device, never above ``guest`` otherwise); the reason
+    ``scheduled_task`` tells it apart."""
+    scope, reason = device_scope_limit(device) or (Scope.OWNER, "scheduled_task")
+    return AdmissionRecord.objects.create(
+        owner_id=device.owner_id, device=device, channel=AdmissionRecord.Channel.TEXT, scope=scope, reason=reason
+    )
+
+
 def admit_voice(device, *, scope: str, reason: str) -> AdmissionRecord:  # type: ignore[no-untyped-def]
     """Admission for a spoken request: the scope was decided from the voice itself
     (``accounts.voice.decide_speaker``: voiceprint, trust window or call anchor), not

@@ -14,6 +14,8 @@ from django.conf import settings
 
 from brain.consent_execution import execute_approved
 from brain.reminders import fire_due_reminders
+from brain.schedules import fire_due_schedules
+from brain.watches import run_due_watches
 from consent.services import expire_cards, settle_interrupted_executions
 from payments.services import expire_authorizations
 from yimi_project.logs import log_event
@@ -160,6 +162,9 @@ async def _sweep_forever() -> None:
                 last_recovery = loop.time()
                 await recover_runs()
             await sync_to_async(fire_due_reminders)()
+            for run_id in await sync_to_async(fire_due_schedules)():
+                await dispatch_run(run_id)
+            await sync_to_async(run_due_watches)()
             await sync_to_async(expire_cards)()
             await sync_to_async(settle_interrupted_executions)()  # as beat's consent.tasks.expire_cards
             await sync_to_async(expire_authorizations)()

@@ -150,3 +150,4 @@ class ModelSwitch(models.Model):
 
 
 from brain.reminders import Reminder  # noqa: E402,F401  (registered with the brain app)
+from brain.schedule_models import Schedule, Watch, WatchNotice  # noqa: E402,F401  (registered with the brain app)

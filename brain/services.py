@@ -16,7 +16,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from accounts.services import admit_text, admit_voice
+from accounts.services import admit_scheduled, admit_text, admit_voice
 from brain.agents import run_has_active_agents
 from brain.models import Run
 from capabilities.authorities import RunBinding
@@ -240,3 +240,37 @@ def store_reply_once(run: Run, text: str, claim: Any) -> TimelineEntry | None:
             transaction.set_rollback(True)
             return None
     return entry
+
+
+def create_scheduled_run(device: Device, text: str, *, executor: str = "runner") -> Run:
+    """A scheduled task's run (``origin=scheduled``), bound to ``device``; in a transaction.
+
+    Steps: 1. admission (``accounts.services.admit_scheduled``); 2. the task's text is
+    appended to the timeline as a ``notice`` (code ``scheduled``: nobody said it);
+    3. the run is created. ``executor="runner"``: queued, for ``runner.execute_run``
+    (dispatched after commit; recovery heals a lost dispatch). ``executor="watch"``: already
+    running with no heartbeat (the watch executes it in place; recovery never takes it)
+    and closed by ``close_scheduled_run``.
+    """
+    with transaction.atomic():
+        admission = admit_scheduled(device)
+        entry = timeline.append_entry(
+            owner_id=device.owner_id, kind=TimelineEntry.Kind.NOTICE, text=text, device_id=device.id,
+            scope=admission.scope, notice_code="scheduled",
+        )
+        fields: dict[str, Any] = {}
+        if executor == "watch":
+            fields = {"state": Run.State.RUNNING, "attempts": 1, "started_at": timezone.now()}
+        return Run.objects.create(
+            owner_id=device.owner_id, admission=admission, inbound=entry, origin_device=device, scope=admission.scope,
+            origin=Run.Origin.SCHEDULED, **fields,
+        )
+
+
+def close_scheduled_run(run_id: Any, *, state: str, error_code: str = "") -> bool:
+    """Close a watch's run (running → ``state``) by conditional UPDATE; False if it was not running."""
+    return bool(
+        Run.objects.filter(id=run_id, state=Run.State.RUNNING, origin=Run.Origin.SCHEDULED).update(
+            state=state, finished_at=timezone.now(), error_code=error_code[:32]
+        )
+    )

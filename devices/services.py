@@ -17,6 +17,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from accounts.services import is_owner
+from brain.watches import acknowledge_entry as acknowledge_watch_notice
 from capabilities.services import acknowledge_entry
 from devices import signatures
 from devices.models import Delivery, Device, PairingCode, PairingGuessSlot, SignedRequestNonce
@@ -347,4 +348,5 @@ def record_delivery(device: Device, seq: Any, status: Any) -> Delivery:
         raise YimiError("unknown_entry", f"there is no timeline entry {seq} for this device")
     delivery, _ = Delivery.objects.get_or_create(entry=entry, device=device, status=status)
     acknowledge_entry(entry.id)  # the facts this reply carried are now told (capabilities owns that ledger)
+    acknowledge_watch_notice(entry.id)  # a watch's pending notice carried by this entry is delivered
     return delivery

@@ -203,6 +203,8 @@ DUE_SWEEP_SECONDS = env.float("YIMI_DUE_SWEEP_SECONDS", default=10.0)
 CELERY_BEAT_SCHEDULE = {
     "sweep-runs": {"task": "brain.tasks.sweep_runs", "schedule": RUN_RECOVERY_SECONDS},
     "fire-due-reminders": {"task": "brain.tasks.fire_due_reminders", "schedule": DUE_SWEEP_SECONDS},
+    "fire-due-schedules": {"task": "brain.tasks.fire_due_schedules", "schedule": DUE_SWEEP_SECONDS},
+    "run-due-watches": {"task": "brain.tasks.run_due_watches", "schedule": DUE_SWEEP_SECONDS},
     "expire-consent-cards": {"task": "consent.tasks.expire_cards", "schedule": DUE_SWEEP_SECONDS},
     "expire-payment-authorizations": {"task": "payments.tasks.expire_authorizations", "schedule": DUE_SWEEP_SECONDS},
     "index-timeline-embeddings": {"task": "memory.tasks.index_timeline_embeddings", "schedule": 60.0},
