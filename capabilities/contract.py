@@ -256,13 +256,14 @@ async def _run(
             await shared.close()
 
 
-def step_capability(pack: Pack, decl: Any, args: dict[str, Any], owner_id: int | None) -> str | None:
+def step_capability(pack: Pack, decl: Any, args: dict[str, Any], owner_id: int | None, run: str = "") -> str | None:
     """What the gateway would hand the pack for this call: a capability for a call of
-    this tool, its category and target, for the owner (packs with a platform_api only)."""
+    this tool, its category and target, for the owner (packs with a platform_api only).
+    Each case is one run (``run``), each step one call."""
     if not pack.platform_api:
         return None
     claims = {
-        "call": f"contract-{uuid.uuid4()}", "owner": owner_id, "pack": pack.name, "tool": decl.full_name,
+        "call": f"contract-{uuid.uuid4()}", "run": run or f"contract-{uuid.uuid4()}", "owner": owner_id, "pack": pack.name, "tool": decl.full_name,
         "category": decl.resolve_category(args), "target": decl.target_arguments(args), "apis": pack.platform_api,
     }
     return call_capability.mint(call_capability.PACK, claims, ttl_seconds=STARTUP_TIMEOUT + DEFAULT_STEP_TIMEOUT)
@@ -274,6 +275,7 @@ async def _run_case(
     if host.problem or host.session is None:
         return CaseResult(case["name"], False, [f"not run: {host.problem}"])
     failures: list[str] = []
+    run = f"contract-{uuid.uuid4()}"
     for number, step in enumerate(case["steps"], start=1):
         decl = pack.tools[step["tool"]]
         where = f"step {number} ({step['tool']})"
@@ -284,7 +286,7 @@ async def _run_case(
             failures.append(f"{where}: unknown variable {exc}")
             continue
         try:
-            capability = step_capability(pack, decl, args, owner_id)
+            capability = step_capability(pack, decl, args, owner_id, run)
             meta: Any = {call_capability.META_KEY: capability} if capability else None
             result = await asyncio.wait_for(host.session.call_tool(decl.full_name, args, meta=meta), step_timeout)
         except TimeoutError:

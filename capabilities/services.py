@@ -438,12 +438,13 @@ def recheck_approved(call_id: Any) -> Decision:
 
 
 def pack_capability(call: ToolCall, tool: ToolDecl, *, now: float | None = None) -> str:
-    """The capability a pack gets with one call: the call, its owner, pack, tool, decided
-    category and target arguments, and the platform APIs its pack declared; valid for the
-    call's execution time (plus the time to reach the pack)."""
+    """The capability a pack gets with one call: the call, its run, its owner, pack, tool,
+    decided category and target arguments, and the platform APIs its pack declared; valid
+    for the call's execution time (plus the time to reach the pack). The run lets the
+    platform count per run (memory's history lookups, at most 3 a run)."""
     pack = load_packs().packs[tool.pack]
     claims = {
-        "call": str(call.id), "owner": call.owner_id, "pack": tool.pack, "tool": call.tool, "category": call.category,
+        "call": str(call.id), "run": str(call.run_id), "owner": call.owner_id, "pack": tool.pack, "tool": call.tool, "category": call.category,
         "target": tool.target_arguments(call.arguments), "apis": pack.platform_api,
     }
     ttl = float(settings.PACK_CALL_TIMEOUT_SECONDS) + CAPABILITY_GRACE_SECONDS

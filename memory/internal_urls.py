@@ -12,4 +12,5 @@ urlpatterns = [
     path("speaking-preferences/", v.SpeakingPreferencesView.as_view()),
     path("speaking-preferences/restore/", v.RestorePreferencesView.as_view()),
     path("recall/", v.RecallView.as_view()),
+    path("history/search/", v.HistorySearchView.as_view()),
 ]

@@ -11,7 +11,9 @@ through ``decide`` and its consent gate like every other effect:
 - a commit and a speaking-preferences change need a call decided as ``owner_data``, and a
   commit must be on the call's own ``assertion_id`` when the call named one;
 - forgetting needs a call decided as ``delete`` (asked on a card unless the owner
-  requested it) on the same ``assertion_id``.
+  requested it) on the same ``assertion_id``;
+- a history search (``history/search/``) needs a call of ``memory__search_history`` and
+  counts towards that call's run's lookups (``memory.history_search``).
 
 Anything else is refused with ``forbidden`` and changes nothing. Errors are
 ``{"error": {"code", "message"}}``.
@@ -24,7 +26,7 @@ from uuid import UUID
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from memory import views
+from memory import history_search, views
 from yimi_project.errors import YimiError
 from yimi_project.internal import PackCall, require_call
 
@@ -83,3 +85,20 @@ class RestorePreferencesView(InternalMemoryView, views.RestorePreferencesView):
 
 class RecallView(InternalMemoryView, views.RecallView):
     pass
+
+
+class HistorySearchView(InternalMemoryView):
+    """GET ``?q=&after=&before=``: one history lookup of the executing call's run."""
+
+    tool = "memory__search_history"
+
+    def get(self, request: Request) -> Response:
+        claims = request.pack_call  # type: ignore[attr-defined]
+        if claims.get("tool") != self.tool:
+            raise YimiError("forbidden", f"history search answers calls of {self.tool} only")
+        result = history_search.lookup(
+            self.owner_id(request), request.query_params.get("q", ""),
+            after=request.query_params.get("after"), before=request.query_params.get("before"),
+            run_key=claims.get("run"), call_key=claims.get("call"),
+        )
+        return Response(result.payload())

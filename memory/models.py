@@ -192,3 +192,18 @@ class TimelineEmbedding(models.Model):
     class Meta:
         indexes = [models.Index(fields=["owner", "model", "entry"], name="timeline_embedding_owner")]
         constraints = [models.UniqueConstraint(fields=["entry", "model"], name="timeline_embedding_unique")]
+
+
+class HistoryLookup(models.Model):
+    """One history search a run made (``memory.history_search``): at most
+    ``HISTORY_LOOKUPS_PER_RUN`` per run, counted here where the lookup is served. The run
+    and the call come from the gateway's signed per-call capability; a call retried with
+    the same call id is the same lookup."""
+
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    run_key = models.CharField(max_length=80)
+    call_key = models.CharField(max_length=80)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["run_key", "call_key"], name="history_lookup_once_per_call")]

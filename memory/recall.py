@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from django.db import connection
+from django.db.models import QuerySet
 
 from memory import assertions
 from memory.embeddings import Embedder, configured_embedder, index_timeline, nearest
@@ -40,8 +41,8 @@ LATIN_STOP = {
     "it", "to", "of", "in", "on", "at", "and", "or", "that", "this", "for", "with", "about", "how", "when", "where",
 }
 TIMELINE_CUES = re.compile(
-    r"刚才|刚刚|昨天|前天|今天|早上|晚上|上次|上周|那天|之前|以前|说过|提到|聊过|聊到|讲过|问过|什么时候|几点|"
-    r"\b(when|yesterday|today|earlier|last time|said|say|mentioned|talked|told|asked)\b"
+    r"刚才|刚刚|昨天|前天|今天|早上|晚上|上次|上周|上个月|那天|之前|以前|说过|提到|聊过|聊到|讲过|问过|什么时候|几点|"
+    r"\b(when|yesterday|today|earlier|last time|last week|said|say|mentioned|talked|told|asked)\b"
 )
 L5_CUES = re.compile(
     r"看到|看见|画面|照片|图片|拍的|视频|录音|听到|那家店|店名|招牌|"
@@ -110,14 +111,16 @@ def keyword_backend() -> str:
         return "postgresql-trigram" if cursor.fetchone() else "postgresql-ilike"
 
 
-def keyword_search(owner_id: int, query: str, *, limit: int = LIST_MAX) -> list[int]:
+def keyword_search(owner_id: int, query: str, *, limit: int = LIST_MAX, within: QuerySet[TimelineEntry] | None = None) -> list[int]:
     """The owner's timeline entry ids containing the query's terms, best first.
 
     Each row's score is computed once (a subquery). A term without letters (CJK) is
     matched with ``strpos``/``instr`` (nothing to case-fold, cheaper than ``ILIKE``), one
     with letters case-insensitively (``ILIKE`` on PostgreSQL, ``LIKE`` on SQLite). On
     PostgreSQL, when every term is at least 3 characters long, an ``ILIKE`` prefilter lets
-    the ``pg_trgm`` GIN index find the candidates instead of scanning.
+    the ``pg_trgm`` GIN index find the candidates instead of scanning. ``within`` (a
+    queryset of the owner's entries) restricts the search to those rows (history search:
+    a time range, no guests).
     """
     terms = query_terms(query)
     if not terms:
@@ -133,17 +136,21 @@ def keyword_search(owner_id: int, query: str, *, limit: int = LIST_MAX) -> list[
         else:
             parts.append(f"(CASE WHEN {contains} THEN {weight} ELSE 0 END)")
             params.append(term)
+    restrict, restrict_params = "", []
+    if within is not None:
+        inner_sql, inner_params = within.values("id").query.sql_with_params()
+        restrict, restrict_params = f" AND id IN ({inner_sql})", list(inner_params)
     prefilter, prefilter_params = "", []
     if postgres and all(len(term) >= 3 for term, _ in terms):
         prefilter = " AND (" + " OR ".join(like for _ in terms) + ")"
         prefilter_params = [_like(term) for term, _ in terms]
     sql = (
         f"SELECT id FROM (SELECT id, seq, ({' + '.join(parts)}) AS score "
-        f"FROM {TimelineEntry._meta.db_table} WHERE owner_id = %s{prefilter}) AS scored "
+        f"FROM {TimelineEntry._meta.db_table} WHERE owner_id = %s{restrict}{prefilter}) AS scored "
         "WHERE score > 0 ORDER BY score DESC, seq DESC LIMIT %s"
     )
     with connection.cursor() as cursor:
-        cursor.execute(sql, [*params, owner_id, *prefilter_params, limit])
+        cursor.execute(sql, [*params, owner_id, *restrict_params, *prefilter_params, limit])
         return [row[0] for row in cursor.fetchall()]
 
 

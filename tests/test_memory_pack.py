@@ -35,6 +35,7 @@ def test_the_memory_manifest_declares_commit_owner_data_forget_delete_and_reads_
     assert tools["commit"].resolve_category({}) == "owner_data"
     assert tools["forget"].resolve_category({}) == "delete"
     assert tools["query"].resolve_category({}) == "observe" and tools["history"].resolve_category({}) == "observe"
+    assert tools["recall"].resolve_category({}) == "observe" and tools["search_history"].resolve_category({}) == "observe"
     prefs = tools["speaking_preferences"]
     assert [prefs.resolve_category({"action": a}) for a in ("show", "set", "restore", "dance")] == ["observe", "owner_data", "owner_data", None]
     for name in ("commit", "forget", "speaking_preferences"):
@@ -52,9 +53,9 @@ def test_the_memory_contract_passes_on_the_real_server_against_the_platform(inte
     settings.DATA_DIR = tmp_path
     report = run_contract(PACK, fake=False, owner_id=owner.pk)
     assert report.passed, report_text(report)
-    assert len(report.cases) == 5 and not report.skipped
+    assert len(report.cases) == 7 and not report.skipped
     # the platform really stored them, as the agent, and the contract forgot every one
-    assert Assertion.objects.filter(owner=owner, predicate="contract.test").count() == 4
+    assert Assertion.objects.filter(owner=owner, predicate="contract.test").count() == 5
     assert not Assertion.objects.filter(predicate="contract.test", state="active").exists()
     assert not AssertionVersion.objects.filter(assertion__predicate="contract.test", erased=False).exists()
     assert set(AssertionVersion.objects.values_list("actor", flat=True)) == {"agent"}
@@ -74,6 +75,13 @@ def test_the_gateway_classifies_memory_calls(make_device: Any) -> None:
         return decision.decision, decision.code, decision.category
 
     assert decided("memory__query", {"predicate": "preference.food"}) == ("allow", "ok", "observe")
+    assert decided("memory__recall", {"question": "上周我说过什么"}) == ("allow", "ok", "observe")
+    assert decided("memory__search_history", {"query": "香菜"}) == ("allow", "ok", "observe")
+    # the capability the pack gets names the call's run: history lookups are counted per run
+    from yimi_project import call_capability
+
+    claims = call_capability.verify(call_capability.PACK, decide(CallRequest(run_id, "memory__search_history", {"query": "菜单"})).pack_capability)
+    assert claims is not None and claims["run"] == run_id and claims["tool"] == "memory__search_history"
     # allowed, as "rewrite": the gateway injects the idempotency_key both tools ask for
     assert decided("memory__commit", {**commit, "owner_requested": True}) == ("rewrite", "owner_requested", "owner_data")
     assert decided("memory__forget", {**forget, "owner_requested": True}) == ("rewrite", "owner_requested", "delete")
@@ -105,5 +113,34 @@ def test_memory_tools_run_through_the_gateway_with_consent(internal_listener: An
         assert (forget.decision, forget.executed) == ("ask", False)
         assert ConsentCard.objects.get(call_id=forget.call_id).category == "delete"
         assert Assertion.objects.get(id=stored.id).state == "active"
+    finally:
+        runtime.reset_for_tests()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_history_search_through_the_gateway_allows_three_lookups_a_run(internal_listener: Any, settings: Any, make_device: Any, tmp_path: Path) -> None:
+    """The gateway's capability carries the run, so the platform refuses the 4th lookup
+    of one run with history_lookup_limit; a new run may look again."""
+    import asyncio
+
+    from capabilities.client import call_tool
+    from capabilities.mcp_host import runtime
+    from memory.services import append_entry
+
+    runtime.reset_for_tests()
+    try:
+        device = make_device().device
+        append_entry(owner_id=device.owner_id, kind="utterance", text="上周说过不吃香菜", scope="owner")
+        run_id = str(accept_utterance(device, new_client_id(), "上周我说过什么").run_id)
+        outcomes = [asyncio.run(call_tool(run_id, "", "memory__search_history", {"query": q})) for q in ("香菜", "上周", "不吃", "说过")]
+        assert [o.receipt["status"] for o in outcomes if o.receipt] == ["succeeded", "succeeded", "succeeded", "failed"], [o.model_text for o in outcomes]
+        assert outcomes[0].receipt is not None and outcomes[0].receipt["content"]["items"][0]["text"] == "上周说过不吃香菜"
+        assert outcomes[3].receipt is not None and outcomes[3].receipt["error"]["code"] == "history_lookup_limit"
+        recalled = asyncio.run(call_tool(run_id, "", "memory__recall", {"question": "上周我说过香菜吗"}))
+        assert recalled.receipt is not None and recalled.receipt["status"] == "succeeded"
+        assert "上周说过不吃香菜" in [e["text"] for e in recalled.receipt["content"]["timeline"]]
+        next_run = str(accept_utterance(device, new_client_id(), "再查一次").run_id)
+        again = asyncio.run(call_tool(next_run, "", "memory__search_history", {"query": "香菜"}))
+        assert again.receipt is not None and again.receipt["status"] == "succeeded"
     finally:
         runtime.reset_for_tests()
