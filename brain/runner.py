@@ -5,31 +5,105 @@ embedded default without a broker, on the web server's own event loop.
 
 Steps: 1. claim the run (compare-and-set; a run someone else holds is left alone);
 2. a run whose utterance is older than 3 minutes is expired with a notice, never
-answered late; 3. the main agent's turn (``agent_loop.main_turn``): its text streams
-to the origin device as ``reply.chunk`` frames while a heartbeat task keeps the claim
-alive, and any delegation creates sub-agent tasks; 4. store the whole reply in the
-timeline, send ``reply.done`` with its sequence number, tell the owner's other devices
-there is something new to sync, then start the delegated tasks. Any failure of the
-model call ends in an honest ``notice`` entry instead of a reply.
+answered late; 3. the main agent's turn (``agent_loop.main_turn``): its text is buffered
+to each sentence end, checked by the deterministic checker against the receipts of this
+run's tree (``CheckedStream``: unbacked status words, numbers not in receipts and
+internal markers are removed) and only then sent to the origin device as a
+``reply.chunk`` frame, while a heartbeat task keeps the claim alive; any delegation
+creates sub-agent tasks; 4. store exactly the text the device received in the timeline,
+send ``reply.done`` with its sequence number, tell the owner's other devices there is
+something new to sync, then start the delegated tasks. Any failure of the model call
+ends in an honest ``notice`` entry instead of a reply.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from channels.db import database_sync_to_async
+from django.conf import settings
 
-from brain import services
-from brain.agent_loop import main_turn
+from brain import reporting, services
+from brain.agent_loop import DELEGATED_ACK, main_turn
 from brain.client import BrainError
 from brain.dispatch import dispatch_task, keep_claim
 from brain.models import Run
 from brain.prompts import accept_memory, build_messages, prepare_memory, with_memory
+from capabilities import services as capability_services
+from capabilities import truth
+from capabilities.models import ReceiptRecord
 from memory.models import TimelineEntry
 from yimi_project import push
+from yimi_project.leaks import redact_markers
 from yimi_project.logs import log_event
+
+# Said instead when the checker removed every sentence of a main reply that delegated nothing.
+NOTHING_BACKED = "这件事我还没有去办，也没有可以确认的结果。"
+
+
+def run_tree_report(run: Run) -> reporting.Report:
+    """The receipts of this run's whole delegation tree (current revisions, pack results
+    only) with their facts and which of them the owner has already been told."""
+    task_ids = list(
+        ReceiptRecord.objects.filter(call__run_id=run.id, written_by_gateway=False).values_list("task_id", flat=True)
+    )
+    current = capability_services.current_receipts(task_ids)
+    records = sorted(current.values(), key=lambda r: r.created_at)
+    records = [ReceiptRecord.objects.select_related("call").get(pk=r.pk) for r in records]
+    return reporting.report_for_records(records, run.owner_id, [])
+
+
+class CheckedStream:
+    """The main agent's text on its way to the device: buffered to each sentence end
+    (``truth.split_sentences``), checked (``truth.ReplyCheck``, the same rules as
+    ``check_reply``), and only what survives is sent, one ``reply.chunk`` per sentence.
+    The first chunk leaves as soon as the first sentence is complete.
+
+    ``text`` is exactly what was sent: the caller stores it. With ``checked=False`` (the
+    benchmark's unchecked path, ``YIMI_BENCH_UNCHECKED_REPLIES``) deltas go out as they come.
+    """
+
+    def __init__(self, send: Callable[[str], Awaitable[None]], check: truth.ReplyCheck | None) -> None:
+        self.send = send
+        self.check = check
+        self.buffer = ""
+        self.raw = ""
+        self.text = ""
+
+    async def _out(self, piece: str) -> None:
+        if piece:
+            self.text += piece
+            await self.send(piece)
+
+    async def __call__(self, delta: str) -> None:
+        self.raw += delta
+        if self.check is None:
+            await self._out(delta)
+            return
+        self.buffer += delta
+        pieces = truth.split_sentences(self.buffer)
+        for sentence in pieces[:-1]:  # the last piece may still grow (more text, closing marks)
+            await self._out(self.check.feed(sentence))
+        self.buffer = pieces[-1] if pieces else ""
+
+    async def close(self, *, fallback: str) -> str:
+        """Check the rest, add the facts not yet told, and send ``fallback`` if nothing
+        survived. Returns the whole text sent."""
+        if self.check is None:
+            self.text = self.text.strip()
+            return self.text
+        for sentence in truth.split_sentences(self.buffer):
+            await self._out(self.check.feed(sentence))
+        self.buffer = ""
+        await self._out(self.check.finish())
+        if not self.text.strip():
+            await self._out(redact_markers(fallback))
+        if self.check.removed:
+            log_event("reply_sentences_removed", reasons=[reason for _, reason in self.check.removed])
+        return self.text
 
 
 async def execute_run(run_id: Any) -> str:
@@ -48,11 +122,12 @@ async def execute_run(run_id: Any) -> str:
     # memory hook (issue 5): core profile + incremental L3 facts (brain.prompts.with_memory)
     memory = await database_sync_to_async(prepare_memory)(run.owner_id, run.scope, run.inbound.seq)
     messages = with_memory(messages, history, memory)
+    report = None if settings.YIMI_BENCH_UNCHECKED_REPLIES else await database_sync_to_async(run_tree_report)(run)
     beat = asyncio.ensure_future(keep_claim(lambda: services.heartbeat(run)))
     sent = 0
     delegated: list = []
 
-    async def forward(delta: str) -> None:
+    async def send(delta: str) -> None:
         nonlocal sent
         await push.to_device(
             run.origin_device_id,
@@ -60,10 +135,16 @@ async def execute_run(run_id: Any) -> str:
         )
         sent += 1
 
+    check = None
+    if report is not None:
+        check = truth.ReplyCheck(receipts=report.receipts, delivered_fact_ids=report.delivered, facts=report.facts)
+    forward = CheckedStream(send, check)
     try:
-        text, delegated = await main_turn(run, messages, forward)
+        raw, delegated = await main_turn(run, messages, forward)
+        text = await forward.close(fallback=DELEGATED_ACK if delegated else NOTHING_BACKED) if check else raw
     except BrainError as exc:
-        state, kind, text, code = Run.State.FAILED, TimelineEntry.Kind.NOTICE, services.NOTICE_TEXT[exc.code], exc.code
+        state, kind, code = Run.State.FAILED, TimelineEntry.Kind.NOTICE, exc.code
+        text = redact_markers(services.NOTICE_TEXT[exc.code])
         log_event("run_failed", run_id=str(run.id), error_code=exc.code, detail=exc.detail)
     else:
         state, kind, code = Run.State.SUCCEEDED, TimelineEntry.Kind.REPLY, ""
@@ -76,6 +157,8 @@ async def execute_run(run_id: Any) -> str:
     if entry is None:
         log_event("run_lost_claim", run_id=str(run.id))
         return "skipped"
+    if check is not None and kind == TimelineEntry.Kind.REPLY and check.told:
+        await database_sync_to_async(capability_services.facts_carried)(run.owner_id, entry.id, list(check.told))
     await _announce(run, entry)
     for task in delegated:  # after the reply is stored, so the report comes after it
         await dispatch_task(task.id)

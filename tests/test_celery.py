@@ -249,7 +249,7 @@ def test_an_undo_inside_the_window_stops_the_workers_payment(broker: CeleryWorke
 def test_the_workers_heartbeat_keeps_a_long_run_claimed(broker: CeleryWorker, make_device: Any, brain: Any, settings: Any) -> None:
     """The model takes 3 s, six heartbeats; a run without one for 1 s could be taken over."""
     settings.RUN_HEARTBEAT_STALE_SECONDS = 1
-    script(brain, match="take your time", hang_seconds=3.0, reply="Done, slowly.")
+    script(brain, match="take your time", hang_seconds=3.0, reply="Here I am, slowly.")
     sim = make_device("phone")
     accepted = accept_utterance(sim.device, new_client_id(), "take your time")
     async_to_sync(dispatch_run)(accepted.run_id)
@@ -265,7 +265,7 @@ def test_the_workers_heartbeat_keeps_a_long_run_claimed(broker: CeleryWorker, ma
     assert tried, "the run ended before another worker could try to take it over"
     assert (run.state, run.attempts) == ("succeeded", 1)
     assert len(beats) >= 3 and max(beats) - run.started_at >= timedelta(seconds=1.5)  # it beat, more than once
-    assert TimelineEntry.objects.get(reply_to_id=accepted.entry.id, kind="reply").text == "Done, slowly."
+    assert TimelineEntry.objects.get(reply_to_id=accepted.entry.id, kind="reply").text == "Here I am, slowly."
     assert broker.wait_for_results("brain.tasks.execute_run", 1) == ["'succeeded'"]
 
 

@@ -90,7 +90,7 @@ def platform(owner: Any, brain: Any) -> Iterator[dict[str, Any]]:
 async def test_text_from_one_device_is_answered_there_and_synced_to_another(platform: dict[str, Any], brain: Any) -> None:
     from tests.conftest import db_async
 
-    script(brain, match="plan", reply="Your plan for today: gym at 7, lunch with Lin at 12.", chunk_chars=6)
+    script(brain, match="plan", reply="Your plan for today: the gym in the morning. Lunch with Lin at noon.", chunk_chars=6)
     owner = platform["owner"]
     (_, phone_code), (_, mac_code) = [await db_async(issue_pairing_code)(owner) for _ in range(2)]
     phone = await pair(platform["base"], phone_code, kind="phone", name="e2e phone")
@@ -105,7 +105,7 @@ async def test_text_from_one_device_is_answered_there_and_synced_to_another(plat
             print((platform["logs"] / "celery.log").read_text()[-3000:])
             raise
         assert done["type"] == "reply.done", done
-        assert len(chunks) > 1 and "".join(chunks) == done["text"] == "Your plan for today: gym at 7, lunch with Lin at 12."
+        assert len(chunks) > 1 and "".join(chunks) == done["text"] == "Your plan for today: the gym in the morning. Lunch with Lin at noon."
         await phone_ws.ack(done["seq"], "rendered")
 
         entries = await mac_ws.sync(after=0, limit=1)  # one entry per page: paging is exercised

@@ -47,7 +47,7 @@ async def test_the_heartbeat_keeps_a_long_run_claimed(make_device: Any, brain: A
     """The model takes 2.5 s, a dozen heartbeats; a run without one for 1 s could be taken over."""
     settings.RUN_HEARTBEAT_SECONDS = 0.2
     settings.RUN_HEARTBEAT_STALE_SECONDS = 1
-    script(brain, match="take your time", hang_seconds=2.5, reply="Done, slowly.")
+    script(brain, match="take your time", hang_seconds=2.5, reply="Here I am, slowly.")
     sim = await db_async(make_device)()
     accepted = await db_async(utter)(sim, "take your time")
     execution = asyncio.ensure_future(execute_run(accepted.run_id))

@@ -2,7 +2,9 @@
 
 ``log_event("run_failed", run_id=..., error_code=...)`` writes one JSON line. Values of
 keys that look like secrets, prompts, content, tokens, paths or URLs are replaced by
-``"[redacted]"``; business logic never reads logs.
+``"[redacted]"``; in every other string value (nested in lists and dicts too), tokens and
+secrets, URLs with credentials and paths in the data or secrets directory are redacted
+(``yimi_project.leaks.redact_secrets``). Business logic never reads logs.
 """
 
 from __future__ import annotations
@@ -12,12 +14,25 @@ import logging
 import re
 from typing import Any
 
+from yimi_project.leaks import redact_secrets
+
 _REDACT = re.compile(r"secret|password|token|key|prompt|content|text|signature|path|url|nonce", re.I)
 logger = logging.getLogger("yimi")
 
 
+def _scrub(value: Any) -> Any:
+    if isinstance(value, str):
+        return redact_secrets(value)
+    if isinstance(value, dict):
+        return {k: ("[redacted]" if isinstance(k, str) and _REDACT.search(k) else _scrub(v)) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_scrub(v) for v in value]
+    return value
+
+
 def redact(fields: dict[str, Any]) -> dict[str, Any]:
-    return {k: ("[redacted]" if _REDACT.search(k) else v) for k, v in fields.items()}
+    """Values of secret-like keys replaced; secrets inside every other string value scrubbed."""
+    return {k: ("[redacted]" if _REDACT.search(k) else _scrub(v)) for k, v in fields.items()}
 
 
 def log_event(event: str, level: int = logging.INFO, **fields: Any) -> None:

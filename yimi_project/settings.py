@@ -323,6 +323,9 @@ RUN_TOOL_CALL_BUDGET = 120  # the whole delegation tree, failed validations incl
 RUN_MILESTONE_EVERY = 20
 MAX_ACTIVE_SUBAGENTS = 3
 MAX_DELEGATION_DEPTH = 2
+# The main agent's reply streams through the deterministic checker sentence by sentence
+# (brain/runner.py). Only bench/roundtrip.py turns this off, to measure the unchecked path.
+YIMI_BENCH_UNCHECKED_REPLIES = env.bool("YIMI_BENCH_UNCHECKED_REPLIES", default=False)
 
 # --- consent and payments ----------------------------------------------------------------------
 CONSENT_CARD_TTL_SECONDS = env.int("YIMI_CONSENT_CARD_TTL_SECONDS", default=300)

@@ -13,7 +13,9 @@ The modules, each importing only from those listed before it:
 ``quantities``  units and their synonyms, and the numbers a text states with their units;
 ``claims``      what a sentence claims (status words, retry suggestions), and
                 ``split_sentences``;
-``checker``     ``check_reply``: drops the sentences that disagree with the receipts and
+``checker``     ``check_reply`` (and ``ReplyCheck``, the same per sentence, for streams):
+                drops the sentences that disagree with the receipts or leak internal
+                markers (``yimi_project.leaks``), and
                 appends the undelivered facts the reply does not state;
 ``cards``       ``activity_card``.
 
@@ -23,7 +25,7 @@ Callers import the public names from here.
 from __future__ import annotations
 
 from capabilities.truth.cards import activity_card
-from capabilities.truth.checker import CheckResult, check_reply
+from capabilities.truth.checker import CheckResult, ReplyCheck, check_reply
 from capabilities.truth.claims import split_sentences
 from capabilities.truth.facts import FACT_KINDS, STATUSES, TEMPLATES, Fact, render_diff, render_facts
 from capabilities.truth.numerals import chinese_to_arabic
@@ -34,6 +36,7 @@ __all__ = [
     "STATUSES",
     "TEMPLATES",
     "CheckResult",
+    "ReplyCheck",
     "Fact",
     "activity_card",
     "check_reply",

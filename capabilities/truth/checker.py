@@ -26,6 +26,7 @@ from capabilities.truth.quantities import (
     canonical_unit,
     units_compatible,
 )
+from yimi_project.leaks import find_markers, redact_markers
 
 
 @dataclass
@@ -164,6 +165,9 @@ def check_reply(
 
     Per sentence (numbers read after ``chinese_to_arabic``), the first failing rule removes it:
 
+    - ``internal_marker``: the sentence carries an internal marker (a run/call id, a
+      ``pack__tool`` name, a data-directory path, a token or secret, a stack-trace line:
+      ``yimi_project.leaks``).
     - ``number_not_in_receipts``: every number (with its adjacent unit, if any) must equal a
       receipt value with a compatible unit (``units_compatible``), or be spelled somewhere
       in the receipts' texts (content text/items, effect targets, string values, unknowns,
@@ -184,26 +188,61 @@ def check_reply(
 
     Then every fact of ``facts`` not in ``delivered_fact_ids`` and not stated by the kept text
     (values: the number with a compatible unit; status: a status word backing it; verified
-    effects: the target named; otherwise the fact's text) is appended: its ``voice`` version
-    when ``voice=True`` or ``lang`` ends in "voice", else its ``text``. Added texts that
-    are identical are written once. Facts not passed in ``facts`` cannot be added or
-    recognized as repeats.
-    """
-    voice = voice or lang.endswith("voice")
-    ev = _evidence(receipts, facts)
-    delivered_values = [f for f in facts if f.kind == "values" and f.number is not None and f.id in delivered_fact_ids]
-    fresh_values = [f for f in facts if f.kind == "values" and f.number is not None and f.id not in delivered_fact_ids]
-    delivered = [f for f in facts if f.id in delivered_fact_ids]
+    effects: the target named; otherwise the fact's text) is appended, with any internal
+    marker in it redacted: its ``voice`` version when ``voice=True`` or ``lang`` ends in
+    "voice", else its ``text``. Added texts that are identical are written once. Facts not
+    passed in ``facts`` cannot be added or recognized as repeats.
 
-    kept: list[str] = []
-    removed: list[tuple[str, str]] = []
-    kept_claims: set[str] = set()
-    kept_numbers: list[_Number] = []
+    The same check runs sentence by sentence on a stream (``ReplyCheck``); both give the
+    same text.
+    """
+    check = ReplyCheck(receipts=receipts, delivered_fact_ids=delivered_fact_ids, facts=facts, lang=lang, voice=voice)
     for sentence in split_sentences(text):
-        stripped = sentence.strip()
-        if not stripped:
-            kept.append(sentence)
-            continue
+        check.feed(sentence)
+    check.finish()
+    return check.result()
+
+
+class ReplyCheck:
+    """``check_reply`` one sentence at a time, for a reply that streams.
+
+    ``feed(sentence)`` (a piece of ``split_sentences``: complete, with its closing marks and
+    trailing whitespace) returns the text to send now — the sentence, or "" if it was
+    removed; whitespace is held back until more text follows, so nothing leads or trails.
+    ``finish()`` returns the tail: the appended facts (with a sentence mark before them
+    when needed). Everything returned, joined, equals ``result().text``.
+    """
+
+    def __init__(
+        self,
+        *,
+        receipts: list[dict[str, Any]],
+        delivered_fact_ids: set[str] | frozenset[str],
+        facts: list[Fact],
+        lang: str = "zh",
+        voice: bool = False,
+    ) -> None:
+        self.voice = voice or lang.endswith("voice")
+        self.lang = lang
+        self.facts = facts
+        self.delivered_ids = delivered_fact_ids
+        self.ev = _evidence(receipts, facts)
+        self.delivered_values = [f for f in facts if f.kind == "values" and f.number is not None and f.id in delivered_fact_ids]
+        self.fresh_values = [f for f in facts if f.kind == "values" and f.number is not None and f.id not in delivered_fact_ids]
+        self.delivered = [f for f in facts if f.id in delivered_fact_ids]
+        self.removed: list[tuple[str, str]] = []
+        self.kept_claims: set[str] = set()
+        self.kept_numbers: list[_Number] = []
+        self.sent = ""  # what feed() and finish() returned so far
+        self.pending_space = ""
+        self.added: list[Fact] = []
+        self.told: list[str] = []
+        self.finished = False
+
+    def _reason(self, stripped: str) -> tuple[str | None, list[_Number], set[str]]:
+        ev = self.ev
+        if find_markers(stripped):
+            return "internal_marker", [], set()
         numbers = _numbers(stripped, ev.units)
         claims = status_claims(stripped)
         reason: str | None = None
@@ -215,41 +254,61 @@ def check_reply(
             reason = "suggests_forbidden_retry"
         if reason is None:
             norm = _norm(stripped)
-            if any((_norm(f.text) and _norm(f.text) in norm) or norm == _norm(f.voice) for f in delivered) or any(
+            if any((_norm(f.text) and _norm(f.text) in norm) or norm == _norm(f.voice) for f in self.delivered) or any(
                 _checked(n, ev)
-                and any(_matches(n, f.number, f.unit) for f in delivered_values if f.number is not None)
-                and not any(_matches(n, f.number, f.unit) for f in fresh_values if f.number is not None)
+                and any(_matches(n, f.number, f.unit) for f in self.delivered_values if f.number is not None)
+                and not any(_matches(n, f.number, f.unit) for f in self.fresh_values if f.number is not None)
                 for n in numbers
             ):
                 reason = "repeats_delivered_fact"
+        return reason, numbers, claims
+
+    def feed(self, sentence: str) -> str:
+        """Check one complete sentence; the text to send now ("" if none)."""
+        stripped = sentence.strip()
+        if not stripped:
+            if self.sent:
+                self.pending_space += sentence
+            return ""
+        reason, numbers, claims = self._reason(stripped)
         if reason:
-            removed.append((stripped, reason))
-        else:
-            kept.append(sentence)
-            kept_claims |= claims
-            kept_numbers.extend(numbers)
+            self.removed.append((stripped, reason))
+            return ""
+        self.kept_claims |= claims
+        self.kept_numbers.extend(numbers)
+        body = sentence.rstrip()
+        out = (self.pending_space + body) if self.sent else body.lstrip()
+        self.pending_space = sentence[len(body):]
+        self.sent += out
+        return out
 
-    kept_text = "".join(kept).strip()
-    told: list[str] = []
-    added: list[Fact] = []
-    for fact in facts:
-        if fact.id in told:
-            continue
-        if _stated(fact, kept_text, kept_claims, kept_numbers, ev):
-            told.append(fact.id)
-        elif fact.id not in delivered_fact_ids:
-            added.append(fact)
-            told.append(fact.id)
+    def finish(self) -> str:
+        """Append the undelivered facts the kept text does not state; the tail to send."""
+        if self.finished:
+            return ""
+        self.finished = True
+        kept_text = self.sent
+        for fact in self.facts:
+            if fact.id in self.told:
+                continue
+            if _stated(fact, kept_text, self.kept_claims, self.kept_numbers, self.ev):
+                self.told.append(fact.id)
+            elif fact.id not in self.delivered_ids:
+                self.added.append(fact)
+                self.told.append(fact.id)
+        pieces: list[str] = []
+        for fact in self.added:
+            piece = redact_markers(fact.voice if self.voice else fact.text)
+            if piece not in pieces:
+                pieces.append(piece)
+        sep = "" if self.lang.startswith("zh") or self.lang == "voice" else " "
+        tail = ""
+        if pieces:
+            if kept_text and not re.search(r"[。！？!?；;.…」”)）]$", kept_text):
+                tail += "。" if sep == "" else "."
+            tail += (sep if kept_text else "") + sep.join(pieces)
+        self.sent += tail
+        return tail
 
-    pieces: list[str] = []
-    for fact in added:
-        piece = fact.voice if voice else fact.text
-        if piece not in pieces:
-            pieces.append(piece)
-    sep = "" if lang.startswith("zh") or lang == "voice" else " "
-    final = kept_text
-    if pieces:
-        if final and not re.search(r"[。！？!?；;.…」”)）]$", final):
-            final += "。" if sep == "" else "."
-        final = (final + sep if final else "") + sep.join(pieces)
-    return CheckResult(text=final, removed=removed, added=added, told=told)
+    def result(self) -> CheckResult:
+        return CheckResult(text=self.sent, removed=list(self.removed), added=list(self.added), told=list(self.told))
