@@ -5,6 +5,9 @@ One budget per run tree: every tool call of the main agent and of every sub-agen
 failed validations included, takes one unit with a conditional UPDATE
 (``tool_calls_used < 120``), so concurrent sub-agents can never exceed it together.
 At most 3 sub-agents of a run are active at once, and delegation is at most 2 deep.
+A delegation that finds the pool full is not dropped: it is created ``synchronous`` and
+runs inside its delegator's turn (seed: "异步池已满……委派就改为同步执行"). A failed task
+gets at most one read-only self-check (``start_self_check``), which may only observe.
 """
 
 from __future__ import annotations
@@ -47,12 +50,13 @@ def consume_budget(run_id: Any) -> BudgetUnit | None:
     return BudgetUnit(used)
 
 
-def delegate(run_id: Any, goal: str, parent: AgentTask | None = None) -> AgentTask:
+def delegate(run_id: Any, goal: str, parent: AgentTask | None = None, *, synchronous: bool = False) -> AgentTask:
     """Create a sub-agent task under the run (or under ``parent``).
 
     Steps: 1. lock the run row, so concurrent delegations of one tree queue; 2. refuse
-    beyond depth 2 (``too_deep``) or with 3 sub-agents already active (``pool_full``);
-    3. create the task, queued.
+    beyond depth 2 (``too_deep``) or, for a background task, with 3 sub-agents already
+    active (``pool_full``); a ``synchronous`` task runs inside its delegator's turn, so
+    it adds no parallel work and is not refused for a full pool; 3. create the task, queued.
     """
     goal = goal.strip()
     if not goal:
@@ -63,9 +67,41 @@ def delegate(run_id: Any, goal: str, parent: AgentTask | None = None) -> AgentTa
         if depth > settings.MAX_DELEGATION_DEPTH:
             raise YimiError("too_deep", f"delegation is at most {settings.MAX_DELEGATION_DEPTH} levels deep")
         active = AgentTask.objects.filter(run_id=run_id, state__in=ACTIVE).count()
-        if active >= settings.MAX_ACTIVE_SUBAGENTS:
+        if active >= settings.MAX_ACTIVE_SUBAGENTS and not synchronous:
             raise YimiError("pool_full", f"{active} sub-agents are already working on this run")
-        return AgentTask.objects.create(run_id=run_id, parent=parent, depth=depth, goal=goal[:4000])
+        return AgentTask.objects.create(run_id=run_id, parent=parent, depth=depth, goal=goal[:4000], synchronous=synchronous)
+
+
+SELF_CHECK_CATEGORIES = frozenset({"observe"})
+
+
+def start_self_check(task: AgentTask) -> AgentTask | None:
+    """The one read-only self-check of a failed task, or None: the task did not fail, is
+    itself a self-check, or already has one (a unique constraint keeps it to one)."""
+    if task.kind != AgentTask.Kind.TASK:
+        return None
+    with transaction.atomic():
+        fresh = AgentTask.objects.select_for_update().filter(id=task.id).first()
+        if fresh is None or fresh.state != AgentTask.State.FAILED or fresh.error_code == "cancelled":
+            return None
+        if AgentTask.objects.filter(parent=fresh, kind=AgentTask.Kind.SELF_CHECK).exists():
+            return None
+        goal = (
+            "Read-only self-check of a failed task. Do NOT redo the task and do not change anything: "
+            "use only read (observe) tools to find out what state things are in now and why it may have failed. "
+            f"The task was: {fresh.goal[:2000]}\nIt ended with: {fresh.result[:1000]}"
+        )
+        return AgentTask.objects.create(
+            run_id=fresh.run_id, parent=fresh, depth=fresh.depth + 1, goal=goal,
+            kind=AgentTask.Kind.SELF_CHECK, synchronous=True,
+        )
+
+
+def agent_categories(agent_id: str) -> frozenset[str] | None:
+    """The gateway's agent limit (``capabilities.authorities.register_agent_limit``): a
+    self-check agent may only observe; any other agent is not limited here."""
+    kind = AgentTask.objects.filter(id=uuid_or_nil(agent_id)).values_list("kind", flat=True).first()
+    return SELF_CHECK_CATEGORIES if kind == AgentTask.Kind.SELF_CHECK else None
 
 
 def claim_task(task_id: Any) -> AgentTask | None:
@@ -132,7 +168,9 @@ def mark_reported(task_id: Any, entry_id: int) -> bool:
 
 
 def active_tasks_for_owner(owner_id: int) -> list[AgentTask]:
-    return list(AgentTask.objects.filter(run__owner_id=owner_id, state__in=ACTIVE, depth=1).order_by("created_at"))
+    return list(
+        AgentTask.objects.filter(run__owner_id=owner_id, state__in=ACTIVE, depth=1, kind=AgentTask.Kind.TASK).order_by("created_at")
+    )
 
 
 def run_has_active_agents(run_id: Any) -> bool:

@@ -21,7 +21,7 @@ class BrainConfig(AppConfig):
     def ready(self) -> None:
         # Here, not at the top: these modules import models, which exist only once the app
         # registry is ready (memory.embeddings is a layer below; no cycle is being dodged).
-        from brain.agents import redact_payload
+        from brain.agents import agent_categories, redact_payload
         from brain.dispatch import start_payment
         from brain.execution_tasks import execute_payment_task
         from brain.services import run_binding
@@ -31,6 +31,7 @@ class BrainConfig(AppConfig):
         copies.register("brain", redact_payload)  # forgetting redacts the copies in this app's tables
         embeddings.register_catalog_embedder(effective_embedder)  # recall embeds with the catalog's model
         authorities.register_run_binder(run_binding)  # the gateway binds each call to its run
+        authorities.register_agent_limit(agent_categories)  # a self-check agent only observes
         push.register_starter(execute_payment_task.name, start_payment)  # an auto-payment, once authorized
         # A Celery worker recovers the runs a dead worker left (brain.recovery) when it is ready.
         worker_ready.connect(_recover_runs_on_worker_start, weak=False, dispatch_uid="brain.recover_runs")

@@ -49,6 +49,18 @@ class Completion:
         return message
 
 
+def thinking_fields(thinking: bool | None) -> dict[str, Any]:
+    """The per-turn thinking switch in the form the endpoint understands: the field named
+    by ``YIMI_BRAIN_THINKING_FIELD`` (none: not sent). ``reasoning_effort`` takes
+    ``"high"``/``"low"``; any other field (``enable_thinking``, ...) a boolean."""
+    field_name = settings.BRAIN_THINKING_FIELD
+    if thinking is None or not field_name:
+        return {}
+    if field_name == "reasoning_effort":
+        return {field_name: "high" if thinking else "low"}
+    return {field_name: thinking}
+
+
 @lru_cache(maxsize=1)
 def _tls_context() -> ssl.SSLContext:
     # Loading the trust store costs ~17 ms; do it once per process, not per request.
@@ -60,6 +72,7 @@ async def complete(
     *,
     tools: list[dict[str, Any]] | None = None,
     on_text: Callable[[str], Awaitable[None]] | None = None,
+    thinking: bool | None = None,
 ) -> Completion:
     headers = {"Content-Type": "application/json"}
     if settings.BRAIN_API_KEY:
@@ -67,6 +80,7 @@ async def complete(
     body: dict[str, Any] = {"model": settings.BRAIN_MODEL, "messages": messages, "stream": True}
     if tools:
         body["tools"] = tools
+    body.update(thinking_fields(thinking))
     timeout = httpx.Timeout(settings.BRAIN_TIMEOUT_SECONDS, connect=settings.BRAIN_CONNECT_TIMEOUT_SECONDS)
     url = settings.BRAIN_BASE_URL.rstrip("/") + "/chat/completions"
     try:

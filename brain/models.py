@@ -44,6 +44,9 @@ class Run(models.Model):
     error_code = models.CharField(max_length=32, blank=True)
     # One tool-call budget for the whole delegation tree, counted by conditional UPDATE.
     tool_calls_used = models.PositiveIntegerField(default=0)
+    # The thinking switch of the main turn, decided per turn (brain.prompts.decide_thinking);
+    # None until the turn asked the brain.
+    thinking = models.BooleanField(null=True, blank=True)
 
     def __str__(self) -> str:
         return f"run {self.id} ({self.state})"
@@ -60,8 +63,15 @@ class AgentTask(models.Model):
         SUCCEEDED = "succeeded"
         FAILED = "failed"
 
+    class Kind(models.TextChoices):
+        TASK = "task"  # the work the main agent (or a sub-agent) delegated
+        SELF_CHECK = "self_check"  # one read-only look at why its parent task failed
+
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="agent_tasks")
+    kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.TASK)
+    # Ran inside its delegator's turn (the pool was full, or it is a depth-2 / self-check task).
+    synchronous = models.BooleanField(default=False)
     parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.CASCADE, related_name="children")
     depth = models.PositiveSmallIntegerField(default=1)
     goal = models.TextField()
@@ -77,6 +87,13 @@ class AgentTask(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
     # The follow-up turn that told the owner the result (at most one).
     reported_entry = models.ForeignKey("memory.TimelineEntry", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["parent"], condition=models.Q(kind="self_check"), name="brain_one_self_check_per_task"
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"agent task {self.id} ({self.state})"

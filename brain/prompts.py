@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from memory import injection, projections
@@ -19,6 +21,48 @@ GUEST_SYSTEM = (
     "You are Yimi (依米), a private assistant. The person speaking now is a guest, not your owner: "
     "be polite and helpful with general questions, but share nothing about the owner and do nothing on their behalf."
 )
+
+
+# The owner asking for a careful answer turns thinking on for this turn.
+THINK_REQUEST = re.compile(
+    r"想清楚|想想清楚|仔细想|认真想|好好想|深入思考|仔细思考|慢慢想|think (it )?(carefully|hard|through)|think step by step|reason carefully",
+    re.I,
+)
+
+
+def decide_thinking(text: str, front: bool | None = None) -> bool:
+    """The thinking switch of one turn: the front's ``thinking`` field when it sent one,
+    else on when the owner asked for a careful answer ("想清楚再回答", "think carefully")."""
+    if front is not None:
+        return front
+    return THINK_REQUEST.search(text or "") is not None
+
+
+SKILL_HEADER = "# Skills of the packs you can use\n\n"
+
+
+def skills_block(packs: list[Any], budget: int) -> str:
+    """The SKILL.md of each pack a sub-agent can use, in order, within ``budget``
+    characters in all after ``SKILL_HEADER`` (``YIMI_SKILLS_PROMPT_CHARS``); a skill cut
+    short says so, and the skills after it are left out."""
+    parts: list[str] = []
+    left = budget
+    marker = "\n[… cut: skills budget reached]"
+    for pack in packs:
+        for path in sorted(Path(pack.path).glob("skills/*/SKILL.md")):
+            room = left - (2 if parts else 0)  # the blank line between skills
+            if room <= len(marker):
+                return SKILL_HEADER + "\n\n".join(parts) if parts else ""
+            try:
+                text = path.read_text(encoding="utf-8").strip()
+            except OSError:
+                continue
+            block = f"## Skill of pack {pack.name} ({path.parent.name})\n{text}"
+            if len(block) > room:
+                block = block[: room - len(marker)] + marker
+            parts.append(block)
+            left = room - len(block)
+    return SKILL_HEADER + "\n\n".join(parts) if parts else ""
 
 
 def build_messages(scope: str, utterance: str, history: list[TimelineEntry]) -> list[dict[str, Any]]:

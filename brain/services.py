@@ -42,25 +42,29 @@ class AcceptedUtterance:
     duplicate: bool
 
 
-def accept_utterance(device: Device, client_id: str, text: str) -> AcceptedUtterance:
+def accept_utterance(device: Device, client_id: str, text: str, *, thinking: bool | None = None) -> AcceptedUtterance:
     """Store an inbound text utterance and create its run, in one transaction.
 
     Steps: 1. a resend with a known (device, client id) returns the stored entry and
     its run: nothing new; 2. admission decides the scope; 3. the entry is appended to
     the timeline; 4. the run is created, bound to the admission record. The run is
     dispatched by the caller after commit; a crash in between is healed by recovery.
+    ``thinking`` is the front's per-turn thinking switch, if it sent one (else the main
+    turn decides it from the words, ``brain.prompts.decide_thinking``).
     """
-    return _accept(device, client_id, text, lambda: admit_text(device))
+    return _accept(device, client_id, text, lambda: admit_text(device), thinking)
 
 
-def accept_voice_utterance(device: Device, client_id: str, text: str, *, scope: str, reason: str) -> AcceptedUtterance:
+def accept_voice_utterance(
+    device: Device, client_id: str, text: str, *, scope: str, reason: str, thinking: bool | None = None
+) -> AcceptedUtterance:
     """The same for a spoken request, except step 2: the scope was decided from the audio
     (``accounts.voice.decide_speaker``) and is admitted by ``accounts.services.admit_voice``.
     ``client_id`` is the utterance's id, so a resent transcript stores nothing new."""
-    return _accept(device, client_id, text, lambda: admit_voice(device, scope=scope, reason=reason))
+    return _accept(device, client_id, text, lambda: admit_voice(device, scope=scope, reason=reason), thinking)
 
 
-def _accept(device: Device, client_id: str, text: str, admit: Any) -> AcceptedUtterance:
+def _accept(device: Device, client_id: str, text: str, admit: Any, thinking: bool | None = None) -> AcceptedUtterance:
     existing = timeline.find_by_client_id(device.id, client_id)
     if existing is not None:
         return _duplicate(existing)
@@ -76,7 +80,8 @@ def _accept(device: Device, client_id: str, text: str, admit: Any) -> AcceptedUt
                 scope=admission.scope,
             )
             run = Run.objects.create(
-                owner_id=device.owner_id, admission=admission, inbound=entry, origin_device=device, scope=admission.scope
+                owner_id=device.owner_id, admission=admission, inbound=entry, origin_device=device, scope=admission.scope,
+                thinking=thinking,
             )
     except IntegrityError:
         # The same frame raced itself (two sockets of one device): the other one won.

@@ -9,6 +9,8 @@ its ``AppConfig.ready``:
 - consent/ and payments/ register their **gates** (``register_gate``): step 6 gives a call
   of a category they own to the gate, which allows it, blocks it or asks the owner; asking
   opens what the owner answers (a card, an authorization) inside the gateway's transaction;
+- brain/ limits what an agent may do (``register_agent_limit``): a read-only self-check
+  agent may call only ``observe`` tools, whatever its tool list said;
 - payments/ fills in a trusted field (``register_trusted_field``: ``payment_intent_id``)
   and reads the result of the call it was injected into (the checkout's amount).
 
@@ -90,6 +92,20 @@ class TrustedField:
 _run_binder: Callable[[Any], RunBinding | None] | None = None
 _gates: dict[str, Gate] = {}
 _trusted_fields: dict[str, TrustedField] = {}
+_agent_limit: Callable[[str], frozenset[str] | None] | None = None
+
+
+def register_agent_limit(limit: Callable[[str], frozenset[str] | None]) -> None:
+    """brain/ tells the gateway which categories an agent may use (None: no limit)."""
+    global _agent_limit
+    _agent_limit = limit
+
+
+def agent_categories(agent_id: str) -> frozenset[str] | None:
+    """The only categories the calling agent may use, or None when it is not limited."""
+    if not agent_id or _agent_limit is None:
+        return None
+    return _agent_limit(agent_id)
 
 
 def register_run_binder(binder: Callable[[Any], RunBinding | None]) -> None:

@@ -176,6 +176,10 @@ def _gate(
     if category is None:
         decision = _blocked("category_unresolved", f"{request.tool}: the arguments map to no effect category; nothing is guessed")
         return _record(binding, request, model_args, owner_requested, decision, tool, fingerprint)
+    allowed = authorities.agent_categories(request.agent_id)
+    if allowed is not None and category not in allowed:
+        decision = _blocked("agent_read_only", f"this agent may only use {', '.join(sorted(allowed))} tools; not executed", category=category)
+        return _record(binding, request, model_args, owner_requested, decision, tool, fingerprint)
 
     authority = GATE_AUTHORITY[category]
     if authority is None:

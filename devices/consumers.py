@@ -277,7 +277,8 @@ class DeviceConsumer(AsyncWebsocketConsumer):
         if len(text) > settings.WS_MAX_TEXT_CHARS:
             raise YimiError("text_too_long", f"text is limited to {settings.WS_MAX_TEXT_CHARS} characters")
         assert self.device is not None
-        accepted = await database_sync_to_async(accept_utterance)(self.device, client_id, text)
+        thinking = frame.get("thinking") if isinstance(frame.get("thinking"), bool) else None
+        accepted = await database_sync_to_async(accept_utterance)(self.device, client_id, text, thinking=thinking)
         await self._send(
             {
                 "type": "text.ack",

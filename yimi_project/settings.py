@@ -221,6 +221,9 @@ _brain_base_url = env.str("YIMI_BRAIN_BASE_URL", default="")
 BRAIN_IS_DEMO = not _brain_base_url
 BRAIN_BASE_URL = _brain_base_url or f"http://127.0.0.1:{FAKE_BRAIN_PORT}/v1"
 BRAIN_MODEL = env.str("YIMI_BRAIN_MODEL", default="yimi-demo")
+# The request field that carries the per-turn thinking switch ("" = not sent; e.g.
+# "enable_thinking" or "reasoning_effort"), brain.client.thinking_fields.
+BRAIN_THINKING_FIELD = env.str("YIMI_BRAIN_THINKING_FIELD", default="")
 BRAIN_TIMEOUT_SECONDS = env.float("YIMI_BRAIN_TIMEOUT_SECONDS", default=60.0)
 BRAIN_CONNECT_TIMEOUT_SECONDS = env.float("YIMI_BRAIN_CONNECT_TIMEOUT_SECONDS", default=5.0)
 BRAIN_HISTORY_ENTRIES = env.int("YIMI_BRAIN_HISTORY_ENTRIES", default=20)
@@ -323,6 +326,8 @@ RUN_TOOL_CALL_BUDGET = 120  # the whole delegation tree, failed validations incl
 RUN_MILESTONE_EVERY = 20
 MAX_ACTIVE_SUBAGENTS = 3
 MAX_DELEGATION_DEPTH = 2
+# How many characters of the packs' SKILL.md files a sub-agent's system prompt carries.
+YIMI_SKILLS_PROMPT_CHARS = env.int("YIMI_SKILLS_PROMPT_CHARS", default=8000)
 # The main agent's reply streams through the deterministic checker sentence by sentence
 # (brain/runner.py). Only bench/roundtrip.py turns this off, to measure the unchecked path.
 YIMI_BENCH_UNCHECKED_REPLIES = env.bool("YIMI_BENCH_UNCHECKED_REPLIES", default=False)
