@@ -7,8 +7,12 @@ unique channel prefix on Redis, daphne and a Celery worker as subprocesses, the 
 answering instantly in a thread), pairs N simulated devices and has each send M texts
 one after the other, all devices at once, after one unmeasured warm-up text each.
 Latency is text sent → first ``reply.chunk``; throughput is texts / wall time of the
-sending phase. The same figures are then taken for a bare ``websockets`` echo server,
-and the table shows the ratio. Run on demand; it is not part of the test suite.
+sending phase. The Yimi figures are taken twice on fresh platforms: as shipped (the main
+reply buffered to each sentence end and checked by the deterministic checker before it is
+sent) and with ``YIMI_BENCH_UNCHECKED_REPLIES=1`` (deltas forwarded as they come, the
+bench-only unchecked path). The same figures are then taken for a bare ``websockets``
+echo server (the floor), and the table shows the ratios to it. Run on demand; it is not
+part of the test suite.
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ from brain.fake_server import FakeBrainServer, Rule, Script  # noqa: E402
 from devices.simulator import DeviceConnection, SimulatorError, pair  # noqa: E402
 
 BIN = Path(sys.executable).parent
-REPLY = "Noted. This is the benchmark reply, sent in a few chunks."
+REPLY = "Here is the benchmark reply. It comes in a few chunks, one sentence at a time."  # passes the checker
 FRAME_TIMEOUT = 60.0  # longest wait for any single frame
 
 
@@ -167,7 +171,7 @@ async def echo_phase(devices: int, messages: int, limit: float) -> tuple[list[fl
     return latencies, wall
 
 
-def run_yimi(args: argparse.Namespace, data_dir: Path) -> tuple[list[float], float]:
+def run_yimi(args: argparse.Namespace, data_dir: Path, *, unchecked: bool = False) -> tuple[list[float], float]:
     recreate_database(args.database_url)
     brain = FakeBrainServer(script=Script(rules=[Rule(reply=REPLY, chunk_chars=16, delay_ms=0)]))
     brain.start_in_thread()
@@ -180,6 +184,7 @@ def run_yimi(args: argparse.Namespace, data_dir: Path) -> tuple[list[float], flo
         "YIMI_DATA_DIR": str(data_dir),
         "YIMI_BRAIN_BASE_URL": brain.base_url,
         "PYTHONUNBUFFERED": "1",
+        "YIMI_BENCH_UNCHECKED_REPLIES": "1" if unchecked else "0",
     }
     procs: list[subprocess.Popen[bytes]] = []
     try:
@@ -239,15 +244,20 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="yimi-bench-") as tmp:
         yimi = figures(*run_yimi(args, Path(tmp)))
+    with tempfile.TemporaryDirectory(prefix="yimi-bench-") as tmp:
+        unchecked = figures(*run_yimi(args, Path(tmp), unchecked=True))
     echo = figures(*asyncio.run(echo_phase(args.devices, args.messages, args.timeout)))
 
     print(f"roundtrip: {args.devices} devices x {args.messages} texts "
           f"(celery concurrency {args.workers}, fake brain answering instantly)")
-    print(f"{'path':<28}{'p50 ms':>9}{'p95 ms':>9}{'p99 ms':>9}{'msgs/s':>10}")
-    for label, row in (("yimi (daphne+redis+celery)", yimi), ("bare websockets echo", echo)):
-        print(f"{label:<28}" + "".join(f"{v:>9.2f}" for v in row[:3]) + f"{row[3]:>10.1f}")
-    ratios = [ratio(a / b) for a, b in zip(yimi, echo)]
-    print(f"{'overhead (yimi / echo)':<28}" + "".join(f"{r:>9}" for r in ratios[:3]) + f"{ratios[3]:>10}")
+    print(f"{'path':<34}{'p50 ms':>9}{'p95 ms':>9}{'p99 ms':>9}{'msgs/s':>10}")
+    rows = (("yimi, checked (as shipped)", yimi), ("yimi, unchecked (bench switch)", unchecked),
+            ("bare websockets echo (floor)", echo))
+    for label, row in rows:
+        print(f"{label:<34}" + "".join(f"{v:>9.2f}" for v in row[:3]) + f"{row[3]:>10.1f}")
+    for label, row in (("overhead checked / echo", yimi), ("overhead unchecked / echo", unchecked)):
+        ratios = [ratio(a / b) for a, b in zip(row, echo)]
+        print(f"{label:<34}" + "".join(f"{r:>9}" for r in ratios[:3]) + f"{ratios[3]:>10}")
 
 
 if __name__ == "__main__":
