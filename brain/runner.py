@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from channels.db import database_sync_to_async
 from django.conf import settings
 
-from brain import reporting, services
+from brain import agent_loop, reporting, services
 from brain.agent_loop import DELEGATED_ACK, main_turn
 from brain.client import BrainError
 from brain.dispatch import dispatch_task, keep_claim
@@ -42,6 +43,20 @@ from yimi_project.logs import log_event
 
 # Said instead when the checker removed every sentence of a main reply that delegated nothing.
 NOTHING_BACKED = "这件事我还没有去办，也没有可以确认的结果。"
+
+
+def _system_text_patterns() -> tuple[re.Pattern[str], ...]:
+    """The platform's own sentences that ``main_turn`` streams after the model's text (the
+    delegation acknowledgement, "not started"): worded by the system, not the model, so they
+    pass unchecked (internal markers still redacted)."""
+    out = [re.compile(re.escape(DELEGATED_ACK))]
+    not_started = getattr(agent_loop, "NOT_STARTED", None)
+    if isinstance(not_started, str):
+        out.append(re.compile(".+".join(re.escape(part) for part in re.split(r"\{\w*\}", not_started)), re.S))
+    return tuple(out)
+
+
+SYSTEM_TEXTS = _system_text_patterns()
 
 
 def run_tree_report(run: Run) -> reporting.Report:
@@ -82,6 +97,12 @@ class CheckedStream:
         self.raw += delta
         if self.check is None:
             await self._out(delta)
+            return
+        if any(rx.fullmatch(delta) for rx in SYSTEM_TEXTS):  # the system's own sentence: flush, then send as is
+            for sentence in truth.split_sentences(self.buffer):
+                await self._out(self.check.feed(sentence))
+            self.buffer = ""
+            await self._out(self.check.system(redact_markers(delta)))
             return
         self.buffer += delta
         pieces = truth.split_sentences(self.buffer)

@@ -170,3 +170,18 @@ def test_logs_scrub_secret_values_whatever_the_key(caplog: pytest.LogCaptureFixt
     assert str(django_settings.DATA_DIR) not in fields["detail"] and "failed" in fields["detail"]
     assert fields["nested"] == {"why": ["[redacted]"]} and fields["api_key"] == "[redacted]"
     assert fields["run_id"] == RUN_ID  # ids stay: they are how logs are read
+
+
+async def test_the_platforms_own_sentences_pass_while_the_models_claims_do_not() -> None:
+    from brain import agent_loop
+
+    sent: list[str] = []
+
+    async def send(piece: str) -> None:
+        sent.append(piece)
+
+    honest = agent_loop.NOT_STARTED.format(reason="后台任务已满")
+    stream = CheckedStream(send, fresh_check())
+    for delta in ("好的。已经发好了", honest):
+        await stream(delta)
+    assert await stream.close(fallback="x") == "好的。" + honest == "".join(sent)

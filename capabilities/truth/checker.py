@@ -282,6 +282,17 @@ class ReplyCheck:
         self.sent += out
         return out
 
+    def system(self, text: str) -> str:
+        """A sentence worded by the platform itself (not the model): kept unchecked, with the
+        same whitespace handling as ``feed``; the text to send now."""
+        body = text.rstrip()
+        if not body.strip():
+            return ""
+        out = (self.pending_space + body) if self.sent else body.lstrip()
+        self.pending_space = text[len(body):]
+        self.sent += out
+        return out
+
     def finish(self) -> str:
         """Append the undelivered facts the kept text does not state; the tail to send."""
         if self.finished:
