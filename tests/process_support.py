@@ -48,6 +48,13 @@ def database_url_for_subprocesses() -> str:
     return f"postgres://{auth}@{d['HOST'] or '127.0.0.1'}:{d['PORT'] or 5432}/{d['NAME']}"
 
 
+def subprocess_test_database_url() -> str:
+    """The test database, as a URL a subprocess can open (PostgreSQL, or the SQLite file)."""
+    if connection.vendor == "postgresql":
+        return database_url_for_subprocesses()
+    return f"sqlite:///{connection.settings_dict['NAME']}"
+
+
 def wait_for_sessions_to_end(application_name: str, timeout: float = 10.0) -> None:
     """Let the database sessions of processes that just ended (tagged ``PGAPPNAME``; a
     Celery worker's pool children exit a moment after their parent) close before the test

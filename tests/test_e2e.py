@@ -27,7 +27,14 @@ from devices.services import issue_pairing_code
 from devices.simulator import DeviceConnection, pair, read_timeline
 from memory.models import TimelineEntry
 from tests.conftest import db_async, need, script
-from tests.process_support import ROOT, CeleryWorker, database_url_for_subprocesses, free_port, wait_for_sessions_to_end
+from tests.process_support import (
+    ROOT,
+    CeleryWorker,
+    database_url_for_subprocesses,
+    free_port,
+    subprocess_test_database_url,
+    wait_for_sessions_to_end,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -228,13 +235,6 @@ def bare_daphne(log_name: str, *, kill: bool = False, **env_overrides: str) -> I
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-
-
-def subprocess_test_database_url() -> str:
-    """The test database, as a URL a subprocess can open (PostgreSQL, or the SQLite file)."""
-    if connection.vendor == "postgresql":
-        return database_url_for_subprocesses()
-    return f"sqlite:///{connection.settings_dict['NAME']}"
 
 
 async def test_a_message_over_the_transport_limit_closes_with_1009(owner: Any) -> None:

@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
-from urllib.parse import quote
 
 import httpx
 import pytest
@@ -36,6 +35,7 @@ from devices.models import PairingGuessSlot
 from devices.services import issue_pairing_code
 from devices.simulator import DeviceConnection, pair
 from tests.conftest import db_async, need, pairing_payload
+from tests.process_support import free_port, subprocess_test_database_url
 
 ROOT = Path(__file__).resolve().parent.parent
 PROXY = "127.0.0.1"  # nginx's source address towards daphne
@@ -48,22 +48,6 @@ def load_front() -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def database_url_for_subprocesses() -> str:
-    d = connection.settings_dict
-    if connection.vendor == "sqlite":
-        return f"sqlite:///{d['NAME']}"
-    auth = quote(d["USER"] or "")
-    if d.get("PASSWORD"):
-        auth += ":" + quote(d["PASSWORD"])
-    return f"postgres://{auth}@{d['HOST'] or '127.0.0.1'}:{d['PORT'] or 5432}/{d['NAME']}"
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
@@ -111,7 +95,7 @@ def stack(django_db_setup: Any, django_db_blocker: Any, tmp_path_factory: pytest
     env = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "yimi_project.settings",
-        "DATABASE_URL": database_url_for_subprocesses(),
+        "DATABASE_URL": subprocess_test_database_url(),
         "YIMI_CHANNEL_PREFIX": f"yimi-front-{uuid.uuid4().hex[:8]}",
         "YIMI_DATA_DIR": str(django_settings.DATA_DIR),
         "YIMI_EMBEDDED_SWEEPER": "0",
