@@ -31,6 +31,14 @@ class SimulatorError(Exception):
     pass
 
 
+class ConnectionLost(SimulatorError):
+    """The server closed the websocket (``code``: its close code; 1006 if it just dropped)."""
+
+    def __init__(self, code: int | None, reason: str = "") -> None:
+        super().__init__(f"the connection closed (code {code}{': ' + reason if reason else ''})")
+        self.code, self.reason = code, reason
+
+
 @dataclass
 class DeviceIdentity:
     server: str
@@ -211,10 +219,15 @@ class DeviceConnection:
             remaining = deadline - loop.time()
             if remaining <= 0:
                 raise SimulatorError(f"no {types or 'frame'} within {timeout} s")
-            try:
-                frame = await asyncio.wait_for(self.frames.get(), remaining)
-            except TimeoutError:
-                raise SimulatorError(f"no {types or 'frame'} within {timeout} s") from None
+            if self.frames.empty() and self.closed is not None and self.closed.done():
+                raise ConnectionLost(*self.closed.result())
+            getter = asyncio.ensure_future(self.frames.get())
+            waiting: set[asyncio.Future[Any]] = {getter} if self.closed is None else {getter, self.closed}
+            await asyncio.wait(waiting, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+            if not getter.done():
+                getter.cancel()
+                continue  # closed (raised above, once the queue is drained) or past the deadline
+            frame = getter.result()
             if not types or frame.get("type") in types:
                 return frame
 

@@ -215,6 +215,9 @@ YIMI_EMBEDDED_SWEEPER = env.bool("YIMI_EMBEDDED_SWEEPER", default=True)
 
 # --- the brain (OpenAI-compatible Chat Completions) -----------------------------------
 FAKE_BRAIN_PORT = env.int("YIMI_FAKE_BRAIN_PORT", default=8765)
+# Where ``./yimi up`` serves (daphne -b/-p); ``device_sim``'s default ``--server``.
+YIMI_HOST = env.str("YIMI_HOST", default="127.0.0.1")
+YIMI_PORT = env.int("YIMI_PORT", default=8000)
 BRAIN_API_KEY = read_secret(SECRETS_DIR, "brain_api_key") or env.str("YIMI_BRAIN_API_KEY", default="")
 _brain_base_url = env.str("YIMI_BRAIN_BASE_URL", default="")
 # No brain configured: the bundled deterministic demo brain (manage.py fake_brain) answers.

@@ -3,7 +3,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 
 from brain.fake_server import FakeBrainServer, Script
 
@@ -17,7 +17,17 @@ class Command(BaseCommand):
         parser.add_argument("--script", help="JSON rules file (see brain/fake_server.py)")
 
     def handle(self, *args: Any, **opts: Any) -> None:
-        server = FakeBrainServer(opts["host"], opts["port"], Script.load(opts["script"]))
+        try:
+            script = Script.load(opts["script"])
+        except (OSError, ValueError, TypeError) as exc:
+            raise CommandError(f"cannot read the demo brain's script {opts['script']}: {exc}") from None
+        try:
+            server = FakeBrainServer(opts["host"], opts["port"], script)
+        except OSError as exc:
+            raise CommandError(
+                f"the demo brain cannot listen on {opts['host']}:{opts['port']} ({exc.strerror}): "
+                "another one may be running; stop it or set YIMI_FAKE_BRAIN_PORT (or --port) to a free port"
+            ) from None
         self.stdout.write(f"demo brain listening on {server.base_url}", ending="\n")
         self.stdout.flush()
         try:

@@ -4,6 +4,9 @@
     device_sim say "hello" --key-file phone.json     # prints reply chunks as they arrive, ACKs
     device_sim sync --key-file phone.json [--after N]
     device_sim chat --key-file phone.json            # one line in, one reply out
+
+``--server`` defaults to ``http://YIMI_HOST:YIMI_PORT`` (where ``./yimi up`` serves). Every
+error is one line saying what to do (``CommandError``), never a traceback.
 """
 
 from __future__ import annotations
@@ -12,10 +15,15 @@ import asyncio
 import sys
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
+import httpx
+import websockets
+from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from devices.simulator import DeviceConnection, DeviceIdentity, SimulatorError, pair
+from devices.consumers import CLOSE_AUTH_FAILED, CLOSE_REVOKED
+from devices.simulator import ConnectionLost, DeviceConnection, DeviceIdentity, SimulatorError, pair
 
 
 class Command(BaseCommand):
@@ -29,7 +37,11 @@ class Command(BaseCommand):
         p.add_argument("--name", default=None)
         p.add_argument("--channels", default=None, help="comma-separated capture channels")
         p.add_argument("--relay-via", default=None, help="a watch's phone (device id)")
-        p.add_argument("--server", default="http://127.0.0.1:8000")
+        p.add_argument(
+            "--server",
+            default=default_server(),
+            help="the Yimi server, with its scheme (default: http://YIMI_HOST:YIMI_PORT, as ./yimi up serves: %(default)s)",
+        )
         s = sub.add_parser("say", help="send one text and print the reply")
         s.add_argument("text")
         y = sub.add_parser("sync", help="print the timeline after a sequence number")
@@ -39,10 +51,22 @@ class Command(BaseCommand):
             sp.add_argument("--key-file", required=True, help="where this device's identity and key are kept")
 
     def handle(self, *args: Any, **opts: Any) -> None:
+        where = default_server()
+        if opts["action"] == "pair":
+            opts["server"] = checked_server(opts["server"])
+            where = opts["server"]
+        elif opts.get("key_file"):
+            where = load_identity(Path(opts["key_file"])).server
         try:
             asyncio.run(getattr(self, f"_{opts['action']}")(opts))
-        except (SimulatorError, OSError) as exc:
-            raise CommandError(str(exc)) from exc
+        except (httpx.ConnectError, httpx.ConnectTimeout, ConnectionRefusedError, TimeoutError) as exc:
+            raise CommandError(f"cannot reach Yimi at {where}: is `./yimi up` running there? ({type(exc).__name__})") from exc
+        except ConnectionLost as exc:
+            raise CommandError(closed_message(exc.code, exc.reason)) from exc
+        except websockets.ConnectionClosed as exc:
+            raise CommandError(closed_message(exc.rcvd.code if exc.rcvd else None, exc.rcvd.reason if exc.rcvd else "")) from exc
+        except (SimulatorError, OSError, httpx.HTTPError, websockets.WebSocketException) as exc:
+            raise CommandError(f"{exc} (server {where})") from exc
 
     async def _pair(self, opts: dict[str, Any]) -> None:
         path = Path(opts["key_file"])
@@ -62,7 +86,7 @@ class Command(BaseCommand):
         self.stdout.write(f"paired {identity.kind} {identity.device_id}; key kept in {path} (0600)")
 
     async def _say(self, opts: dict[str, Any]) -> None:
-        async with DeviceConnection(DeviceIdentity.load(Path(opts["key_file"]))) as conn:
+        async with DeviceConnection(load_identity(Path(opts["key_file"]))) as conn:
             await self._exchange(conn, opts["text"])
 
     async def _exchange(self, conn: DeviceConnection, text: str) -> None:
@@ -84,13 +108,13 @@ class Command(BaseCommand):
         await asyncio.sleep(0.05)  # let the ACK frame leave before the socket closes
 
     async def _sync(self, opts: dict[str, Any]) -> None:
-        async with DeviceConnection(DeviceIdentity.load(Path(opts["key_file"]))) as conn:
+        async with DeviceConnection(load_identity(Path(opts["key_file"]))) as conn:
             for entry in await conn.sync(after=opts["after"]):
                 who = {"utterance": "you", "reply": "yimi", "notice": "notice"}[entry["kind"]]
                 self.stdout.write(f"[#{entry['seq']}] {who}: {entry['text']}")
 
     async def _chat(self, opts: dict[str, Any]) -> None:
-        async with DeviceConnection(DeviceIdentity.load(Path(opts["key_file"]))) as conn:
+        async with DeviceConnection(load_identity(Path(opts["key_file"]))) as conn:
             self.stdout.write(f"connected as {conn.identity.name}; type a line, Ctrl-D to quit")
             loop = asyncio.get_running_loop()
             while True:
@@ -99,3 +123,39 @@ class Command(BaseCommand):
                     return
                 if line.strip():
                     await self._exchange(conn, line.strip())
+
+
+def default_server() -> str:
+    """``http://YIMI_HOST:YIMI_PORT``: the address ``./yimi up`` serves on."""
+    host = settings.YIMI_HOST
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"  # an IPv6 address
+    return f"http://{host}:{settings.YIMI_PORT}"
+
+
+def checked_server(server: str) -> str:
+    """``server`` without a trailing slash, if it is an http(s) URL with a host."""
+    parts = urlsplit(server)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise CommandError(f"--server {server!r} needs its scheme and host, e.g. --server http://{server or '127.0.0.1:8000'}")
+    return server.rstrip("/")
+
+
+def load_identity(path: Path) -> DeviceIdentity:
+    """The device identity kept in ``path``, or one line saying to pair first."""
+    try:
+        return DeviceIdentity.load(path)
+    except FileNotFoundError:
+        raise CommandError(
+            f"no device identity in {path}: pair first (manage.py device_sim pair CODE --key-file {path})"
+        ) from None
+    except (OSError, ValueError, TypeError) as exc:
+        raise CommandError(f"{path} is not a device_sim key file ({exc}): pair again with another --key-file") from None
+
+
+def closed_message(code: int | None, reason: str) -> str:
+    if code == CLOSE_REVOKED:
+        return "the server closed the connection: this device was revoked by its owner (pair again with a new code)"
+    if code == CLOSE_AUTH_FAILED:
+        return "the server refused this device (unknown or revoked): pair again with a new code"
+    return f"the connection to Yimi closed (code {code}{': ' + reason if reason else ''}): is the server still running?"

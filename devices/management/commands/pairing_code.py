@@ -3,6 +3,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
+from django.db import DatabaseError
 
 from accounts.services import get_owner
 from devices.services import issue_pairing_code
@@ -15,8 +16,11 @@ class Command(BaseCommand):
         parser.add_argument("--guest", action="store_true", help="devices paired with it speak in scope guest")
 
     def handle(self, *args: Any, **opts: Any) -> None:
-        owner = get_owner()
+        try:
+            owner = get_owner()
+        except DatabaseError:
+            raise CommandError("this instance is not set up yet: run ./yimi up (or manage.py yimi_init) first") from None
         if owner is None:
-            raise CommandError("no owner yet: run manage.py yimi_init first")
+            raise CommandError("no owner yet: run ./yimi up (or manage.py yimi_init) first")
         _, code = issue_pairing_code(owner, for_guest=opts["guest"])
         self.stdout.write(code)

@@ -8,6 +8,8 @@ devices' command because it ends with pairing, which accounts/, a layer below, c
 
 from __future__ import annotations
 
+import errno
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +30,19 @@ class Command(BaseCommand):
         parser.add_argument("--owner-password-file", help="read the owner's password from this file")
         parser.add_argument("--no-pairing-code", action="store_true")
         parser.add_argument("--guest-code", action="store_true", help="the pairing code is for a guest device")
+        parser.add_argument(
+            "--check-ports",
+            action="store_true",
+            help="first check that YIMI_HOST:YIMI_PORT (and, with --demo-brain, YIMI_FAKE_BRAIN_PORT) are free (./yimi up)",
+        )
+        parser.add_argument("--demo-brain", action="store_true", help="with --check-ports: the demo brain will start too")
 
     def handle(self, *args: Any, **opts: Any) -> None:
+        if opts["check_ports"]:
+            # Before anything else: a second `./yimi up` must fail without issuing a pairing code.
+            check_port_free(settings.YIMI_HOST, settings.YIMI_PORT, "YIMI_PORT", "Yimi")
+            if opts["demo_brain"]:
+                check_port_free("127.0.0.1", settings.FAKE_BRAIN_PORT, "YIMI_FAKE_BRAIN_PORT", "the demo brain")
         call_command("migrate", interactive=False, verbosity=0)
         self.stdout.write(f"database: migrated ({settings.DATABASES['default']['ENGINE'].rsplit('.', 1)[-1]})")
 
@@ -58,3 +71,19 @@ class Command(BaseCommand):
             _, code = issue_pairing_code(get_owner(), for_guest=opts["guest_code"])
             kind = "guest pairing code" if opts["guest_code"] else "pairing code"
             self.stdout.write(f"{kind} (single use, valid 10 minutes): {code}")
+
+
+def check_port_free(host: str, port: int, variable: str, what: str) -> None:
+    """Raise a one-line ``CommandError`` if nothing can listen on ``host:port``."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host.strip("[]"), port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise CommandError(
+                    f"port {port} on {host} ({what}) is in use: is Yimi already running? "
+                    f"Stop it (Ctrl-C in its terminal) or set {variable} to a free port"
+                ) from None
+            raise CommandError(f"cannot listen on {host}:{port} ({what}): {exc.strerror}; set {variable}") from None

@@ -1,0 +1,178 @@
+"""The first hour on a fresh clone: every CLI error of device_sim, pairing_code, yimi_init
+and fake_brain is one line saying what to do (a ``CommandError``, never a traceback)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import websockets
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from django.conf import settings
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.test import override_settings
+
+from devices.consumers import CLOSE_REVOKED
+from devices.management.commands.device_sim import Command as DeviceSim
+from devices.models import PairingCode
+from devices.signatures import challenge_message
+from devices.simulator import DeviceIdentity, _raw_private, new_key
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture
+def taken_port() -> Iterator[int]:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        yield sock.getsockname()[1]
+
+
+def test_device_sim_server_defaults_to_yimi_host_and_port_and_is_explained() -> None:
+    with override_settings(YIMI_HOST="127.0.0.1", YIMI_PORT=8123):
+        parser = DeviceSim().create_parser("manage.py", "device_sim")
+    sub = next(a for a in parser._actions if a.dest == "action")
+    pair = sub.choices["pair"]  # type: ignore[attr-defined]
+    assert pair.get_default("server") == "http://127.0.0.1:8123"
+    assert "YIMI_PORT" in pair.format_help()
+
+
+def test_pair_with_a_server_that_is_not_running_names_its_address(tmp_path: Path) -> None:
+    port = free_port()
+    with override_settings(YIMI_PORT=port), pytest.raises(CommandError) as error:
+        call_command("device_sim", "pair", "ABCD-EFGH", "--key-file", str(tmp_path / "phone.json"))
+    assert f"http://127.0.0.1:{port}" in str(error.value)
+    assert "./yimi up" in str(error.value)
+    assert "\n" not in str(error.value)
+
+
+def test_pair_with_a_server_without_scheme_says_to_add_it(tmp_path: Path) -> None:
+    with pytest.raises(CommandError, match="needs its scheme"):
+        call_command("device_sim", "pair", "ABCD", "--server", "127.0.0.1:8000", "--key-file", str(tmp_path / "k.json"))
+
+
+@pytest.mark.parametrize("action", [["say", "hello"], ["sync"], ["chat"]])
+def test_say_before_pairing_says_to_pair_first(tmp_path: Path, action: list[str]) -> None:
+    with pytest.raises(CommandError, match="pair first"):
+        call_command("device_sim", *action, "--key-file", str(tmp_path / "phone.json"))
+
+
+def test_say_to_a_server_that_stopped_names_its_address(tmp_path: Path) -> None:
+    port = free_port()
+    _, public = new_key()
+    identity = DeviceIdentity(f"http://127.0.0.1:{port}", "d1", base64.b64encode(b"\0" * 32).decode(), public, "phone", "p")
+    identity.save(tmp_path / "phone.json")
+    with pytest.raises(CommandError, match=f"cannot reach Yimi at http://127.0.0.1:{port}"):
+        call_command("device_sim", "say", "hi", "--key-file", str(tmp_path / "phone.json"))
+
+
+class RevokingServer:
+    """A websocket peer speaking the device protocol's handshake, which then answers the
+    first text frame the way DeviceConsumer answers a revoked device: an error, close 4403."""
+
+    def __init__(self) -> None:
+        self.key = Ed25519PrivateKey.generate()
+        self.loop = asyncio.new_event_loop()
+        self.port = 0
+        self.ready = threading.Event()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+
+    async def handler(self, ws: Any) -> None:
+        nonce = "n" * 24
+        signature = base64.b64encode(self.key.sign(challenge_message(nonce))).decode()
+        await ws.send(json.dumps({"type": "challenge", "nonce": nonce, "server_signature": signature}))
+        await ws.recv()
+        await ws.send(json.dumps({"type": "ready"}))
+        await ws.recv()
+        await ws.send(json.dumps({"type": "error", "code": "device_revoked", "message": "revoked"}))
+        await ws.close(code=CLOSE_REVOKED)
+
+    def __enter__(self) -> RevokingServer:
+        self.thread.start()
+        async def start() -> Any:
+            return await websockets.serve(self.handler, "127.0.0.1", 0)
+
+        server = asyncio.run_coroutine_threadsafe(start(), self.loop).result(10)
+        self.server = server
+        self.port = next(iter(server.sockets)).getsockname()[1]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.close()
+        asyncio.run_coroutine_threadsafe(self.server.wait_closed(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+def test_chat_survives_a_revoke_with_a_message(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with RevokingServer() as server:
+        key, _ = new_key()
+        public = base64.b64encode(
+            server.key.public_key().public_bytes_raw()  # type: ignore[attr-defined]
+        ).decode()
+        identity = DeviceIdentity(f"http://127.0.0.1:{server.port}", "d1", _raw_private(key), public, "phone", "p")
+        identity.save(tmp_path / "phone.json")
+        monkeypatch.setattr(sys, "stdin", io.StringIO("hello\n"))
+        with pytest.raises(CommandError, match="revoked by its owner"):
+            call_command("device_sim", "chat", "--key-file", str(tmp_path / "phone.json"), stdout=io.StringIO())
+
+
+def test_pairing_code_before_yimi_init_says_to_set_up_first(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "DJANGO_SETTINGS_MODULE")}
+    env.update(YIMI_DATA_DIR=str(tmp_path), DJANGO_SETTINGS_MODULE="yimi_project.settings")
+    done = subprocess.run(
+        [sys.executable, "manage.py", "pairing_code"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines() == [
+        "CommandError: this instance is not set up yet: run ./yimi up (or manage.py yimi_init) first"
+    ]
+
+
+@pytest.mark.django_db
+def test_yimi_init_checks_the_port_before_issuing_a_pairing_code(owner: Any, taken_port: int) -> None:
+    before = PairingCode.objects.count()
+    with override_settings(YIMI_HOST="127.0.0.1", YIMI_PORT=taken_port), pytest.raises(CommandError) as error:
+        call_command("yimi_init", "--check-ports", stdout=io.StringIO())
+    assert f"port {taken_port} on 127.0.0.1" in str(error.value)
+    assert "YIMI_PORT" in str(error.value)
+    assert PairingCode.objects.count() == before
+
+
+@pytest.mark.django_db
+def test_yimi_init_checks_the_demo_brain_port_too(owner: Any, taken_port: int) -> None:
+    with (
+        override_settings(YIMI_PORT=free_port(), FAKE_BRAIN_PORT=taken_port),
+        pytest.raises(CommandError, match="YIMI_FAKE_BRAIN_PORT"),
+    ):
+        call_command("yimi_init", "--check-ports", "--demo-brain", stdout=io.StringIO())
+
+
+def test_fake_brain_on_a_port_in_use_says_so(taken_port: int) -> None:
+    with pytest.raises(CommandError, match="YIMI_FAKE_BRAIN_PORT") as error:
+        call_command("fake_brain", "--port", str(taken_port), stdout=io.StringIO())
+    assert f"127.0.0.1:{taken_port}" in str(error.value)
+
+
+def test_settings_know_where_yimi_up_serves() -> None:
+    assert isinstance(settings.YIMI_PORT, int)
+    assert settings.YIMI_HOST
