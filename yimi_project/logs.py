@@ -1,7 +1,8 @@
 """Structured JSON logs through one helper, with redaction.
 
-``log_event("run_failed", run_id=..., error_code=...)`` writes one JSON line. Values of
-keys that look like secrets, prompts, content, tokens, paths or URLs are replaced by
+``log_event("run_failed", run_id=..., error_code=...)`` writes one line: JSON
+(``JsonFormatter``) or ``key=value`` text (``TextFormatter``), as ``YIMI_LOG_FORMAT`` says.
+Values of keys that look like secrets, prompts, content, tokens, paths or URLs are replaced by
 ``"[redacted]"``; in every other string value (nested in lists and dicts too), tokens and
 secrets, URLs with credentials and paths in the data or secrets directory are redacted
 (``yimi_project.leaks.redact_secrets``). Business logic never reads logs.
@@ -50,3 +51,15 @@ class JsonFormatter(logging.Formatter):
         if record.exc_info:
             body["exc_type"] = record.exc_info[0].__name__ if record.exc_info[0] else None
         return json.dumps(body, default=str, ensure_ascii=False)
+
+
+class TextFormatter(logging.Formatter):
+    """The same events for a terminal: ``HH:MM:SS level event key=value ...``."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        fields = getattr(record, "yimi_fields", {})
+        parts = [self.formatTime(record, "%H:%M:%S"), record.levelname.lower(), record.getMessage()]
+        parts += [f"{k}={json.dumps(v, default=str, ensure_ascii=False) if not isinstance(v, str) or ' ' in v else v}" for k, v in fields.items()]
+        if record.exc_info and record.exc_info[0]:
+            parts.append(f"exc_type={record.exc_info[0].__name__}")
+        return " ".join(parts)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import environ
+from django.core.exceptions import ImproperlyConfigured
 
 from yimi_project.proxy import public_origin, trusted_networks
 from yimi_project.secrets import load_or_create_internal_token, load_or_create_secret_key, read_secret
@@ -291,13 +292,21 @@ REST_FRAMEWORK = {
     "UNAUTHENTICATED_USER": None,
 }
 
+YIMI_LOG_FORMAT = env.str("YIMI_LOG_FORMAT", default="text")
+if YIMI_LOG_FORMAT not in ("text", "json"):
+    raise ImproperlyConfigured(f"YIMI_LOG_FORMAT must be text or json, not {YIMI_LOG_FORMAT!r}")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"json": {"()": "yimi_project.logs.JsonFormatter"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "json"}},
+    "formatters": {
+        "json": {"()": "yimi_project.logs.JsonFormatter"},
+        "text": {"()": "yimi_project.logs.TextFormatter"},
+    },
+    # One format per output (YIMI_LOG_FORMAT=text|json); "yimi" does not propagate, so the
+    # root handler daphne installs does not print each event a second time.
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": YIMI_LOG_FORMAT}},
     "loggers": {
-        "yimi": {"handlers": ["console"], "level": env.str("YIMI_LOG_LEVEL", default="INFO")},
+        "yimi": {"handlers": ["console"], "level": env.str("YIMI_LOG_LEVEL", default="INFO"), "propagate": False},
         # httpx logs every request URL at INFO; URLs may carry secrets.
         "httpx": {"level": "WARNING"},
     },
