@@ -16,4 +16,5 @@ urlpatterns = [
     path("internal/gateway/", include("capabilities.urls")),
     path("internal/memory/", include("memory.internal_urls")),
     path("internal/", include("brain.internal_urls")),
+    path("", include("devices.home_urls")),  # the owner's home
 ]
