@@ -67,3 +67,30 @@ class OwnerContentAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return is_owner(request.user) and super().has_delete_permission(request, obj)
+
+
+def _is_wide(char: str) -> bool:
+    """A character that is a word on its own: CJK ideographs, kana, hangul, fullwidth forms."""
+    code = ord(char)
+    return (
+        0x2E80 <= code <= 0x9FFF  # CJK radicals, punctuation, kana, ideographs
+        or 0xAC00 <= code <= 0xD7AF  # hangul syllables
+        or 0xF900 <= code <= 0xFAFF  # CJK compatibility ideographs
+        or 0xFF00 <= code <= 0xFFEF  # fullwidth forms
+        or 0x20000 <= code <= 0x3FFFF  # CJK extensions
+    )
+
+
+def clip(text: str, limit: int = 80) -> str:
+    """``text`` on one line, at most ``limit`` characters plus "…" when cut. The cut falls on
+    a word boundary (a space, or either side of a CJK character); a single word longer than
+    half the limit is cut inside it rather than leaving almost nothing."""
+    text = " ".join(text.split())
+    if len(text) <= limit:
+        return text
+    cut = limit
+    while cut > limit // 2 and not (text[cut].isspace() or text[cut - 1].isspace() or _is_wide(text[cut]) or _is_wide(text[cut - 1])):
+        cut -= 1
+    if cut == limit // 2:
+        cut = limit
+    return text[:cut].rstrip() + "…"

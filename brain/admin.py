@@ -1,20 +1,150 @@
-from django.contrib import admin
+"""Everything Yimi did, for the owner to audit: runs (the sentence that started each, its
+scope, the reply, the tool calls with their receipts, the sub-agent tasks), reminders,
+scheduled tasks and watches, and the local-model settings (``catalog_admin``). Read-only:
+``brain``'s services are the only writers; the actions here call them."""
 
-from accounts.owner_admin import OwnerContentAdmin
-from brain import catalog_admin  # noqa: F401  (registers the local-models settings page)
-from brain.models import Run
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin
+from django.http import HttpRequest
+
+from accounts.owner_admin import OwnerContentAdmin, clip
+from brain import (
+    catalog_admin,  # noqa: F401  (registers the local-models settings page)
+    reminders,
+)
+from brain.models import AgentTask, Run
+from capabilities.admin import receipt_line
+from capabilities.models import ToolCall
+
+
+class ReadOnlyInline(admin.TabularInline):  # type: ignore[type-arg]
+    extra = 0
+    can_delete = False
+    show_change_link = True
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+class ToolCallInline(ReadOnlyInline):
+    model = ToolCall
+    fields = ("created_at", "agent_id", "tool", "decision", "decision_code", "receipts")
+    readonly_fields = fields
+    ordering = ("created_at",)
+
+    @admin.display(description="receipts")
+    def receipts(self, obj: ToolCall) -> str:
+        return "; ".join(receipt_line(r) for r in obj.receipts.order_by("revision")) or "—"
+
+
+class AgentTaskInline(ReadOnlyInline):
+    model = AgentTask
+    fk_name = "run"
+    fields = ("created_at", "kind", "depth", "goal", "state", "error_code", "short_result")
+    readonly_fields = fields
+    ordering = ("created_at",)
+
+    @admin.display(description="result")
+    def short_result(self, obj: AgentTask) -> str:
+        return clip(obj.result, 160)
 
 
 @admin.register(Run)
 class RunAdmin(OwnerContentAdmin):
-    list_display = ("id", "scope", "state", "attempts", "error_code", "created_at", "finished_at")
-    list_filter = ("state", "scope")
-    readonly_fields = [f.name for f in Run._meta.fields]
+    list_display = ("created_at", "sentence", "scope", "state", "reply", "tool_calls_used", "error_code")
+    list_filter = ("state", "scope", "origin")
+    search_fields = ("inbound__text", "result_entry__text")
+    list_select_related = ("inbound", "result_entry")
+    ordering = ("-created_at",)
+    fields = ("started_by", "scope", "origin", "state", "answer", "error_code", "attempts", "tool_calls_used", "thinking",
+              "origin_device", "created_at", "started_at", "finished_at", "id")
+    readonly_fields = fields
+    inlines = [ToolCallInline, AgentTaskInline]
+
+    @admin.display(description="sentence")
+    def sentence(self, obj: Run) -> str:
+        return clip(obj.inbound.text)
+
+    @admin.display(description="reply")
+    def reply(self, obj: Run) -> str:
+        return clip(obj.result_entry.text) if obj.result_entry else "—"
+
+    @admin.display(description="the sentence that started it")
+    def started_by(self, obj: Run) -> str:
+        return obj.inbound.text
+
+    @admin.display(description="the reply")
+    def answer(self, obj: Run) -> str:
+        return obj.result_entry.text if obj.result_entry else "—"
 
     def has_add_permission(self, request):  # type: ignore[no-untyped-def]
         return False
 
     def has_change_permission(self, request, obj=None):  # type: ignore[no-untyped-def]
+        return False
+
+
+@admin.register(AgentTask)
+class AgentTaskAdmin(OwnerContentAdmin):
+    """Sub-agent tasks; they change only through ``brain.agents``."""
+
+    list_display = ("created_at", "short_goal", "kind", "depth", "state", "error_code", "run", "finished_at")
+    list_filter = ("state", "kind")
+    search_fields = ("goal", "result")
+    ordering = ("-created_at",)
+    readonly_fields = [f.name for f in AgentTask._meta.fields]
+
+    @admin.display(description="goal")
+    def short_goal(self, obj: AgentTask) -> str:
+        return clip(obj.goal)
+
+    def get_queryset(self, request: HttpRequest) -> Any:
+        return super().get_queryset(request).filter(run__owner_id=request.user.pk)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+@admin.action(description="Cancel the selected reminders")
+def cancel_reminders(modeladmin, request, queryset):  # type: ignore[no-untyped-def]
+    for reminder in queryset.filter(state=reminders.Reminder.State.SCHEDULED):
+        reminders.cancel_reminder(request.user, reminder.pk)
+
+
+@admin.register(reminders.Reminder)
+class ReminderAdmin(OwnerContentAdmin):
+    """Reminders; they change only through ``brain.reminders`` (the action cancels)."""
+
+    list_display = ("due_at", "short_text", "state", "created_at", "fired_at", "cancelled_at")
+    list_filter = ("state",)
+    search_fields = ("text",)
+    ordering = ("-due_at",)
+    readonly_fields = [f.name for f in reminders.Reminder._meta.fields]
+    actions = [cancel_reminders]
+
+    @admin.display(description="text")
+    def short_text(self, obj: Any) -> str:
+        return clip(obj.text)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
 

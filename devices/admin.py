@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import Any
+
 from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
@@ -9,13 +11,34 @@ from devices.models import Delivery, Device, PairingCode, VoiceUtterance
 from devices.services import issue_pairing_code, revoke_device
 
 
+class RevokedFilter(admin.SimpleListFilter):
+    title = "revoked"
+    parameter_name = "revoked"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("no", "In use"), ("yes", "Revoked")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Device]) -> QuerySet[Device]:
+        if self.value() == "no":
+            return queryset.filter(revoked_at=None)
+        if self.value() == "yes":
+            return queryset.exclude(revoked_at=None)
+        return queryset
+
+
 @admin.register(Device)
 class DeviceAdmin(OwnerContentAdmin):
-    list_display = ("name", "kind", "is_guest", "capture_channels", "relay_via", "paired_at", "last_seen_at", "revoked_at")
-    list_filter = ("kind", "is_guest")
+    list_display = ("name", "kind", "is_guest", "last_seen_at", "revoked", "paired_at", "relay_via")
+    list_filter = (RevokedFilter, "kind", "is_guest")
+    search_fields = ("name",)
+    ordering = ("revoked_at", "-last_seen_at")
     readonly_fields = ("id", "owner", "kind", "public_key", "capture_channels", "relay_via", "is_guest", "paired_at", "last_seen_at", "revoked_at")
     fields = ("id", "name", *readonly_fields[1:])
     actions = ["revoke"]
+
+    @admin.display(description="revoked", ordering="revoked_at")
+    def revoked(self, obj: Device) -> str:
+        return f"revoked {obj.revoked_at:%Y-%m-%d %H:%M}" if obj.revoked_at else "no"
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

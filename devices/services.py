@@ -221,6 +221,18 @@ def pair_device(request: PairingRequest, *, client_ip: str, now: datetime | None
                 _give_back(slot)
 
 
+def unique_device_name(owner_id: int, name: str) -> str:
+    """``name``, or when one of the owner's devices (not revoked) already has it, the first
+    free "name 2", "name 3", ... so two devices are never told apart by id alone."""
+    taken = set(Device.objects.filter(owner_id=owner_id, revoked_at=None).values_list("name", flat=True))
+    if name not in taken:
+        return name
+    n = 2
+    while (candidate := f"{name[:58]} {n}") in taken:
+        n += 1
+    return candidate
+
+
 @transaction.atomic
 def _claim_code_and_create(request: PairingRequest, code: str, now: datetime) -> Device:
     pairing = PairingCode.objects.filter(digest=_digest(code)).first()
@@ -244,7 +256,7 @@ def _claim_code_and_create(request: PairingRequest, code: str, now: datetime) ->
         with transaction.atomic():
             device = Device.objects.create(
                 owner_id=pairing.owner_id,
-                name=request.name,
+                name=unique_device_name(pairing.owner_id, request.name),
                 kind=request.kind,
                 capture_channels=request.capture_channels,
                 public_key=request.public_key,

@@ -22,6 +22,7 @@ class PairView(APIView):
             {
                 "device_id": str(device.id),
                 "kind": device.kind,
+                "name": device.name,
                 "guest": device.is_guest,
                 "instance_public_key": instance_public_key_b64(),
                 "protocol": 1,

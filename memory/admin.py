@@ -15,9 +15,9 @@ from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 
-from accounts.owner_admin import OwnerContentAdmin
+from accounts.owner_admin import OwnerContentAdmin, clip
 from accounts.services import is_owner
-from memory import assertions
+from memory import assertions, preferences
 from memory.models import Assertion, TimelineEntry
 from yimi_project.errors import YimiError
 
@@ -31,7 +31,7 @@ class TimelineEntryAdmin(OwnerContentAdmin):
 
     @admin.display(description="text")
     def short_text(self, obj: TimelineEntry) -> str:
-        return obj.text[:80]
+        return clip(obj.text)
 
     def has_add_permission(self, request):  # type: ignore[no-untyped-def]
         return False
@@ -41,6 +41,26 @@ class TimelineEntryAdmin(OwnerContentAdmin):
 
     def has_delete_permission(self, request, obj=None):  # type: ignore[no-untyped-def]
         return False
+
+
+def _text_shaped(payload: Any) -> bool:
+    """A payload the owner edits as text: a string, or an object whose only free-text field
+    is ``text`` (plus ``doc`` for core profile entries)."""
+    return isinstance(payload, str) or (isinstance(payload, dict) and isinstance(payload.get("text"), str) and set(payload) <= {"text", "doc"})
+
+
+def _posted_payload(request: HttpRequest, current: Any) -> Any:
+    """The new payload from the edit form: the text field (and ``doc``), or, for a payload
+    that is not text-shaped, the JSON field. Raises ValueError on bad JSON."""
+    if "text" not in request.POST:
+        return json.loads(request.POST.get("payload", ""))
+    text = request.POST["text"].replace("\r\n", "\n").strip()
+    if isinstance(current, str):
+        return text
+    payload: dict[str, Any] = {"text": text}
+    if isinstance(current, dict) and "doc" in current or request.POST.get("doc"):
+        payload["doc"] = request.POST.get("doc") or (current or {}).get("doc", "memory")
+    return payload
 
 
 def _is_owner(request: HttpRequest) -> bool:
@@ -61,7 +81,7 @@ class AssertionAdmin(OwnerContentAdmin):
 
     @admin.display(description="summary")
     def short_summary(self, obj: Assertion) -> str:
-        return obj.summary[:80] if obj.state == Assertion.State.ACTIVE else "(forgotten)"
+        return clip(obj.summary) if obj.state == Assertion.State.ACTIVE else "(forgotten)"
 
     # Only the owner reads memory (OwnerContentAdmin); rows change only through the services.
     def has_add_permission(self, request: HttpRequest) -> bool:
@@ -77,6 +97,7 @@ class AssertionAdmin(OwnerContentAdmin):
         wrap = self.admin_site.admin_view
         return [
             path("needs-reevaluation/", wrap(self.reevaluation_view), name="memory_assertion_reevaluation"),
+            path("speaking-preferences/", wrap(self.speaking_view), name="memory_assertion_speaking"),
             path("<uuid:pk>/forget/", wrap(self.forget_view), name="memory_assertion_forget"),
             *super().get_urls(),
         ]
@@ -96,30 +117,50 @@ class AssertionAdmin(OwnerContentAdmin):
         except ValueError:
             return HttpResponse(status=404)
         assertion = self._assertion(request, pk)
-        payload_text = ""
+        history = assertions.history(request.user.pk, assertion.id)
+        current = next((v for v in history["versions"] if v["version"] == assertion.current_version), None)
+        current_payload = current["payload"] if current is not None else None
+        text_form = _text_shaped(current_payload)
         if request.method == "POST":
-            payload_text = request.POST.get("payload", "")
+            expected_raw = request.POST.get("expected_version", "")
             try:
-                payload = json.loads(payload_text)
-                expected = int(request.POST.get("expected_version", "-1"))
-                result = assertions.commit(
-                    assertions.CommitRequest(
-                        owner_id=request.user.pk, request_id=f"admin-{uuid.uuid4().hex}", predicate=assertion.predicate,
-                        payload=payload, expected_version=expected, assertion_id=assertion.id, actor="owner",
+                payload = _posted_payload(request, current_payload)
+                expected = int(expected_raw)
+                if assertion.predicate == assertions.SPEAKING_PREFERENCES:
+                    result = preferences.set_preferences(
+                        request.user.pk, payload.get("text", "") if isinstance(payload, dict) else payload,
+                        expected_version=expected, request_id=f"admin-{uuid.uuid4().hex}", actor="owner",
                     )
-                )
+                else:
+                    result = assertions.commit(
+                        assertions.CommitRequest(
+                            owner_id=request.user.pk, request_id=f"admin-{uuid.uuid4().hex}", predicate=assertion.predicate,
+                            payload=payload, expected_version=expected, assertion_id=assertion.id, actor="owner",
+                        )
+                    )
             except ValueError:
-                messages.error(request, "The payload must be valid JSON; nothing was changed.")
+                messages.error(request, "The payload must be valid JSON and the version a number; nothing was changed.")
             except YimiError as exc:
-                messages.error(request, f"Not saved ({exc.code}): {exc.message}")
+                if exc.code == "conflict":
+                    messages.error(
+                        request,
+                        f"Not saved (conflict): this assertion changed while you were editing — you edited version "
+                        f"{expected_raw}, it is now at version {assertion.current_version}. Your text is below; "
+                        "read the history and save again.",
+                    )
+                else:
+                    messages.error(request, f"Not saved ({exc.code}): {exc.message}")
             else:
                 note = f" {len(result.marked_for_reevaluation)} assertions concluded from it now need re-evaluation." if result.marked_for_reevaluation else ""
                 messages.success(request, f"Saved as version {result.version}.{note}")
                 return HttpResponseRedirect(request.path)
-        history = assertions.history(request.user.pk, assertion.id)
-        current = next((v for v in history["versions"] if v["version"] == assertion.current_version), None)
-        if not payload_text and current is not None and current["payload"] is not None:
-            payload_text = json.dumps(current["payload"], ensure_ascii=False, indent=2)
+            shown = {"text": request.POST.get("text", ""), "doc": request.POST.get("doc", ""), "payload": request.POST.get("payload", "")}
+        else:
+            shown = {
+                "text": assertions.payload_text(current_payload) if text_form and current_payload is not None else "",
+                "doc": current_payload.get("doc", "memory") if isinstance(current_payload, dict) else "",
+                "payload": json.dumps(current_payload, ensure_ascii=False, indent=2) if current_payload is not None else "",
+            }
         names = {
             str(a.id): a
             for a in Assertion.objects.filter(
@@ -136,7 +177,10 @@ class AssertionAdmin(OwnerContentAdmin):
             "assertion": assertion,
             "history": history,
             "versions": list(reversed(history["versions"])),
-            "payload_text": payload_text,
+            "shown": shown,
+            "text_form": text_form,
+            "is_core_profile": assertion.predicate == assertions.CORE_PROFILE,
+            "core_docs": assertions.CORE_DOCS,
             "editable": assertion.state == Assertion.State.ACTIVE,
         }
         return TemplateResponse(request, "admin/memory/assertion/detail.html", context)
@@ -180,3 +224,41 @@ class AssertionAdmin(OwnerContentAdmin):
             "rows": rows,
         }
         return TemplateResponse(request, "admin/memory/assertion/reevaluation.html", context)
+
+    def speaking_view(self, request: HttpRequest) -> HttpResponse:
+        """How Yimi speaks to the owner: the current text with every version; POST saves a
+        new version (``preferences.set_preferences``) or restores the previous one
+        (``preferences.restore_previous``), both compare-and-set on the version shown."""
+        if not _is_owner(request):
+            return HttpResponse(status=403)
+        if request.method == "POST":
+            request_id = f"admin-speaking-{uuid.uuid4().hex}"
+            try:
+                expected = int(request.POST.get("expected_version", ""))
+                if request.POST.get("restore") == "yes":
+                    result = preferences.restore_previous(request.user.pk, expected_version=expected, request_id=request_id)
+                else:
+                    text = request.POST.get("text", "").replace("\r\n", "\n").strip()
+                    result = preferences.set_preferences(request.user.pk, text, expected_version=expected, request_id=request_id)
+            except ValueError:
+                messages.error(request, "Nothing was changed: the form is stale; reload the page.")
+            except YimiError as exc:
+                if exc.code == "conflict":
+                    messages.error(request, "Not saved (conflict): the speaking preferences changed while you were editing; read them again.")
+                else:
+                    messages.error(request, f"Not saved ({exc.code}): {exc.message}")
+            else:
+                messages.success(request, f"Speaking preferences saved as version {result.version}.")
+            return HttpResponseRedirect(request.path)
+        now = preferences.current(request.user.pk)
+        versions: list[dict[str, Any]] = []
+        if now["assertion_id"] is not None:
+            versions = list(reversed(assertions.history(request.user.pk, uuid.UUID(now["assertion_id"]))["versions"]))
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.model._meta,
+            "title": "Speaking preferences",
+            "current": now,
+            "versions": versions,
+        }
+        return TemplateResponse(request, "admin/memory/assertion/speaking.html", context)
