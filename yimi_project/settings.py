@@ -76,6 +76,8 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",  # Swagger UI's files, served from here (no CDN)
     "accounts",
     "devices",
     "memory",
@@ -290,6 +292,20 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "EXCEPTION_HANDLER": "yimi_project.api.drf_exception_handler",
     "UNAUTHENTICATED_USER": None,
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+}
+
+# The OpenAPI 3 schema of the HTTP API (/api/schema/, browsable at /api/docs/; owner only:
+# accounts.schema_views). Only /api/ is described: /internal/ is not the public surface.
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Yimi HTTP API",
+    "DESCRIPTION": "The device and owner HTTP API (docs/protocol.md). Device requests are signed; see the protocol.",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "PREPROCESSING_HOOKS": ["accounts.schema_views.public_api_only"],
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
 }
 
 YIMI_LOG_FORMAT = env.str("YIMI_LOG_FORMAT", default="text")

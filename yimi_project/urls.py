@@ -11,6 +11,7 @@ admin.site.site_title = "Yimi admin"
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/health/", health),
+    path("api/", include("accounts.schema_urls")),  # /api/schema/ and /api/docs/ (owner only)
     path("api/", include("devices.urls")),
     path("api/", include("memory.urls")),
     path("internal/gateway/", include("capabilities.urls")),
