@@ -15,6 +15,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -159,6 +160,7 @@ class DeviceConnection:
         self.frames: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self.closed: asyncio.Future[tuple[int | None, str]] | None = None
         self._reader: asyncio.Task | None = None
+        self.cards: dict[str, dict[str, Any]] = {}  # consent and payment cards seen, by id
 
     @property
     def ws_url(self) -> str:
@@ -194,7 +196,10 @@ class DeviceConnection:
     async def _read(self) -> None:
         try:
             async for raw in self.ws:
-                await self.frames.put(json.loads(raw))
+                frame = json.loads(raw)
+                if frame.get("type") in CARD_TYPES:
+                    self.cards[card_id(frame)] = frame
+                await self.frames.put(frame)
         except websockets.ConnectionClosed:
             pass
         finally:
@@ -276,3 +281,57 @@ class DeviceConnection:
             after = page["next_after"]
             if not page["has_more"]:
                 return entries
+
+    async def open_cards(self) -> list[dict[str, Any]]:
+        """The cards this connection has seen and not answered: pending cards come again
+        right after ``ready``, so a ping's ``pong`` means they all arrived."""
+        request_id = uuid.uuid4().hex
+        await self.send({"type": "ping", "id": request_id})
+        while (await self.next_frame("pong"))["id"] != request_id:
+            pass
+        return list(self.cards.values())
+
+    async def answer_card(self, card: dict[str, Any], answer: str) -> dict[str, Any]:
+        """Approve or deny a ``consent.card`` or ``payment.card``, signed as
+        docs/protocol.md says; returns the ``consent.result``/``payment.result``."""
+        if answer not in ("approve", "deny"):
+            raise SimulatorError(f"an answer is approve or deny, not {answer!r}")
+        request_id = uuid.uuid4().hex
+        if card["type"] == "consent.card":
+            frame = {"type": "consent.answer", "id": request_id, "card_id": card["card_id"], "answer": answer,
+                     "signature": self.identity.sign(consent_answer_message(card, answer))}
+        else:
+            frame = {"type": "payment.answer", "id": request_id, "authorization_id": card["authorization_id"], "answer": answer,
+                     "signature": self.identity.sign(payment_answer_message(card, answer))}
+        await self.send(frame)
+        while True:
+            result = await self.next_frame("consent.result", "payment.result", "error")
+            if result.get("id") == request_id:
+                if result["type"] == "error":
+                    raise SimulatorError(f"{result['code']}: {result['message']}")
+                self.cards.pop(card_id(card), None)
+                return result
+
+
+CARD_TYPES = ("consent.card", "payment.card")
+
+
+def card_id(card: dict[str, Any]) -> str:
+    """A card's id: ``card_id`` of a consent card, ``authorization_id`` of a payment card."""
+    return str(card.get("card_id") or card.get("authorization_id") or "")
+
+
+def consent_answer_message(card: dict[str, Any], answer: str) -> bytes:
+    """What a consent answer signs (docs/protocol.md, "Signing cards"), from the card frame."""
+    fields = ("card_id", "category", "tool", "target", "arguments_digest", "expires_at")
+    return "\n".join(["yimi-consent-v1", *(str(card[f]) for f in fields), answer]).encode()
+
+
+def payment_answer_message(card: dict[str, Any], answer: str, *, unlocked: bool = True) -> bytes:
+    """What a payment answer signs, from the card frame; a phone signs only while unlocked
+    (the simulated phone always is)."""
+    if not unlocked:
+        raise SimulatorError("a payment card is answered only on an unlocked phone")
+    amount = f"{Decimal(card['amount']):.2f}"
+    parts = ["yimi-payment-v1", card["authorization_id"], card["payee"], amount, card["currency"], card["expires_at"], answer, "unlocked"]
+    return "\n".join(parts).encode()

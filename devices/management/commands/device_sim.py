@@ -4,6 +4,8 @@
     device_sim say "hello" --key-file phone.json     # prints reply chunks as they arrive, ACKs
     device_sim sync --key-file phone.json [--after N]
     device_sim chat --key-file phone.json            # one line in, one reply out
+    device_sim approve [CARD_ID] --key-file phone.json  # answer a consent or payment card
+    device_sim deny [CARD_ID] --key-file phone.json     # (say prints cards and their ids)
 
 ``--server`` defaults to ``http://YIMI_HOST:YIMI_PORT`` (where ``./yimi up`` serves). Every
 error is one line saying what to do (``CommandError``), never a traceback.
@@ -22,8 +24,11 @@ import websockets
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
+from brain.agent_loop import DELEGATED_ACK
 from devices.consumers import CLOSE_AUTH_FAILED, CLOSE_REVOKED
-from devices.simulator import ConnectionLost, DeviceConnection, DeviceIdentity, SimulatorError, pair
+from devices.simulator import ConnectionLost, DeviceConnection, DeviceIdentity, SimulatorError, card_id, pair
+
+FOLLOW_SECONDS = 30.0  # how long `say` and `approve` wait for what follows
 
 
 class Command(BaseCommand):
@@ -49,6 +54,13 @@ class Command(BaseCommand):
         sub.add_parser("chat", help="interactive: type lines, read replies")
         for sp in (p, s, y, sub.choices["chat"]):
             sp.add_argument("--key-file", required=True, help="where this device's identity and key are kept")
+        s.add_argument("--follow", type=float, default=None, help="seconds to wait for cards and the report after the reply "
+                       f"(default: {FOLLOW_SECONDS:g} when Yimi delegated the work, else 0)")
+        for answer in ("approve", "deny"):
+            a = sub.add_parser(answer, help=f"{answer} a consent or payment card (the only open one, or CARD_ID)")
+            a.add_argument("card_id", nargs="?", default=None, help="the card's id (or its start), as `say` prints it")
+            a.add_argument("--key-file", required=True, help="where this device's identity and key are kept")
+            a.add_argument("--follow", type=float, default=FOLLOW_SECONDS, help="seconds to wait for the report after approving")
 
     def handle(self, *args: Any, **opts: Any) -> None:
         where = default_server()
@@ -86,6 +98,7 @@ class Command(BaseCommand):
         self.stdout.write(f"paired {identity.kind} {identity.device_id}; key kept in {path} (0600)")
 
     async def _say(self, opts: dict[str, Any]) -> None:
+        self.follow = opts["follow"]
         async with DeviceConnection(load_identity(Path(opts["key_file"]))) as conn:
             await self._exchange(conn, opts["text"])
 
@@ -105,7 +118,75 @@ class Command(BaseCommand):
         else:
             self.stdout.write(f"\n[#{final['seq']}] (rendered, ACK sent)")
         await conn.ack(final["seq"], "rendered")
+        follow = self.follow if self.follow is not None else (FOLLOW_SECONDS if final.get("text") == DELEGATED_ACK else 0.0)
+        for card in conn.cards.values():
+            self._show_card(card)
+        if follow:
+            await self._follow(conn, ack["seq"], follow, until_card=True)
         await asyncio.sleep(0.05)  # let the ACK frame leave before the socket closes
+
+    # --- cards: `say` prints them, `approve`/`deny` answer them -------------------------------
+
+    follow: float | None = None
+
+    def _show_card(self, card: dict[str, Any]) -> None:
+        ident = card_id(card)
+        if card["type"] == "consent.card":
+            self.stdout.write(f"[card {ident}] consent ({card['category']}): {card['tool']} → {card['target']}: {card['preview']}")
+        else:
+            items = "，".join(f"{i.get('item')} ×{i.get('quantity')}" for i in card.get("items") or [])
+            self.stdout.write(f"[card {ident}] payment: {card['amount']} {card['currency']} to {card['merchant'] or card['payee']} ({items})")
+        self.stdout.write(f"  answer it: manage.py device_sim approve {ident} --key-file ...  (or deny)")
+
+    async def _follow(self, conn: DeviceConnection, seq: int, seconds: float, *, until_card: bool = False) -> None:
+        """Print what follows an utterance (activity, cards, the report) until its report
+        arrives, a card asks for an answer (``until_card``), or ``seconds`` pass quietly."""
+        while True:
+            try:
+                frame = await conn.next_frame("activity", "consent.card", "payment.card", "reply.done", "notice", timeout=seconds)
+            except SimulatorError:
+                return
+            if frame["type"] == "activity":
+                self.stdout.write(f"[activity] {frame['title']}: {frame['status']}")
+            elif frame["type"] in ("consent.card", "payment.card"):
+                self._show_card(frame)
+                if until_card:
+                    return
+            elif frame.get("reply_to_seq") == seq:
+                self.stdout.write(f"[#{frame['seq']}] yimi: {frame['text']}")
+                await conn.ack(frame["seq"], "rendered")
+                return
+
+    async def _approve(self, opts: dict[str, Any]) -> None:
+        await self._answer(opts, "approve")
+
+    async def _deny(self, opts: dict[str, Any]) -> None:
+        await self._answer(opts, "deny")
+
+    async def _answer(self, opts: dict[str, Any], answer: str) -> None:
+        async with DeviceConnection(DeviceIdentity.load(Path(opts["key_file"]))) as conn:
+            cards = await conn.open_cards()
+            wanted = opts["card_id"]
+            matching = [c for c in cards if not wanted or card_id(c).startswith(wanted)]
+            if len(matching) != 1:
+                listed = ", ".join(card_id(c) for c in cards) or "none"
+                which = f"no open card {wanted}" if wanted and not matching else "more than one open card: name one"
+                raise CommandError(f"{which} (open cards: {listed})")
+            card = matching[0]
+            result = await conn.answer_card(card, answer)
+            self.stdout.write(f"[card {card_id(card)}] {answer}: {result['state']}")
+            run_seq = await self._utterance_of(conn)
+            if answer == "approve" and opts["follow"] and run_seq is not None:
+                await self._follow(conn, run_seq, opts["follow"])
+            await asyncio.sleep(0.05)
+
+    async def _utterance_of(self, conn: DeviceConnection) -> int | None:
+        """The report of an approved card answers the utterance that asked for it: the
+        latest utterance of this device."""
+        for entry in reversed(await conn.sync(after=max(conn.ready.get("last_seq", 0) - 50, 0))):
+            if entry["kind"] == "utterance" and entry["device_id"] == conn.identity.device_id:
+                return int(entry["seq"])
+        return None
 
     async def _sync(self, opts: dict[str, Any]) -> None:
         async with DeviceConnection(load_identity(Path(opts["key_file"]))) as conn:
