@@ -10,7 +10,12 @@ A script is a JSON list of rules, tried in order against the last user message:
      {"match": "cut", "reply": "half an ans", "truncate": true}]
 
 A rule without ``match`` matches everything. With no matching rule the demo reply is
-used. ``{text}`` in a reply is replaced by the user's message.
+used. ``{text}`` in a reply, and in the string values of its tool calls' arguments, is
+replaced by the user's message.
+
+``Script.load("demo")`` loads the bundled demo script (``brain/scripts/demo.json``), which
+walks the real paths: remembering (memory__commit), a first send to Alice (a consent card)
+and buying a milk tea (a payment card); README.md, "Try it", shows it.
 
 Rules can script an agent loop: ``tool_calls`` ([{"name", "arguments"}]) are returned
 as streamed tool-call fragments; ``when`` says which message the rule looks at —
@@ -32,6 +37,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+SCRIPTS_DIR = Path(__file__).resolve().parent / "scripts"
 DEMO_REPLY = "[demo brain] You said: “{text}”. I am Yimi's demo brain, not a real model: set YIMI_BRAIN_BASE_URL to use one."
 
 
@@ -75,11 +81,24 @@ class Script:
     def load(cls, path: str | Path | None) -> Script:
         if not path:
             return cls()
+        if str(path) == "demo":
+            path = SCRIPTS_DIR / "demo.json"
         raw = json.loads(Path(path).read_text(encoding="utf-8"))
         return cls(rules=[Rule(**r) for r in raw])
 
     def rule_for(self, body: dict[str, Any]) -> Rule:
         return next((r for r in self.rules if r.applies(body)), Rule(when="any"))
+
+
+def _fill(value: Any, text: str) -> Any:
+    """``value`` with ``{text}`` in every string replaced by the user's message."""
+    if isinstance(value, str):
+        return value.replace("{text}", text)
+    if isinstance(value, list):
+        return [_fill(v, text) for v in value]
+    if isinstance(value, dict):
+        return {k: _fill(v, text) for k, v in value.items()}
+    return value
 
 
 def _last_user_text(messages: list[dict[str, Any]]) -> str:
@@ -122,12 +141,13 @@ class _Handler(BaseHTTPRequestHandler):
             self._json(rule.status, {"error": {"message": "scripted failure"}})
             return
         reply = rule.reply.replace("{text}", text)
+        tool_calls = _fill(rule.tool_calls, text)
         if body.get("stream"):
-            self._stream(reply, rule)
+            self._stream(reply, rule, tool_calls)
         else:
-            self._json(200, _completion(reply, rule.tool_calls))
+            self._json(200, _completion(reply, tool_calls))
 
-    def _stream(self, reply: str, rule: Rule) -> None:
+    def _stream(self, reply: str, rule: Rule, tool_calls: list[dict[str, Any]]) -> None:
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-cache")
@@ -139,7 +159,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._event({"id": ident, "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": piece}, "finish_reason": None}]})
             if rule.delay_ms:
                 time.sleep(rule.delay_ms / 1000)
-        for index, call in enumerate(rule.tool_calls):
+        for index, call in enumerate(tool_calls):
             arguments = json.dumps(call.get("arguments", {}), ensure_ascii=False)
             head = {"index": index, "id": f"call_{uuid.uuid4().hex[:8]}", "type": "function", "function": {"name": call["name"], "arguments": ""}}
             self._event({"id": ident, "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"tool_calls": [head]}, "finish_reason": None}]})
@@ -147,7 +167,7 @@ class _Handler(BaseHTTPRequestHandler):
                 piece = {"index": index, "function": {"arguments": arguments[i : i + 16]}}
                 self._event({"id": ident, "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"tool_calls": [piece]}, "finish_reason": None}]})
         if not rule.truncate:
-            reason = "tool_calls" if rule.tool_calls else "stop"
+            reason = "tool_calls" if tool_calls else "stop"
             self._event({"id": ident, "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {}, "finish_reason": reason}]})
             self.wfile.write(b"data: [DONE]\n\n")
         self.wfile.flush()

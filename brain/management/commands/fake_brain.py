@@ -14,7 +14,7 @@ class Command(BaseCommand):
     def add_arguments(self, parser: Any) -> None:
         parser.add_argument("--host", default="127.0.0.1")
         parser.add_argument("--port", type=int, default=settings.FAKE_BRAIN_PORT)
-        parser.add_argument("--script", help="JSON rules file (see brain/fake_server.py)")
+        parser.add_argument("--script", help="JSON rules file (see brain/fake_server.py), or \"demo\" for the bundled demo script")
 
     def handle(self, *args: Any, **opts: Any) -> None:
         try:
