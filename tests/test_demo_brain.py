@@ -18,17 +18,18 @@ from devices.simulator import card_id, consent_answer_message, payment_answer_me
 from memory.models import Assertion
 from payments.models import PaymentIntent
 from tests.conftest import db_async, open_socket, receive_until
-from tests.gateway_support import copy_repo_pack
+from tests.gateway_support import REPO_PACKS, copy_repo_pack
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture
 def demo(brain: Any, internal_listener: Path, tmp_path: Path, settings: Any) -> Any:
-    """The demo brain with its demo script, and the memory, messaging and shop packs."""
+    """The demo brain with its demo script, and every shipped pack, as ``./yimi up`` runs
+    them: more than 20 tools, so sub-agents find theirs with ``find_tools`` first."""
     directory = tmp_path / "packs"
     directory.mkdir()
-    for name in ("memory", "messaging", "shop"):
+    for name in sorted(p.parent.name for p in REPO_PACKS.glob("*/plugin.json")):
         copy_repo_pack(directory, name)
     settings.YIMI_PACKS_DIR = directory
     settings.DATA_DIR = tmp_path / "data"

@@ -135,12 +135,16 @@ async def test_delegated_workspace_write_is_receipted_checked_reported_and_acked
     from capabilities.models import ReceiptRecord, ToldFact
     from tests.conftest import db_async
 
-    script(brain, match="纪要", forbids_tool="workspace__write_file", reply="好，我去整理。",
-           tool_calls=[{"name": "delegate", "arguments": {"goal": "把纪要写进 notes/e2e.md"}}])
-    script(brain, requires_tool="workspace__write_file", reply="", tool_calls=[
-        {"name": "workspace__write_file", "arguments": {"path": "notes/e2e.md", "content": "十点开会", "owner_requested": True}}])
-    script(brain, when="tool", requires_tool="workspace__write_file", reply="写好了。")
+    # The report turn's prompt quotes the task's goal (纪要 too), so its rule comes first.
     script(brain, match="Background task finished", reply="纪要写好了，一共12个字节，另外还有7个附件。")
+    script(brain, match="纪要", requires_tool="steer", reply="好，我去整理。",
+           tool_calls=[{"name": "delegate", "arguments": {"goal": "把纪要写进 notes/e2e.md"}}])
+    # The shipped packs have more than 20 tools: the sub-agent finds the one it needs first.
+    script(brain, requires_tool="find_tools", forbids_tool="workspace__write_file", reply="",
+           tool_calls=[{"name": "find_tools", "arguments": {"query": "workspace__write_file"}}])
+    write = [{"name": "workspace__write_file", "arguments": {"path": "notes/e2e.md", "content": "十点开会", "owner_requested": True}}]
+    script(brain, when="tool", match='"next_offset"', requires_tool="workspace__write_file", reply="", tool_calls=write)
+    script(brain, when="tool", requires_tool="workspace__write_file", reply="写好了。")
 
     (_, code), = [await db_async(issue_pairing_code)(platform["owner"])]
     phone = await pair(platform["base"], code, kind="phone", name="e2e phone")
