@@ -69,6 +69,20 @@ class OwnerContentAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         return is_owner(request.user) and super().has_delete_permission(request, obj)
 
 
+class ReadOnlyOwnerAdmin(OwnerContentAdmin):
+    """An owner page over rows that only their app's services write: nothing is added,
+    edited or deleted here (actions that call a service stay)."""
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
 def _is_wide(char: str) -> bool:
     """A character that is a word on its own: CJK ideographs, kana, hangul, fullwidth forms."""
     code = ord(char)

@@ -10,7 +10,7 @@ from typing import Any
 from django.contrib import admin
 from django.http import HttpRequest
 
-from accounts.owner_admin import OwnerContentAdmin, clip
+from accounts.owner_admin import OwnerContentAdmin, ReadOnlyOwnerAdmin, clip
 from brain import (
     catalog_admin,  # noqa: F401  (registers the local-models settings page)
     reminders,
@@ -91,7 +91,7 @@ class RunAdmin(OwnerContentAdmin):
 
 
 @admin.register(AgentTask)
-class AgentTaskAdmin(OwnerContentAdmin):
+class AgentTaskAdmin(ReadOnlyOwnerAdmin):
     """Sub-agent tasks; they change only through ``brain.agents``."""
 
     list_display = ("created_at", "short_goal", "kind", "depth", "state", "error_code", "run", "finished_at")
@@ -107,15 +107,6 @@ class AgentTaskAdmin(OwnerContentAdmin):
     def get_queryset(self, request: HttpRequest) -> Any:
         return super().get_queryset(request).filter(run__owner_id=request.user.pk)
 
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
 
 @admin.action(description="Cancel the selected reminders")
 def cancel_reminders(modeladmin, request, queryset):  # type: ignore[no-untyped-def]
@@ -124,7 +115,7 @@ def cancel_reminders(modeladmin, request, queryset):  # type: ignore[no-untyped-
 
 
 @admin.register(reminders.Reminder)
-class ReminderAdmin(OwnerContentAdmin):
+class ReminderAdmin(ReadOnlyOwnerAdmin):
     """Reminders; they change only through ``brain.reminders`` (the action cancels)."""
 
     list_display = ("due_at", "short_text", "state", "created_at", "fired_at", "cancelled_at")
@@ -137,15 +128,6 @@ class ReminderAdmin(OwnerContentAdmin):
     @admin.display(description="text")
     def short_text(self, obj: Any) -> str:
         return clip(obj.text)
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
 
 from brain import schedules, watches  # noqa: E402
@@ -160,41 +142,23 @@ def cancel_selected(modeladmin, request, queryset):  # type: ignore[no-untyped-d
 
 
 @admin.register(Schedule)
-class ScheduleAdmin(OwnerContentAdmin):
+class ScheduleAdmin(ReadOnlyOwnerAdmin):
     list_display = ("prompt", "interval_seconds", "daily_at", "next_run_at", "active", "last_run")
     list_filter = ("active",)
     readonly_fields = [f.name for f in Schedule._meta.fields]
     actions = [cancel_selected]
 
-    def has_add_permission(self, request):  # type: ignore[no-untyped-def]
-        return False
-
-    def has_change_permission(self, request, obj=None):  # type: ignore[no-untyped-def]
-        return False
-
 
 @admin.register(Watch)
-class WatchAdmin(OwnerContentAdmin):
+class WatchAdmin(ReadOnlyOwnerAdmin):
     list_display = ("label", "tool", "s_from", "s_to", "last_state", "next_run_at", "active")
     list_filter = ("active",)
     readonly_fields = [f.name for f in Watch._meta.fields]
     actions = [cancel_selected]
 
-    def has_add_permission(self, request):  # type: ignore[no-untyped-def]
-        return False
-
-    def has_change_permission(self, request, obj=None):  # type: ignore[no-untyped-def]
-        return False
-
 
 @admin.register(WatchNotice)
-class WatchNoticeAdmin(OwnerContentAdmin):
+class WatchNoticeAdmin(ReadOnlyOwnerAdmin):
     list_display = ("id", "watch", "state", "sends", "created_at", "delivered_at")
     list_filter = ("state",)
     readonly_fields = [f.name for f in WatchNotice._meta.fields]
-
-    def has_add_permission(self, request):  # type: ignore[no-untyped-def]
-        return False
-
-    def has_change_permission(self, request, obj=None):  # type: ignore[no-untyped-def]
-        return False

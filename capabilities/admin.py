@@ -10,7 +10,7 @@ from typing import Any
 from django.contrib import admin
 from django.http import HttpRequest
 
-from accounts.owner_admin import OwnerContentAdmin, clip
+from accounts.owner_admin import ReadOnlyOwnerAdmin, clip
 from capabilities.models import ReceiptRecord, ToolCall
 
 
@@ -21,17 +21,6 @@ def receipt_line(record: ReceiptRecord) -> str:
     text = summary or json.dumps(record.receipt, ensure_ascii=False, sort_keys=True)
     flags = " · violations" if record.violations else ""
     return f"r{record.revision} {record.status}{flags}: {clip(text, 120)}"
-
-
-class ReadOnlyLedger(OwnerContentAdmin):
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
 
 class ReceiptInline(admin.TabularInline):  # type: ignore[type-arg]
@@ -49,7 +38,7 @@ class ReceiptInline(admin.TabularInline):  # type: ignore[type-arg]
 
 
 @admin.register(ToolCall)
-class ToolCallAdmin(ReadOnlyLedger):
+class ToolCallAdmin(ReadOnlyOwnerAdmin):
     list_display = ("created_at", "tool", "category", "decision", "decision_code", "agent_id", "run", "receipts_summary")
     list_filter = ("decision", "category")
     search_fields = ("tool", "decision_code")
@@ -64,7 +53,7 @@ class ToolCallAdmin(ReadOnlyLedger):
 
 
 @admin.register(ReceiptRecord)
-class ReceiptRecordAdmin(ReadOnlyLedger):
+class ReceiptRecordAdmin(ReadOnlyOwnerAdmin):
     list_display = ("created_at", "task_id", "revision", "status", "tool", "summary", "written_by_gateway")
     list_filter = ("status", "written_by_gateway")
     search_fields = ("task_id",)
