@@ -83,6 +83,20 @@ class ReadOnlyOwnerAdmin(OwnerContentAdmin):
         return False
 
 
+class ReadOnlyInline(admin.TabularInline):  # type: ignore[type-arg]
+    """Rows shown inside an owner page that only their app's services write."""
+
+    extra = 0
+    can_delete = False
+    show_change_link = True
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
 def _is_wide(char: str) -> bool:
     """A character that is a word on its own: CJK ideographs, kana, hangul, fullwidth forms."""
     code = ord(char)

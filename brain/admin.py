@@ -10,7 +10,7 @@ from typing import Any
 from django.contrib import admin
 from django.http import HttpRequest
 
-from accounts.owner_admin import OwnerContentAdmin, ReadOnlyOwnerAdmin, clip
+from accounts.owner_admin import OwnerContentAdmin, ReadOnlyInline, ReadOnlyOwnerAdmin, clip
 from brain import (
     catalog_admin,  # noqa: F401  (registers the local-models settings page)
     reminders,
@@ -18,18 +18,6 @@ from brain import (
 from brain.models import AgentTask, Run
 from capabilities.admin import receipt_line
 from capabilities.models import ToolCall
-
-
-class ReadOnlyInline(admin.TabularInline):  # type: ignore[type-arg]
-    extra = 0
-    can_delete = False
-    show_change_link = True
-
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
 
 class ToolCallInline(ReadOnlyInline):

@@ -5,12 +5,10 @@ ledger (``capabilities.services``, ``capabilities.receipts``); the owner audits 
 from __future__ import annotations
 
 import json
-from typing import Any
 
 from django.contrib import admin
-from django.http import HttpRequest
 
-from accounts.owner_admin import ReadOnlyOwnerAdmin, clip
+from accounts.owner_admin import ReadOnlyInline, ReadOnlyOwnerAdmin, clip
 from capabilities.models import ReceiptRecord, ToolCall
 
 
@@ -23,18 +21,11 @@ def receipt_line(record: ReceiptRecord) -> str:
     return f"r{record.revision} {record.status}{flags}: {clip(text, 120)}"
 
 
-class ReceiptInline(admin.TabularInline):  # type: ignore[type-arg]
+class ReceiptInline(ReadOnlyInline):
     model = ReceiptRecord
-    extra = 0
     fields = ("revision", "status", "task_id", "receipt", "violations", "contradictions", "written_by_gateway", "created_at")
     readonly_fields = fields
-    can_delete = False
-
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
+    show_change_link = False
 
 
 @admin.register(ToolCall)

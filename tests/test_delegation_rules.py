@@ -19,25 +19,16 @@ from capabilities.mcp_host import runtime
 from capabilities.models import ToolCall
 from capabilities.services import CallRequest, decide
 from memory.models import TimelineEntry
+from tests import test_agent_loop
 from tests.conftest import db_async, new_client_id, script
-from tests.gateway_support import copy_repo_pack, manifest, write_pack
+from tests.gateway_support import manifest, write_pack
 
 pytestmark = pytest.mark.django_db(transaction=True)
+packs = test_agent_loop.packs  # the fixture: the workspace and demo packs
 
 WORKSPACE_SKILL_LINE = "A write is verified by reading the file back"
 
 
-@pytest.fixture
-def packs(tmp_path: Path, settings: Any) -> Any:
-    directory = tmp_path / "packs"
-    directory.mkdir()
-    copy_repo_pack(directory, "workspace")
-    write_pack(directory, "demo")
-    settings.YIMI_PACKS_DIR = directory
-    settings.YIMI_WORKSPACE_DIR = tmp_path / "workspace"
-    runtime.reset_for_tests()
-    yield directory
-    runtime.reset_for_tests()
 
 
 def new_run(sim: Any, text: str = "do things", thinking: bool | None = None) -> Run:
