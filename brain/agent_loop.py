@@ -21,6 +21,9 @@
   part of the report, and the task itself is never re-run.
 
 All tool calls of the tree share one budget of 120 (``brain.agents.consume_budget``).
+Every request of a run's tree uses the model roles pinned when the run started
+(``run_roles``, ``brain.roles.for_run``): the main turn and reports ``brain``, sub-agents
+``delegation``; a change applied meanwhile takes effect for the next run.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from typing import Any
 from channels.db import database_sync_to_async
 from django.conf import settings
 
-from brain import agents, reporting
+from brain import agents, reporting, roles
 from brain.client import BrainError, Completion, complete
 from brain.dispatch import keep_claim
 from brain.models import AgentTask, Run
@@ -135,15 +138,31 @@ def parse_arguments(raw: str) -> dict[str, Any] | None:
 # --- the main turn ------------------------------------------------------------------------------
 
 
-async def main_turn(run: Run, messages: list[dict[str, Any]], on_text: Callable[[str], Awaitable[None]]) -> tuple[str, list[AgentTask]]:
-    """One main-agent turn: returns the reply text and the tasks it delegated, which the
-    caller starts once the reply is stored (raises BrainError on failure)."""
+async def run_roles(run_id: Any) -> roles.RunRoles:
+    """The model roles of ``run_id``'s tree, pinned at its start; unusable settings (a role
+    not configured, the master key missing, a key that does not decrypt) end the turn like
+    any failed brain call, with an honest notice."""
+    try:
+        return await database_sync_to_async(roles.for_run)(run_id)
+    except YimiError as exc:
+        log_event("model_settings_unusable", run_id=str(run_id), code=exc.code)
+        raise BrainError("brain_not_configured", f"the model settings cannot be used ({exc.code})") from None
+
+
+async def main_turn(
+    run: Run, messages: list[dict[str, Any]], on_text: Callable[[str], Awaitable[None]], *, run_models: roles.RunRoles | None = None
+) -> tuple[str, list[AgentTask]]:
+    """One main-agent turn with ``run_models.brain`` (the run's pinned roles; read here when
+    not given): returns the reply text and the tasks it delegated, which the caller starts
+    once the reply is stored (raises BrainError on failure)."""
+    if run_models is None:
+        run_models = await run_roles(run.id)
     active = await database_sync_to_async(agents.active_tasks_for_owner)(run.owner_id)
     if active and run.scope == "owner":
         listing = "\n".join(f"- {t.id}: {t.goal[:200]}" for t in active)
         messages = [*messages[:-1], {"role": "system", "content": f"Background tasks still working (use steer to add to one):\n{listing}"}, messages[-1]]
     thinking = await database_sync_to_async(_turn_thinking)(run)
-    completion = await complete(messages, tools=MAIN_TOOLS, on_text=on_text, thinking=thinking)
+    completion = await complete(messages, tools=MAIN_TOOLS, on_text=on_text, thinking=thinking, role_settings=run_models.brain)
     not_started: list[str] = []
     delegated = await handle_main_tool_calls(run, completion, not_started)
     text = completion.text.strip()
@@ -226,7 +245,7 @@ async def execute_agent_task(task_id: Any, *, report: bool = True) -> str:
     try:
         state, result, code = AgentTask.State.SUCCEEDED, "", ""
         try:
-            result = await subagent_loop(task)
+            result = await subagent_loop(task, (await run_roles(task.run_id)).delegation)
         except BrainError as exc:
             state, result, code = AgentTask.State.FAILED, f"the sub-agent's brain call failed ({exc.code})", exc.code
         except Exception as exc:  # noqa: BLE001 - the owner is told it stopped, never left waiting
@@ -268,7 +287,7 @@ async def _report_if_ran_synchronously(task_id: Any) -> None:
         await report_task(task_id)
 
 
-async def subagent_loop(task: AgentTask) -> str:
+async def subagent_loop(task: AgentTask, role_settings: roles.RoleSettings) -> str:
     run = task.run
     scope = run.scope
     self_check = task.kind == AgentTask.Kind.SELF_CHECK
@@ -293,7 +312,7 @@ async def subagent_loop(task: AgentTask) -> str:
             tools.insert(0, FIND_TOOLS)
         if task.depth < settings.MAX_DELEGATION_DEPTH and not self_check:
             tools.append(MAIN_TOOLS[0])
-        completion = await complete(messages, tools=tools or None)
+        completion = await complete(messages, tools=tools or None, role_settings=role_settings)
         if not completion.tool_calls:
             return completion.text.strip() or "(the sub-agent finished without a summary)"
         messages.append(completion.assistant_message())

@@ -17,7 +17,8 @@ from functools import lru_cache
 from typing import Any
 
 import httpx
-from django.conf import settings
+
+from brain.roles import RoleSettings
 
 
 class BrainError(Exception):
@@ -49,11 +50,10 @@ class Completion:
         return message
 
 
-def thinking_fields(thinking: bool | None) -> dict[str, Any]:
+def thinking_fields(thinking: bool | None, field_name: str) -> dict[str, Any]:
     """The per-turn thinking switch in the form the endpoint understands: the field named
-    by ``YIMI_BRAIN_THINKING_FIELD`` (none: not sent). ``reasoning_effort`` takes
+    by the role's ``thinking_field`` option (none: not sent). ``reasoning_effort`` takes
     ``"high"``/``"low"``; any other field (``enable_thinking``, ...) a boolean."""
-    field_name = settings.BRAIN_THINKING_FIELD
     if thinking is None or not field_name:
         return {}
     if field_name == "reasoning_effort":
@@ -73,16 +73,21 @@ async def complete(
     tools: list[dict[str, Any]] | None = None,
     on_text: Callable[[str], Awaitable[None]] | None = None,
     thinking: bool | None = None,
+    role_settings: RoleSettings,
 ) -> Completion:
+    """One request to the endpoint of ``role_settings`` (``brain.roles``): its URL, model,
+    key, thinking field, timeouts and max tokens."""
     headers = {"Content-Type": "application/json"}
-    if settings.BRAIN_API_KEY:
-        headers["Authorization"] = f"Bearer {settings.BRAIN_API_KEY}"
-    body: dict[str, Any] = {"model": settings.BRAIN_MODEL, "messages": messages, "stream": True}
+    if role_settings.api_key:
+        headers["Authorization"] = f"Bearer {role_settings.api_key}"
+    body: dict[str, Any] = {"model": role_settings.model, "messages": messages, "stream": True}
     if tools:
         body["tools"] = tools
-    body.update(thinking_fields(thinking))
-    timeout = httpx.Timeout(settings.BRAIN_TIMEOUT_SECONDS, connect=settings.BRAIN_CONNECT_TIMEOUT_SECONDS)
-    url = settings.BRAIN_BASE_URL.rstrip("/") + "/chat/completions"
+    if role_settings.max_tokens:
+        body["max_tokens"] = role_settings.max_tokens
+    body.update(thinking_fields(thinking, role_settings.thinking_field))
+    timeout = httpx.Timeout(role_settings.timeout_seconds, connect=role_settings.connect_timeout_seconds)
+    url = role_settings.base_url.rstrip("/") + "/chat/completions"
     try:
         async with httpx.AsyncClient(timeout=timeout, verify=_tls_context()) as client:
             async with client.stream("POST", url, json=body, headers=headers) as response:

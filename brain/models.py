@@ -47,6 +47,10 @@ class Run(models.Model):
     # The thinking switch of the main turn, decided per turn (brain.prompts.decide_thinking);
     # None until the turn asked the brain.
     thinking = models.BooleanField(null=True, blank=True)
+    # The model-role versions this run's tree uses, pinned when it starts ({role:
+    # {"configured_as", "version"}}, brain.roles.for_run): a change applied meanwhile
+    # takes effect for the next run only.
+    model_roles = models.JSONField(null=True, blank=True)
 
     def __str__(self) -> str:
         return f"run {self.id} ({self.state})"
@@ -167,4 +171,5 @@ class ModelSwitch(models.Model):
 
 
 from brain.reminders import Reminder  # noqa: E402,F401  (registered with the brain app)
+from brain.role_models import ModelRole, ModelRoleRevision, ModelSettingsImport  # noqa: E402,F401  (registered with the brain app)
 from brain.schedule_models import Schedule, Watch, WatchNotice  # noqa: E402,F401  (registered with the brain app)

@@ -18,6 +18,7 @@ from typing import Any
 
 from channels.db import database_sync_to_async
 
+from brain import roles
 from brain.client import BrainError, complete
 from brain.models import AgentTask
 from brain.prompts import OWNER_SYSTEM
@@ -26,6 +27,7 @@ from capabilities import services, truth
 from capabilities.client import ToolOutcome
 from capabilities.models import ReceiptRecord, ToolCall
 from yimi_project import push
+from yimi_project.errors import YimiError
 from yimi_project.ids import uuid_or_nil
 from yimi_project.logs import log_event
 
@@ -104,13 +106,15 @@ async def prepare_report(task: AgentTask) -> Report:
 
 
 async def report_turn(run: Any, report: Report, claim: Callable[[int], bool], *, context: list[dict[str, Any]] | None = None, event: str) -> None:
-    """One report turn: the model drafts from the report's prompt (after ``context``), the
-    draft is checked and delivered once (``claim``). If the model call fails, the facts are
+    """One report turn: the model (the ``brain`` role pinned on the run, ``roles.for_run``)
+    drafts from the report's prompt (after ``context``), the draft is checked and delivered
+    once (``claim``). If the model call fails or the settings cannot be used, the facts are
     told from templates alone."""
     messages = [{"role": "system", "content": OWNER_SYSTEM}, *(context or []), {"role": "user", "content": report.prompt}]
     try:
-        draft = (await complete(messages)).text
-    except BrainError as exc:
+        role_settings = (await database_sync_to_async(roles.for_run)(run.id)).brain
+        draft = (await complete(messages, role_settings=role_settings)).text
+    except (BrainError, YimiError) as exc:
         log_event("report_turn_failed", about=event, error_code=exc.code)
         draft = ""
     await deliver_checked_reply(run, report, draft, claim)

@@ -28,7 +28,7 @@ from channels.db import database_sync_to_async
 from django.conf import settings
 
 from brain import agent_loop, reporting, services
-from brain.agent_loop import DELEGATED_ACK, main_turn
+from brain.agent_loop import DELEGATED_ACK, main_turn, run_roles
 from brain.client import BrainError
 from brain.dispatch import dispatch_task, keep_claim
 from brain.models import Run
@@ -161,7 +161,9 @@ async def execute_run(run_id: Any) -> str:
         check = truth.ReplyCheck(receipts=report.receipts, delivered_fact_ids=report.delivered, facts=report.facts)
     forward = CheckedStream(send, check)
     try:
-        raw, delegated = await main_turn(run, messages, forward)
+        # The model roles of the whole tree, pinned now: a change applied mid-run waits for the next run.
+        run_models = await run_roles(run.id)
+        raw, delegated = await main_turn(run, messages, forward, run_models=run_models)
         text = await forward.close(fallback=DELEGATED_ACK if delegated else NOTHING_BACKED) if check else raw
     except BrainError as exc:
         state, kind, code = Run.State.FAILED, TimelineEntry.Kind.NOTICE, exc.code

@@ -31,6 +31,7 @@ NOTICE_TEXT = {
     "brain_unreachable": "I couldn't answer this: my brain could not be reached. Nothing was answered; please ask again.",
     "brain_error": "I couldn't answer this: my brain returned an error. Nothing was answered; please ask again.",
     "brain_bad_response": "I couldn't answer this: my brain's answer broke off or was unreadable. Nothing was answered; please ask again.",
+    "brain_not_configured": "I couldn't answer this: my model settings cannot be used right now (the console's model settings page says why). Nothing was answered.",
     "run_expired": "This message waited more than 3 minutes and was not answered in time, so I won't answer it late. Ask again if it still matters.",
 }
 

@@ -51,11 +51,23 @@ def fake_brain() -> Iterator[FakeBrainServer]:
     server.server_close()
 
 
+def use_brain(base_url: str, **options: Any) -> None:
+    """Make ``base_url`` the brain role (``brain.roles.apply``, as the console would), after
+    the first-start import of an empty environment; ``options`` override the role's options
+    (5 s timeout by default). Synchronous: wrap it in ``db_async`` inside async tests."""
+    from brain import roles
+
+    roles.import_from_environment({})
+    roles.apply(
+        "brain", provider="demo", base_url=base_url, model="yimi-demo", options={"timeout_seconds": 5.0, **options},
+        api_key=None, source="console", note="the test's demo brain",
+    )
+
+
 @pytest.fixture
-def brain(fake_brain: FakeBrainServer, settings: Any) -> Iterator[FakeBrainServer]:
-    """The demo brain, with an empty script, configured as this test's brain."""
-    settings.BRAIN_BASE_URL = fake_brain.base_url
-    settings.BRAIN_TIMEOUT_SECONDS = 5.0
+def brain(fake_brain: FakeBrainServer, db: Any) -> Iterator[FakeBrainServer]:
+    """The demo brain, with an empty script, configured as this test's brain role."""
+    use_brain(fake_brain.base_url)
     fake_brain.script.rules.clear()
     fake_brain.script.requests.clear()
     yield fake_brain

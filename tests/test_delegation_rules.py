@@ -20,7 +20,7 @@ from capabilities.models import ToolCall
 from capabilities.services import CallRequest, decide
 from memory.models import TimelineEntry
 from tests import test_agent_loop
-from tests.conftest import db_async, new_client_id, script
+from tests.conftest import db_async, new_client_id, script, use_brain
 from tests.gateway_support import manifest, write_pack
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -320,7 +320,7 @@ async def test_twenty_tools_or_fewer_are_all_offered_without_discovery(make_devi
 async def test_the_thinking_switch_is_decided_per_turn_sent_and_recorded(
     make_device: Any, brain: Any, settings: Any, field: str, text: str, front: bool | None, sent: Any, recorded: bool
 ) -> None:
-    settings.BRAIN_THINKING_FIELD = field
+    await db_async(use_brain)(brain.base_url, thinking_field=field)
     sim = await db_async(make_device)()
     run = await db_async(new_run)(sim, text, front)
     script(brain, reply="好的。")
@@ -331,7 +331,7 @@ async def test_the_thinking_switch_is_decided_per_turn_sent_and_recorded(
 
 
 async def test_no_thinking_field_is_sent_when_none_is_configured(make_device: Any, brain: Any, settings: Any) -> None:
-    settings.BRAIN_THINKING_FIELD = ""
+    await db_async(use_brain)(brain.base_url, thinking_field="")
     sim = await db_async(make_device)()
     run = await db_async(new_run)(sim, "想清楚再回答")
     script(brain, reply="好的。")

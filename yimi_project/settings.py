@@ -221,17 +221,11 @@ FAKE_BRAIN_PORT = env.int("YIMI_FAKE_BRAIN_PORT", default=8765)
 # Where ``./yimi up`` serves (daphne -b/-p); ``device_sim``'s default ``--server``.
 YIMI_HOST = env.str("YIMI_HOST", default="127.0.0.1")
 YIMI_PORT = env.int("YIMI_PORT", default=8000)
-BRAIN_API_KEY = read_secret(SECRETS_DIR, "brain_api_key") or env.str("YIMI_BRAIN_API_KEY", default="")
-_brain_base_url = env.str("YIMI_BRAIN_BASE_URL", default="")
-# No brain configured: the bundled deterministic demo brain (manage.py fake_brain) answers.
-BRAIN_IS_DEMO = not _brain_base_url
-BRAIN_BASE_URL = _brain_base_url or f"http://127.0.0.1:{FAKE_BRAIN_PORT}/v1"
-BRAIN_MODEL = env.str("YIMI_BRAIN_MODEL", default="yimi-demo")
-# The request field that carries the per-turn thinking switch ("" = not sent; e.g.
-# "enable_thinking" or "reasoning_effort"), brain.client.thinking_fields.
-BRAIN_THINKING_FIELD = env.str("YIMI_BRAIN_THINKING_FIELD", default="")
-BRAIN_TIMEOUT_SECONDS = env.float("YIMI_BRAIN_TIMEOUT_SECONDS", default=60.0)
-BRAIN_CONNECT_TIMEOUT_SECONDS = env.float("YIMI_BRAIN_CONNECT_TIMEOUT_SECONDS", default=5.0)
+# The brain's endpoint, model, key and options are model-role settings (brain.roles), imported
+# from YIMI_BRAIN_* / YIMI_VISION_* / YIMI_WORKSHOP_* (and the brain_api_key, vision_api_key,
+# workshop_api_key secret files) at the FIRST start only; later starts keep the stored ones.
+# Whether this deployment starts the demo brain (./yimi up without YIMI_BRAIN_BASE_URL):
+BRAIN_IS_DEMO = not env.str("YIMI_BRAIN_BASE_URL", default="")
 BRAIN_HISTORY_ENTRIES = env.int("YIMI_BRAIN_HISTORY_ENTRIES", default=20)
 # A run whose utterance is older than this is marked expired instead of answered late.
 RUN_STALE_SECONDS = 180
