@@ -31,7 +31,8 @@ def home(request: HttpRequest) -> HttpResponse:
     owner, now = request.user, timezone.now()
     devices = list(Device.objects.filter(owner=owner, revoked_at__isnull=True).order_by("-last_seen_at", "name"))
     context = {
-        "runs": Run.objects.filter(owner=owner, state__in=[Run.State.QUEUED, Run.State.RUNNING]).order_by("-created_at")[:20],
+        "runs": Run.objects.filter(owner=owner, state__in=[Run.State.QUEUED, Run.State.RUNNING])
+        .select_related("inbound", "origin_device").order_by("-created_at")[:20],
         "consent_cards": ConsentCard.objects.filter(owner=owner, state=ConsentCard.State.PENDING).order_by("created_at"),
         "payment_cards": PaymentAuthorization.objects.filter(
             intent__owner=owner, state=PaymentAuthorization.State.PENDING

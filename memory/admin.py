@@ -14,6 +14,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
+from django.utils.dateparse import parse_datetime
 
 from accounts.owner_admin import OwnerContentAdmin, clip
 from accounts.services import is_owner
@@ -170,6 +171,9 @@ class AssertionAdmin(OwnerContentAdmin):
         for ref in [*history["dependents"], *(d for v in history["versions"] for d in v["depends_on"])]:
             other = names.get(ref["assertion_id"])
             ref["predicate"] = other.predicate if other is not None else "?"
+        for v in history["versions"]:  # as the owner reads them: the text (or JSON), a date
+            v["shown"] = assertions.payload_text(v["payload"]) if _text_shaped(v["payload"]) else json.dumps(v["payload"], ensure_ascii=False)
+            v["committed"] = parse_datetime(v["committed_at"])
         context = {
             **self.admin_site.each_context(request),
             "opts": self.model._meta,
