@@ -9,11 +9,13 @@ from typing import Any
 
 from django.contrib import admin
 from django.http import HttpRequest
+from django.utils.safestring import mark_safe
 
 from accounts.owner_admin import OwnerContentAdmin, ReadOnlyInline, ReadOnlyOwnerAdmin, clip
 from brain import (
     catalog_admin,  # noqa: F401  (registers the local-models settings page)
     reminders,
+    trace,
 )
 from brain.models import AgentTask, Run
 from capabilities.admin import receipt_line
@@ -51,7 +53,7 @@ class RunAdmin(OwnerContentAdmin):
     list_select_related = ("inbound", "result_entry")
     ordering = ("-created_at",)
     fields = ("started_by", "scope", "origin", "state", "answer", "error_code", "attempts", "tool_calls_used", "thinking",
-              "origin_device", "created_at", "started_at", "finished_at", "id")
+              "origin_device", "created_at", "started_at", "finished_at", "trace_bar", "id")
     readonly_fields = fields
     inlines = [ToolCallInline, AgentTaskInline]
 
@@ -70,6 +72,10 @@ class RunAdmin(OwnerContentAdmin):
     @admin.display(description="the reply")
     def answer(self, obj: Run) -> str:
         return obj.result_entry.text if obj.result_entry else "—"
+
+    @admin.display(description="trace (ms from the frame's arrival)")
+    def trace_bar(self, obj: Run) -> str:
+        return mark_safe(trace.render_bar(obj.trace))  # noqa: S308 - rendered by a template, every value escaped there
 
     def has_add_permission(self, request):  # type: ignore[no-untyped-def]
         return False

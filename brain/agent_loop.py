@@ -37,7 +37,7 @@ from typing import Any
 from channels.db import database_sync_to_async
 from django.conf import settings
 
-from brain import agents, reporting, roles
+from brain import agents, reporting, roles, trace
 from brain.client import BrainError, Completion, complete
 from brain.dispatch import keep_claim
 from brain.models import AgentTask, Run
@@ -162,7 +162,13 @@ async def main_turn(
         listing = "\n".join(f"- {t.id}: {t.goal[:200]}" for t in active)
         messages = [*messages[:-1], {"role": "system", "content": f"Background tasks still working (use steer to add to one):\n{listing}"}, messages[-1]]
     thinking = await database_sync_to_async(_turn_thinking)(run)
-    completion = await complete(messages, tools=MAIN_TOOLS, on_text=on_text, thinking=thinking, role_settings=run_models.brain)
+
+    async def first_token(delta: str) -> None:  # the trace's first_token (brain.trace)
+        trace.mark(run, "first_token")
+        await on_text(delta)
+
+    trace.mark(run, "brain_request")
+    completion = await complete(messages, tools=MAIN_TOOLS, on_text=first_token, thinking=thinking, role_settings=run_models.brain)
     not_started: list[str] = []
     delegated = await handle_main_tool_calls(run, completion, not_started)
     text = completion.text.strip()

@@ -15,6 +15,7 @@ from django.conf import settings
 from brain.consent_execution import execute_approved
 from brain.reminders import fire_due_reminders
 from brain.schedules import fire_due_schedules
+from brain.trace import now_ms
 from brain.watches import run_due_watches
 from consent.services import expire_cards, settle_interrupted_executions
 from payments.services import expire_authorizations
@@ -29,14 +30,17 @@ def uses_broker() -> bool:
 
 
 async def dispatch_run(run_id: Any) -> None:
+    """Start a run: on a Celery worker, or on this event loop. The time it was queued
+    travels with it (the ``queued`` stage of its trace, ``brain.trace``)."""
+    stages = {"queued": now_ms()}
     if uses_broker():
         from brain.tasks import execute_run_task
 
-        await sync_to_async(execute_run_task.delay, thread_sensitive=False)(str(run_id))
+        await sync_to_async(execute_run_task.delay, thread_sensitive=False)(str(run_id), stages)
         return
     from brain.runner import execute_run
 
-    _keep(asyncio.ensure_future(execute_run(run_id)))
+    _keep(asyncio.ensure_future(execute_run(run_id, stages=stages)))
 
 
 async def dispatch_task(task_id: Any) -> None:

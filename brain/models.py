@@ -42,6 +42,9 @@ class Run(models.Model):
         "memory.TimelineEntry", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
     error_code = models.CharField(max_length=32, blank=True)
+    # When each stage of the utterance's way happened ({stage: epoch ms}, brain.trace):
+    # written with the run's INSERT, the UPDATE that closes it and the device's ACK.
+    trace = models.JSONField(null=True, blank=True)
     # One tool-call budget for the whole delegation tree, counted by conditional UPDATE.
     tool_calls_used = models.PositiveIntegerField(default=0)
     # The thinking switch of the main turn, decided per turn (brain.prompts.decide_thinking);

@@ -27,7 +27,7 @@ from typing import Any
 from channels.db import database_sync_to_async
 from django.conf import settings
 
-from brain import agent_loop, reporting, services
+from brain import agent_loop, reporting, services, trace
 from brain.agent_loop import DELEGATED_ACK, main_turn, run_roles
 from brain.client import BrainError
 from brain.dispatch import dispatch_task, keep_claim
@@ -127,11 +127,15 @@ class CheckedStream:
         return self.text
 
 
-async def execute_run(run_id: Any) -> str:
-    """Execute one run; returns the run's final state, or "skipped" if it was not ours."""
+async def execute_run(run_id: Any, *, stages: dict[str, float] | None = None) -> str:
+    """Execute one run; returns the run's final state, or "skipped" if it was not ours.
+    ``stages``: trace stages noted before it got here (``queued``); the run's trace
+    (``brain.trace``) is kept in memory and written when the run closes."""
     run = await database_sync_to_async(services.claim_run)(run_id)
     if run is None:
         return "skipped"
+    run.trace = {**(run.trace or {}), **(stages or {})}
+    trace.mark(run, "claimed")
     if services.is_stale(run):
         expired = await database_sync_to_async(services.expire_claimed)(run)
         if expired is None:
@@ -140,9 +144,11 @@ async def execute_run(run_id: Any) -> str:
         return Run.State.EXPIRED
     history = await database_sync_to_async(services.history_for)(run)
     messages = build_messages(run.scope, run.inbound.text, history)
+    trace.mark(run, "prompt_built")
     # memory hook (issue 5): core profile + incremental L3 facts (brain.prompts.with_memory)
     memory = await database_sync_to_async(prepare_memory)(run.owner_id, run.scope, run.inbound.seq)
     messages = with_memory(messages, history, memory)
+    trace.mark(run, "memory_prepared")
     report = None if settings.YIMI_BENCH_UNCHECKED_REPLIES else await database_sync_to_async(run_tree_report)(run)
     beat = asyncio.ensure_future(keep_claim(lambda: services.heartbeat(run)))
     sent = 0
@@ -154,6 +160,8 @@ async def execute_run(run_id: Any) -> str:
             run.origin_device_id,
             {"type": "reply.chunk", "run_id": str(run.id), "reply_to_seq": run.inbound.seq, "index": sent, "text": delta},
         )
+        if not sent:
+            trace.mark(run, "first_chunk")
         sent += 1
 
     check = None

@@ -6,19 +6,22 @@ the row in another state did not happen, and the caller backs off.
 
 from __future__ import annotations
 
+import json
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import F, Q
+from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
 from accounts.services import admit_scheduled, admit_text, admit_voice
 from brain.agents import run_has_active_agents
 from brain.models import Run
+from brain.trace import now_ms
 from capabilities.authorities import RunBinding
 from memory import services as timeline
 from memory.models import TimelineEntry
@@ -43,7 +46,9 @@ class AcceptedUtterance:
     duplicate: bool
 
 
-def accept_utterance(device: Device, client_id: str, text: str, *, thinking: bool | None = None) -> AcceptedUtterance:
+def accept_utterance(
+    device: Device, client_id: str, text: str, *, thinking: bool | None = None, received_ms: float | None = None
+) -> AcceptedUtterance:
     """Store an inbound text utterance and create its run, in one transaction.
 
     Steps: 1. a resend with a known (device, client id) returns the stored entry and
@@ -51,9 +56,10 @@ def accept_utterance(device: Device, client_id: str, text: str, *, thinking: boo
     the timeline; 4. the run is created, bound to the admission record. The run is
     dispatched by the caller after commit; a crash in between is healed by recovery.
     ``thinking`` is the front's per-turn thinking switch, if it sent one (else the main
-    turn decides it from the words, ``brain.prompts.decide_thinking``).
+    turn decides it from the words, ``brain.prompts.decide_thinking``). ``received_ms`` is
+    when the frame reached the consumer: the run's trace (``brain.trace``) starts with it.
     """
-    return _accept(device, client_id, text, lambda: admit_text(device), thinking)
+    return _accept(device, client_id, text, lambda: admit_text(device), thinking, received_ms)
 
 
 def accept_voice_utterance(
@@ -65,7 +71,9 @@ def accept_voice_utterance(
     return _accept(device, client_id, text, lambda: admit_voice(device, scope=scope, reason=reason), thinking)
 
 
-def _accept(device: Device, client_id: str, text: str, admit: Any, thinking: bool | None = None) -> AcceptedUtterance:
+def _accept(
+    device: Device, client_id: str, text: str, admit: Any, thinking: bool | None = None, received_ms: float | None = None
+) -> AcceptedUtterance:
     existing = timeline.find_by_client_id(device.id, client_id)
     if existing is not None:
         return _duplicate(existing)
@@ -80,9 +88,11 @@ def _accept(device: Device, client_id: str, text: str, admit: Any, thinking: boo
                 client_id=client_id,
                 scope=admission.scope,
             )
+            trace = {"received": received_ms} if received_ms is not None else {}
+            trace["admitted"] = now_ms()
             run = Run.objects.create(
                 owner_id=device.owner_id, admission=admission, inbound=entry, origin_device=device, scope=admission.scope,
-                thinking=thinking,
+                thinking=thinking, trace=trace,
             )
     except IntegrityError:
         # The same frame raced itself (two sockets of one device): the other one won.
@@ -161,7 +171,8 @@ def finish_run(run: Run, *, state: str, text: str, kind: str, error_code: str = 
 
     Steps: 1. lock the run row; 2. if it is no longer ours (taken over after a stale
     heartbeat, or already finished) store nothing and return None; 3. append the entry;
-    4. move the run to its final state.
+    4. move the run to its final state, with its trace (``brain.trace``: the stages the
+    runner noted in memory, and ``stored``).
     """
     locked = Run.objects.select_for_update().filter(id=run.id).first()
     if locked is None or locked.state not in (Run.State.RUNNING, Run.State.QUEUED) or locked.attempts != run.attempts:
@@ -175,10 +186,27 @@ def finish_run(run: Run, *, state: str, text: str, kind: str, error_code: str = 
         reply_to=run.inbound,
         notice_code=error_code if kind == TimelineEntry.Kind.NOTICE else "",
     )
+    fields: dict[str, Any] = {}
+    if run.trace is not None:
+        run.trace.setdefault("stored", now_ms())
+        fields["trace"] = run.trace
     Run.objects.filter(id=run.id).update(
-        state=state, finished_at=timezone.now(), result_entry=entry, error_code=error_code
+        state=state, finished_at=timezone.now(), result_entry=entry, error_code=error_code, **fields
     )
     return entry
+
+
+def add_trace_stages(run_id: Any, stages: dict[str, float]) -> int:
+    """Merge ``stages`` into a stored run's trace (``brain.trace``) with one UPDATE, stages
+    already there overwritten; the consumer's ``done_sent`` and ``ack``. Returns the number
+    of runs updated (0: no such run)."""
+    if not stages:
+        return 0
+    if connection.vendor == "postgresql":
+        merged = RawSQL("COALESCE(trace, '{}'::jsonb) || %s::jsonb", [json.dumps(stages)])
+    else:  # SQLite, the embedded default
+        merged = RawSQL("json_patch(COALESCE(trace, '{}'), %s)", [json.dumps(stages)])
+    return Run.objects.filter(id=run_id).update(trace=merged)
 
 
 def expire_run(run_id: Any) -> tuple[Run, TimelineEntry] | None:

@@ -7,10 +7,11 @@ from django.conf import settings
 
 
 @shared_task(name="brain.tasks.execute_run", acks_late=True)
-def execute_run_task(run_id: str) -> str:
+def execute_run_task(run_id: str, stages: dict[str, float] | None = None) -> str:
+    """``stages``: trace stages noted before the run reached the worker (``queued``)."""
     from brain.runner import execute_run
 
-    return asyncio.run(execute_run(run_id))
+    return asyncio.run(execute_run(run_id, stages=stages))
 
 
 @shared_task(name="brain.tasks.execute_agent_task", acks_late=True)

@@ -29,7 +29,8 @@ from accounts.models import Scope
 from accounts.services import device_scope_limit
 from brain import catalog, model_settings
 from brain.dispatch import dispatch_card_execution, dispatch_payment, dispatch_run, ensure_embedded_sweeper
-from brain.services import accept_utterance
+from brain.services import accept_utterance, add_trace_stages
+from brain.trace import now_ms
 from consent import services as consent
 from devices import services as device_services
 from devices.models import Device
@@ -58,6 +59,8 @@ MAX_FRAME_DEPTH = 32
 # surrogate (not a character: UTF-8 cannot encode it). JSON escapes (\u0000, \ud800) can
 # make both; a surrogate pair escaped the same way is one real character and passes.
 UNSTORABLE = re.compile(r"[\x00\ud800-\udfff]")
+# How many sent, un-ACKed reply.done frames a socket remembers for their runs' traces.
+DONE_SENT_KEPT = 32
 
 
 def parse_frame(text_data: str) -> dict[str, Any]:
@@ -105,6 +108,12 @@ class DeviceConsumer(AsyncWebsocketConsumer):
     _auth_timer: asyncio.Task | None = None
     _accepted: bool = False
     _told_unavailable: bool = False
+    _received_ms: float = 0.0
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # reply.done frames sent and not yet ACKed: seq -> (run id, when sent), for the trace.
+        self._done_sent: dict[int, tuple[str, float]] = {}
 
     # --- connection lifecycle -----------------------------------------------------------
 
@@ -186,6 +195,7 @@ class DeviceConsumer(AsyncWebsocketConsumer):
         await self._error("binary_not_supported", "this socket takes JSON text frames only")
 
     async def _receive_text(self, text_data: str) -> None:
+        self._received_ms = now_ms()  # the frame's arrival: a text's trace starts here (brain.trace)
         try:
             frame = parse_frame(text_data)
         except YimiError as exc:
@@ -278,7 +288,9 @@ class DeviceConsumer(AsyncWebsocketConsumer):
             raise YimiError("text_too_long", f"text is limited to {settings.WS_MAX_TEXT_CHARS} characters")
         assert self.device is not None
         thinking = frame.get("thinking") if isinstance(frame.get("thinking"), bool) else None
-        accepted = await database_sync_to_async(accept_utterance)(self.device, client_id, text, thinking=thinking)
+        accepted = await database_sync_to_async(accept_utterance)(
+            self.device, client_id, text, thinking=thinking, received_ms=self._received_ms
+        )
         await self._send(
             {
                 "type": "text.ack",
@@ -293,8 +305,20 @@ class DeviceConsumer(AsyncWebsocketConsumer):
             await push.to_owner(self.device.owner_id, {"type": "timeline.new", "seq": accepted.entry.seq})
 
     async def _on_ack(self, frame: dict[str, Any]) -> None:
+        """Record the ACK; the first ACK of a ``reply.done`` this socket sent also closes that
+        run's trace (``done_sent`` and ``ack``, one UPDATE, in the same thread hop)."""
         assert self.device is not None
-        await database_sync_to_async(device_services.record_delivery)(self.device, frame.get("seq"), frame.get("status"))
+        device, seq, acked_at = self.device, frame.get("seq"), self._received_ms
+        sent = self._done_sent.get(seq) if isinstance(seq, int) and not isinstance(seq, bool) else None
+
+        def ack() -> None:
+            device_services.record_delivery(device, seq, frame.get("status"))
+            if sent is not None:
+                add_trace_stages(sent[0], {"done_sent": sent[1], "ack": acked_at})
+
+        await database_sync_to_async(ack)()
+        if sent is not None:
+            self._done_sent.pop(seq, None)
 
     async def _on_sync(self, frame: dict[str, Any]) -> None:
         after, limit = frame.get("after", 0), frame.get("limit", 50)
@@ -415,6 +439,11 @@ class DeviceConsumer(AsyncWebsocketConsumer):
 
     async def reply_done(self, event: dict[str, Any]) -> None:
         await self._send(dict(event))
+        # The trace's done_sent, kept until the device ACKs (written with the ack; brain.trace).
+        if isinstance(event.get("seq"), int) and event.get("run_id"):
+            self._done_sent[event["seq"]] = (event["run_id"], now_ms())
+            while len(self._done_sent) > DONE_SENT_KEPT:
+                self._done_sent.pop(next(iter(self._done_sent)))
 
     async def notice(self, event: dict[str, Any]) -> None:
         await self._send(dict(event))
