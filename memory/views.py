@@ -4,14 +4,17 @@ from typing import Any
 from uuid import UUID
 
 from django.conf import settings
+from drf_spectacular.utils import extend_schema
 from rest_framework.permissions import BasePermission
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from accounts.services import is_owner
+from memory import api_schema as bodies
 from memory import assertions, preferences, recall, short_context
 from memory.services import page_after, serialize_entry
+from yimi_project.api_schema import PARSE_ERRORS, responses
 from yimi_project.errors import YimiError
 
 
@@ -26,6 +29,10 @@ def _int_param(request: Request, name: str, default: int) -> int:
 class TimelineView(APIView):
     """GET /api/timeline/?after=N&limit=M: the owner's timeline in pages (docs/protocol.md)."""
 
+    @extend_schema(
+        operation_id="timeline_page", parameters=bodies.TIMELINE_PARAMETERS,
+        responses=responses({200: bodies.TimelinePage}, "invalid_request", *bodies.AUTH_ERRORS),
+    )
     def get(self, request: Request) -> Response:
         after = _int_param(request, "after", 0)
         limit = min(_int_param(request, "limit", 50), settings.TIMELINE_PAGE_MAX)
@@ -91,6 +98,10 @@ class MemoryView(APIView):
 class AssertionsView(MemoryView):
     """GET: query current assertions; POST: commit a version (compare-and-set)."""
 
+    @extend_schema(
+        operation_id="memory_assertions_query", parameters=bodies.ASSERTION_QUERY_PARAMETERS,
+        responses=responses({200: bodies.AssertionList}, "invalid_request", *bodies.AUTH_ERRORS),
+    )
     def get(self, request: Request) -> Response:
         rows = assertions.query(
             self.owner_id(request),
@@ -103,6 +114,12 @@ class AssertionsView(MemoryView):
         )
         return Response({"assertions": rows})
 
+    @extend_schema(
+        operation_id="memory_assertions_commit", request=bodies.CommitBody,
+        responses=responses({201: bodies.CommitResultBody, 200: bodies.CommitResultBody}, *bodies.WRITE_ERRORS),
+        description="Commit a new version on top of expected_version (compare-and-set). 201 committed; 200 the same "
+        "request_id and body again (replayed, nothing new).",
+    )
     def post(self, request: Request) -> Response:
         commit_request = assertions.CommitRequest.from_payload(self.owner_id(request), _body(request), actor=self.actor)
         result = assertions.commit(commit_request)
@@ -110,11 +127,13 @@ class AssertionsView(MemoryView):
 
 
 class AssertionView(MemoryView):
+    @extend_schema(operation_id="memory_assertion_get", responses=responses({200: bodies.AssertionBody}, *bodies.READ_ERRORS))
     def get(self, request: Request, pk: UUID) -> Response:
         return Response(assertions.get(self.owner_id(request), pk))
 
 
 class AssertionHistoryView(MemoryView):
+    @extend_schema(operation_id="memory_assertion_history", responses=responses({200: bodies.HistoryBody}, *bodies.READ_ERRORS))
     def get(self, request: Request, pk: UUID) -> Response:
         return Response(assertions.history(self.owner_id(request), pk))
 
@@ -124,9 +143,15 @@ class ForgetView(MemoryView):
 
     require_confirm = True
 
+    @extend_schema(operation_id="memory_assertion_forget_preview", responses=responses({200: bodies.ForgetPreviewBody}, *bodies.READ_ERRORS))
     def get(self, request: Request, pk: UUID) -> Response:
         return Response(assertions.forget_preview(self.owner_id(request), pk).payload())
 
+    @extend_schema(
+        operation_id="memory_assertion_forget", request=bodies.ForgetBody,
+        responses=responses({200: bodies.ForgetResultBody}, *bodies.AUTH_ERRORS, *PARSE_ERRORS, "not_found",
+                            "confirmation_required", "forget_incomplete"),
+    )
     def post(self, request: Request, pk: UUID) -> Response:
         body = _body(request)
         if self.require_confirm and body.get("confirm") is not True:
@@ -138,9 +163,14 @@ class ForgetView(MemoryView):
 class SpeakingPreferencesView(MemoryView):
     """GET: the current preferences; PUT/POST ``{"text", "expected_version", "request_id"}``."""
 
+    @extend_schema(operation_id="memory_speaking_preferences_get", responses=responses({200: bodies.SpeakingPreferencesBody}, *bodies.AUTH_ERRORS))
     def get(self, request: Request) -> Response:
         return Response(preferences.current(self.owner_id(request)))
 
+    @extend_schema(
+        operation_id="memory_speaking_preferences_set", request=bodies.SetPreferencesBody,
+        responses=responses({201: bodies.CommitResultBody, 200: bodies.CommitResultBody}, *bodies.PREFERENCE_ERRORS),
+    )
     def put(self, request: Request) -> Response:
         body = _body(request)
         result = preferences.set_preferences(
@@ -149,12 +179,22 @@ class SpeakingPreferencesView(MemoryView):
         )
         return Response(result.payload(), status=200 if result.replayed else 201)
 
-    post = put
+    @extend_schema(
+        operation_id="memory_speaking_preferences_set_by_post", request=bodies.SetPreferencesBody,
+        responses=responses({201: bodies.CommitResultBody, 200: bodies.CommitResultBody}, *bodies.PREFERENCE_ERRORS),
+        description="The same as PUT, for clients that only POST.",
+    )
+    def post(self, request: Request) -> Response:
+        return self.put(request)
 
 
 class RestorePreferencesView(MemoryView):
     """POST ``{"expected_version", "request_id"}``: the previous version becomes current again."""
 
+    @extend_schema(
+        operation_id="memory_speaking_preferences_restore", request=bodies.RestorePreferencesBody,
+        responses=responses({201: bodies.CommitResultBody, 200: bodies.CommitResultBody}, *bodies.PREFERENCE_ERRORS, "nothing_to_restore"),
+    )
     def post(self, request: Request) -> Response:
         body = _body(request)
         result = preferences.restore_previous(
@@ -167,6 +207,10 @@ class RestorePreferencesView(MemoryView):
 class RecallView(MemoryView):
     """GET ``?q=question[&layers=l3,timeline]``."""
 
+    @extend_schema(
+        operation_id="memory_recall", parameters=bodies.RECALL_PARAMETERS,
+        responses=responses({200: bodies.RecallBody}, "invalid_request", *bodies.AUTH_ERRORS),
+    )
     def get(self, request: Request) -> Response:
         question = request.query_params.get("q", "").strip()
         if not question:
@@ -180,6 +224,7 @@ class RecallView(MemoryView):
 
 
 class ShortContextView(MemoryView):
+    @extend_schema(operation_id="memory_short_context", responses=responses({200: bodies.ShortContextBody}, *bodies.AUTH_ERRORS))
     def get(self, request: Request) -> Response:
         return Response(short_context.call_short_context(self.owner_id(request)).payload())
 

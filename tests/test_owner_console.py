@@ -187,7 +187,60 @@ def test_the_api_schema_is_openapi_3_and_lists_the_device_and_memory_endpoints(o
                  "/api/memory/speaking-preferences/"):
         assert path in schema["paths"], path
     assert not any(p.startswith("/internal/") for p in schema["paths"])
+    assert_bodies_are_described(schema)
     docs = mine.get("/api/docs/")
     assert docs.status_code == 200 and b"swagger-ui" in docs.content and b"cdn" not in docs.content.lower()
     assert logged_in(second_superuser).get("/api/schema/").status_code == 403
     assert Client().get("/api/schema/").status_code == 302  # to the admin login
+
+
+def _body_schema(schema: dict[str, Any], part: dict[str, Any]) -> dict[str, Any]:
+    """The JSON schema of a request body or response (refs followed), JSON as the only media type."""
+    content = part["content"]
+    assert list(content) == ["application/json"], list(content)
+    ref = content["application/json"]["schema"]["$ref"]
+    return schema["components"]["schemas"][ref.rsplit("/", 1)[1]]
+
+
+def assert_bodies_are_described(schema: dict[str, Any]) -> None:
+    """Every operation under /api/ has its success body and the error body
+    (``{"error": {"code", "message", "details"?}}``, yimi_project.api) with the codes its
+    statuses carry; the request bodies name the fields the services read."""
+    error = schema["components"]["schemas"]["ErrorBody"]
+    assert error["required"] == ["error"]
+    detail = schema["components"]["schemas"]["ErrorDetail"]
+    assert set(detail["properties"]) == {"code", "message", "details"} and set(detail["required"]) == {"code", "message"}
+    paths = schema["paths"]
+    for path, operations in paths.items():
+        for method, op in operations.items():
+            if method == "parameters" or path in ("/api/schema/", "/api/docs/"):
+                continue
+            ok = [s for s in op["responses"] if s.startswith("2")]
+            assert ok and _body_schema(schema, op["responses"][ok[0]])["properties"], (path, method)
+            failures = [s for s in op["responses"] if s[0] in "45"]
+            assert failures, (path, method)
+            for status in failures:
+                assert op["responses"][status]["content"]["application/json"]["schema"]["$ref"].endswith("/ErrorBody")
+                assert "error code: `" in op["responses"][status]["description"]
+    pair = paths["/api/pair/"]["post"]
+    request = _body_schema(schema, pair["requestBody"])
+    assert set(request["properties"]) == {"code", "kind", "name", "capture_channels", "public_key", "signature", "relay_via"}
+    assert set(request["required"]) == {"code", "kind", "name", "public_key", "signature"}
+    assert set(_body_schema(schema, pair["responses"]["201"])["properties"]) == {
+        "device_id", "kind", "name", "guest", "instance_public_key", "protocol"}
+    assert "`code_expired`" in pair["responses"]["400"]["description"] and "`rate_limited`" in pair["responses"]["429"]["description"]
+    assert "`bad_signature`" in pair["responses"]["401"]["description"]
+    page = _body_schema(schema, paths["/api/timeline/"]["get"]["responses"]["200"])
+    assert set(page["properties"]) == {"after", "entries", "next_after", "has_more"}
+    assert {p["name"] for p in paths["/api/timeline/"]["get"]["parameters"]} >= {"after", "limit"}
+    commit = paths["/api/memory/assertions/"]["post"]
+    assert set(_body_schema(schema, commit["requestBody"])["properties"]) == {
+        "assertion_id", "expected_version", "predicate", "payload", "evidence", "depends_on", "request_id"}
+    assert {"200", "201", "409", "410"} <= set(commit["responses"])
+    assert "`conflict`" in commit["responses"]["409"]["description"] and "`forgotten`" in commit["responses"]["410"]["description"]
+    forget = paths["/api/memory/assertions/{id}/forget/"]
+    assert set(_body_schema(schema, forget["post"]["requestBody"])["properties"]) == {"request_id", "confirm"}
+    assert "will_forget" in _body_schema(schema, forget["get"]["responses"]["200"])["properties"]
+    assert "`confirmation_required`" in forget["post"]["responses"]["409"]["description"]
+    restore = paths["/api/memory/speaking-preferences/restore/"]["post"]
+    assert "`nothing_to_restore`" in restore["responses"]["409"]["description"]
