@@ -1,6 +1,7 @@
 """Everything Yimi did, for the owner to audit: runs (the sentence that started each, its
 scope, the reply, the tool calls with their receipts, the sub-agent tasks), reminders,
-scheduled tasks and watches, and the local-model settings (``catalog_admin``). Read-only:
+scheduled tasks and watches, the local-model settings (``catalog_admin``) and model usage
+(``usage_admin``, with each run's model calls on its page). Read-only:
 ``brain``'s services are the only writers; the actions here call them."""
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from brain import (
     trace,
 )
 from brain.models import AgentTask, Run
+from brain.usage_admin import ModelUsageInline  # also registers the model usage page
 from capabilities.admin import receipt_line
 from capabilities.models import ToolCall
 
@@ -55,7 +57,7 @@ class RunAdmin(OwnerContentAdmin):
     fields = ("started_by", "scope", "origin", "state", "answer", "error_code", "attempts", "tool_calls_used", "thinking",
               "origin_device", "created_at", "started_at", "finished_at", "trace_bar", "id")
     readonly_fields = fields
-    inlines = [ToolCallInline, AgentTaskInline]
+    inlines = [ToolCallInline, AgentTaskInline, ModelUsageInline]
 
     @admin.display(description="sentence")
     def sentence(self, obj: Run) -> str:

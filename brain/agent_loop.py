@@ -42,6 +42,7 @@ from brain.client import BrainError, Completion, complete
 from brain.dispatch import keep_claim
 from brain.models import AgentTask, Run
 from brain.prompts import decide_thinking, skills_block
+from brain.usage import CallContext
 from capabilities.client import ToolOutcome, call_tool
 from capabilities.manifest import PackSet, load_packs, note_listed_tools
 from capabilities.mcp_host.runtime import on_host_loop
@@ -168,7 +169,8 @@ async def main_turn(
         await on_text(delta)
 
     trace.mark(run, "brain_request")
-    completion = await complete(messages, tools=MAIN_TOOLS, on_text=first_token, thinking=thinking, role_settings=run_models.brain)
+    completion = await complete(messages, tools=MAIN_TOOLS, on_text=first_token, thinking=thinking, role_settings=run_models.brain,
+                                usage_for=CallContext(run.id))
     not_started: list[str] = []
     delegated = await handle_main_tool_calls(run, completion, not_started)
     text = completion.text.strip()
@@ -318,7 +320,7 @@ async def subagent_loop(task: AgentTask, role_settings: roles.RoleSettings) -> s
             tools.insert(0, FIND_TOOLS)
         if task.depth < settings.MAX_DELEGATION_DEPTH and not self_check:
             tools.append(MAIN_TOOLS[0])
-        completion = await complete(messages, tools=tools or None, role_settings=role_settings)
+        completion = await complete(messages, tools=tools or None, role_settings=role_settings, usage_for=CallContext(run.id, task.id))
         if not completion.tool_calls:
             return completion.text.strip() or "(the sub-agent finished without a summary)"
         messages.append(completion.assistant_message())

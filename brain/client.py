@@ -9,8 +9,10 @@ into a made-up reply.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import ssl
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -18,7 +20,9 @@ from typing import Any
 
 import httpx
 
+from brain import usage
 from brain.roles import RoleSettings
+from brain.usage import CallContext, TokenUsage
 
 
 class BrainError(Exception):
@@ -42,6 +46,9 @@ class ToolCallRequest:
 class Completion:
     text: str = ""
     tool_calls: list[ToolCallRequest] = field(default_factory=list)
+    # The call's tokens as recorded (brain.usage): reported by the provider, estimated
+    # here, or unknown (every count None).
+    usage: TokenUsage | None = None
 
     def assistant_message(self) -> dict[str, Any]:
         message: dict[str, Any] = {"role": "assistant", "content": self.text or None}
@@ -74,9 +81,12 @@ async def complete(
     on_text: Callable[[str], Awaitable[None]] | None = None,
     thinking: bool | None = None,
     role_settings: RoleSettings,
+    usage_for: CallContext | None = None,
 ) -> Completion:
     """One request to the endpoint of ``role_settings`` (``brain.roles``): its URL, model,
-    key, thinking field, timeouts and max tokens."""
+    key, thinking field, timeouts and max tokens. Every call, failed ones included, leaves
+    one usage record (``brain.usage``) for the role and ``usage_for`` (run, sub-agent task);
+    ``Completion.usage`` holds the counts recorded."""
     headers = {"Content-Type": "application/json"}
     if role_settings.api_key:
         headers["Authorization"] = f"Bearer {role_settings.api_key}"
@@ -88,6 +98,40 @@ async def complete(
     body.update(thinking_fields(thinking, role_settings.thinking_field))
     timeout = httpx.Timeout(role_settings.timeout_seconds, connect=role_settings.connect_timeout_seconds)
     url = role_settings.base_url.rstrip("/") + "/chat/completions"
+    if role_settings.include_usage:
+        # The token counts in the stream's last event. Some endpoints reject the field:
+        # turn the role's include_usage option off for them (their usage is then unknown).
+        body["stream_options"] = {"include_usage": True}
+    started = time.monotonic()
+    try:
+        completion = await _post(url, body, headers, timeout, on_text)
+    except (Exception, asyncio.CancelledError) as exc:
+        code = exc.code if isinstance(exc, BrainError) else "cancelled" if isinstance(exc, asyncio.CancelledError) else "internal_error"
+        await _record_usage(role_settings, usage_for, body, started, usage.UNKNOWN_USAGE, code)
+        raise
+    tokens = completion.usage
+    if tokens is None:
+        tokens = usage.UNKNOWN_USAGE
+        if role_settings.estimate_usage:
+            output = completion.text + "".join(c.name + c.arguments for c in completion.tool_calls)
+            tokens = usage.estimate_tokens(messages, output, tools=tools)
+    completion.usage = tokens
+    await _record_usage(role_settings, usage_for, body, started, tokens, "ok")
+    return completion
+
+
+async def _record_usage(
+    role_settings: RoleSettings, context: CallContext | None, body: dict[str, Any], started: float, tokens: TokenUsage, outcome: str
+) -> None:
+    await usage.record_call_safely(
+        context or CallContext(), role=role_settings.role, provider=role_settings.provider, model=str(body.get("model", "")),
+        tokens=tokens, duration_ms=int((time.monotonic() - started) * 1000), outcome=outcome,
+    )
+
+
+async def _post(
+    url: str, body: dict[str, Any], headers: dict[str, str], timeout: httpx.Timeout, on_text: Callable[[str], Awaitable[None]] | None
+) -> Completion:
     try:
         async with httpx.AsyncClient(timeout=timeout, verify=_tls_context()) as client:
             async with client.stream("POST", url, json=body, headers=headers) as response:
@@ -103,6 +147,7 @@ async def complete(
 async def _read_stream(response: httpx.Response, on_text: Callable[[str], Awaitable[None]] | None) -> Completion:
     parts: list[str] = []
     calls: dict[int, dict[str, str]] = {}
+    reported: Any = None  # the provider's usage object: in the last event, or on every event
     finished = False
     async for line in response.aiter_lines():
         if not line.startswith("data:"):
@@ -113,6 +158,10 @@ async def _read_stream(response: httpx.Response, on_text: Callable[[str], Awaita
             break
         try:
             event = json.loads(data)
+            if event.get("usage"):
+                reported = event["usage"]
+                if not event.get("choices"):  # stream_options.include_usage: a last event without choices
+                    continue
             choice = event["choices"][0]
             delta = choice.get("delta") or {}
         except (ValueError, KeyError, IndexError, TypeError, AttributeError):
@@ -136,4 +185,4 @@ async def _read_stream(response: httpx.Response, on_text: Callable[[str], Awaita
         ToolCallRequest(slot["id"] or f"call_{index}", slot["name"], slot["arguments"] or "{}")
         for index, slot in sorted(calls.items())
     ]
-    return Completion("".join(parts), tool_calls)
+    return Completion("".join(parts), tool_calls, usage.usage_from_provider(reported))

@@ -23,11 +23,20 @@ as streamed tool-call fragments; ``when`` says which message the rule looks at â
 tool result; ``match`` is tried on its content) or ``"any"``; ``requires_tool`` /
 ``forbids_tool`` make a rule apply only when the request offers (or does not offer) a
 tool of that name, which tells a main agent from a sub-agent.
+
+Usage: when a streaming request asks for it (``stream_options.include_usage``), the last
+event before ``[DONE]`` carries an OpenAI-shaped ``usage`` object with ``choices: []``:
+``prompt_tokens`` = the characters of the request's message contents / 4 (rounded up),
+``completion_tokens`` = the characters of the reply and tool-call arguments / 4 (rounded
+up), ``prompt_tokens_details.cached_tokens`` = 0. A rule's ``usage`` replaces that object
+(a dict) or leaves it out (``false``); a server started with ``report_usage=False``
+(``fake_brain --no-usage``) never sends one, like a provider that does not report usage.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 import threading
 import time
@@ -54,6 +63,7 @@ class Rule:
     when: str = "user"
     requires_tool: str | None = None
     forbids_tool: str | None = None
+    usage: bool | dict[str, Any] = True
 
     def applies(self, body: dict[str, Any]) -> bool:
         messages = body.get("messages") or []
@@ -143,11 +153,24 @@ class _Handler(BaseHTTPRequestHandler):
         reply = rule.reply.replace("{text}", text)
         tool_calls = _fill(rule.tool_calls, text)
         if body.get("stream"):
-            self._stream(reply, rule, tool_calls)
+            self._stream(reply, rule, tool_calls, self._usage(body, rule, reply, tool_calls))
         else:
             self._json(200, _completion(reply, tool_calls))
 
-    def _stream(self, reply: str, rule: Rule, tool_calls: list[dict[str, Any]]) -> None:
+    def _usage(self, body: dict[str, Any], rule: Rule, reply: str, tool_calls: list[dict[str, Any]]) -> dict[str, Any] | None:
+        """The usage object for the stream's last event, or None (not asked for, not reported)."""
+        options = body.get("stream_options")
+        if not (isinstance(options, dict) and options.get("include_usage")) or not self.server.report_usage or rule.usage is False:
+            return None
+        if isinstance(rule.usage, dict):
+            return rule.usage
+        prompt = sum(len(m["content"]) for m in body.get("messages") or [] if isinstance(m.get("content"), str))
+        completion = len(reply) + sum(len(json.dumps(c.get("arguments", {}), ensure_ascii=False)) for c in tool_calls)
+        prompt_tokens, completion_tokens = math.ceil(prompt / 4), math.ceil(completion / 4)
+        return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                "total_tokens": prompt_tokens + completion_tokens, "prompt_tokens_details": {"cached_tokens": 0}}
+
+    def _stream(self, reply: str, rule: Rule, tool_calls: list[dict[str, Any]], usage: dict[str, Any] | None = None) -> None:
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-cache")
@@ -169,6 +192,8 @@ class _Handler(BaseHTTPRequestHandler):
         if not rule.truncate:
             reason = "tool_calls" if tool_calls else "stop"
             self._event({"id": ident, "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {}, "finish_reason": reason}]})
+            if usage is not None:
+                self._event({"id": ident, "object": "chat.completion.chunk", "choices": [], "usage": usage})
             self.wfile.write(b"data: [DONE]\n\n")
         self.wfile.flush()
         self.close_connection = True
@@ -205,9 +230,10 @@ def _completion(reply: str, tool_calls: list[dict[str, Any]]) -> dict[str, Any]:
 class FakeBrainServer(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0, script: Script | None = None) -> None:
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, script: Script | None = None, *, report_usage: bool = True) -> None:
         super().__init__((host, port), _Handler)
         self.script = script or Script()
+        self.report_usage = report_usage  # False: never a usage object, like a provider that does not report it
 
     @property
     def base_url(self) -> str:

@@ -23,6 +23,7 @@ from brain.client import BrainError, complete
 from brain.models import AgentTask
 from brain.prompts import OWNER_SYSTEM
 from brain.services import store_reply_once
+from brain.usage import CallContext
 from capabilities import services, truth
 from capabilities.client import ToolOutcome
 from capabilities.models import ReceiptRecord, ToolCall
@@ -113,7 +114,7 @@ async def report_turn(run: Any, report: Report, claim: Callable[[int], bool], *,
     messages = [{"role": "system", "content": OWNER_SYSTEM}, *(context or []), {"role": "user", "content": report.prompt}]
     try:
         role_settings = (await database_sync_to_async(roles.for_run)(run.id)).brain
-        draft = (await complete(messages, role_settings=role_settings)).text
+        draft = (await complete(messages, role_settings=role_settings, usage_for=CallContext(run.id))).text
     except (BrainError, YimiError) as exc:
         log_event("report_turn_failed", about=event, error_code=exc.code)
         draft = ""

@@ -375,6 +375,9 @@ PAYMENTS_SAME_PAYEE_WINDOW_SECONDS = 30 * 60
 
 # --- voice (devices/voice, accounts/voice) -------------------------------------------------------
 YIMI_LOCAL_CATALOG_FILE = env.str("YIMI_LOCAL_CATALOG_FILE", default="")
+# Model prices per provider and model, per million tokens (JSON, format in brain/usage.py); no
+# prices ship with Yimi: without this file every cost is recorded as unknown.
+YIMI_MODEL_PRICES_FILE = env.str("YIMI_MODEL_PRICES_FILE", default="")
 VOICEPRINT_THRESHOLD = env.float("YIMI_VOICEPRINT_THRESHOLD", default=0.65)
 VOICE_REQUEST_WINDOW_SECONDS = env.float("YIMI_VOICE_REQUEST_WINDOW_SECONDS", default=8.0)
 VOICE_FOLLOWUP_WINDOW_SECONDS = env.float("YIMI_VOICE_FOLLOWUP_WINDOW_SECONDS", default=8.0)

@@ -14,6 +14,7 @@ class Command(BaseCommand):
     def add_arguments(self, parser: Any) -> None:
         parser.add_argument("--host", default="127.0.0.1")
         parser.add_argument("--port", type=int, default=settings.FAKE_BRAIN_PORT)
+        parser.add_argument("--no-usage", action="store_true", help="never report token usage (the records then say unknown)")
         parser.add_argument("--script", help="JSON rules file (see brain/fake_server.py), or \"demo\" for the bundled demo script")
 
     def handle(self, *args: Any, **opts: Any) -> None:
@@ -22,7 +23,7 @@ class Command(BaseCommand):
         except (OSError, ValueError, TypeError) as exc:
             raise CommandError(f"cannot read the demo brain's script {opts['script']}: {exc}") from None
         try:
-            server = FakeBrainServer(opts["host"], opts["port"], script)
+            server = FakeBrainServer(opts["host"], opts["port"], script, report_usage=not opts["no_usage"])
         except OSError as exc:
             raise CommandError(
                 f"the demo brain cannot listen on {opts['host']}:{opts['port']} ({exc.strerror}): "
