@@ -12,6 +12,7 @@ from typing import Any
 from django.contrib import admin, messages
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
+from django.template.defaultfilters import pluralize
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.dateparse import parse_datetime
@@ -202,7 +203,8 @@ class AssertionAdmin(OwnerContentAdmin):
                 return HttpResponseRedirect(request.path)
             messages.success(
                 request,
-                f"Forgot {len(result.forgotten)} assertions; the payloads of {result.versions_erased} versions were erased. "
+                f"Forgot {len(result.forgotten)} assertion{pluralize(len(result.forgotten))}; the payloads of "
+                f"{result.versions_erased} version{pluralize(result.versions_erased)} were erased. "
                 f"Not erased: {'; '.join(assertions.NOT_ERASED)}.",
             )
             return HttpResponseRedirect(reverse("admin:memory_assertion_changelist"))

@@ -216,10 +216,10 @@ def test_the_owner_forgets_an_assertion_through_the_preview(page: Any, live_serv
     preview = page.inner_text("#content-main")
     assert "collects vintage stamps" in preview and "preference.hobby" in preview and "Not erased:" in preview
     assert Assertion.objects.get(id=gone).state == "active"  # the preview changes nothing
-    page.click("input[type=submit][value='Yes, forget these 1']")
+    page.click("input[type=submit][value='Yes, forget it']")
     page.wait_for_url(f"{live_server.url}/admin/memory/assertion/")
     shot(page, "07-forgotten")
-    assert "Forgot 1 assertions" in page.inner_text("ul.messagelist")
+    assert "Forgot 1 assertion; the payloads of 1 version were erased." in page.inner_text("ul.messagelist")
     listing = page.inner_text("#result_list")
     assert "collects vintage stamps" not in listing and "(forgotten)" in listing and "likes long walks by the river" in listing
     assert Assertion.objects.get(id=gone).state == "forgotten" and Assertion.objects.get(id=kept).state == "active"
