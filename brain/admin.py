@@ -16,6 +16,7 @@ from accounts.owner_admin import OwnerContentAdmin, ReadOnlyInline, ReadOnlyOwne
 from brain import (
     catalog_admin,  # noqa: F401  (registers the local-models settings page)
     reminders,
+    roles_admin,  # noqa: F401  (registers the model roles page)
     trace,
 )
 from brain.models import AgentTask, Run

@@ -96,8 +96,16 @@ class RunRoles:
 RUN_ROLES = ("brain", "delegation")
 
 
-def _aad(role: str) -> str:
+def key_aad(role: str) -> str:
+    """What a role's sealed key is bound to: a blob copied to another role does not open."""
     return f"yimi-model-role:{role}"
+
+
+def settings_lock() -> None:
+    """The one lock every change of model settings takes (inside its transaction): the
+    marker row, locked ``FOR UPDATE``, so ``apply`` and the master-key rotation never
+    interleave. Before the first-start import there is no row and nothing to serialize."""
+    ModelSettingsImport.objects.select_for_update().filter(id=1).first()
 
 
 def _check_role(role: str) -> None:
@@ -150,7 +158,7 @@ def _validate_endpoint(provider: str, base_url: str, model: str) -> None:
 
 def _settings_of(row: ModelRole | ModelRoleRevision, asked: str) -> RoleSettings:
     options = {**DEFAULT_OPTIONS, **(row.options or {})}
-    key = keyring.decrypt(row.api_key_encrypted, _aad(row.role)) if row.api_key_encrypted else None
+    key = keyring.decrypt(row.api_key_encrypted, key_aad(row.role)) if row.api_key_encrypted else None
     return RoleSettings(
         role=asked,
         provider=row.provider,
@@ -205,8 +213,12 @@ def for_run(run_id: Any) -> RunRoles:
         pin = Run.objects.filter(id=run_id).values_list("model_roles", flat=True).first() or wanted
     found: dict[str, RoleSettings] = {}
     for role in RUN_ROLES:
-        entry = pin.get(role) or {}
-        revision = ModelRoleRevision.objects.filter(role=entry.get("configured_as", ""), version=entry.get("version", -1)).first()
+        entry: dict[str, Any] = pin.get(role) or {}
+        version = entry.get("version")
+        revision = (
+            ModelRoleRevision.objects.filter(role=str(entry.get("configured_as", "")), version=version).first()
+            if isinstance(version, int) else None
+        )
         if revision is None:
             log_event("run_model_pin_missing", run_id=str(run_id), role=role)
             found[role] = resolve(role)
@@ -232,7 +244,7 @@ def apply(
     """Make these the role's settings, as one new version.
 
     Steps: 1. validate everything (bad input changes nothing); 2. in one transaction,
-    lock the role's row (``select_for_update``; a first row is created, and a concurrent
+    take ``settings_lock`` and lock the role's row (``select_for_update``; a first row is created, and a concurrent
     creator's unique violation means the row exists: it is locked instead); 3. seal the
     key (``KEEP``: the stored one stays; None or "": no key); 4. write the row with
     version + 1 and its revision. Runs already working keep the version they pinned.
@@ -244,8 +256,9 @@ def apply(
     clean = validate_options(options)
     if api_key is not KEEP and api_key is not None and not isinstance(api_key, str):
         raise YimiError("invalid_model_settings", "api_key must be text")
-    sealed = keyring.encrypt(api_key, _aad(role)) if isinstance(api_key, str) and api_key else None
     with transaction.atomic():
+        settings_lock()  # before sealing: a rotation in progress finishes first, then the new key seals
+        sealed = keyring.encrypt(api_key, key_aad(role)) if isinstance(api_key, str) and api_key else None
         row = ModelRole.objects.select_for_update().filter(role=role).first()
         if row is None:
             try:

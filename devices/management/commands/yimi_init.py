@@ -1,7 +1,9 @@
 """``manage.py yimi_init``: make this instance ready, idempotently.
 
-Migrates, creates the instance identity (Ed25519) and the owner account if they are
-missing, and prints a fresh pairing code. Running it again changes nothing that exists
+Migrates, creates the instance identity (Ed25519), the model master key and the owner
+account if they are missing, imports the model settings from the environment on the
+first start only (``brain.roles.import_from_environment``), and prints a fresh pairing
+code. Running it again changes nothing that exists
 (it only issues another single-use pairing code, unless ``--no-pairing-code``). It is
 devices' command because it ends with pairing, which accounts/, a layer below, cannot import.
 """
@@ -19,7 +21,9 @@ from django.core.management.base import BaseCommand, CommandError
 
 from accounts.identity import ensure_instance_identity, instance_public_key_b64
 from accounts.services import ensure_owner, get_owner
+from brain import keyring, roles
 from devices.services import issue_pairing_code
+from yimi_project.errors import YimiError
 
 
 class Command(BaseCommand):
@@ -50,6 +54,17 @@ class Command(BaseCommand):
         self.stdout.write(
             f"instance identity: {'created' if created else 'kept'} ({instance_public_key_b64()}) in {settings.DATA_DIR}"
         )
+
+        created = keyring.ensure_master_key()
+        self.stdout.write(f"model master key: {'created' if created else 'kept'} ({keyring.master_key_path()})")
+        try:
+            imported = roles.import_from_environment()
+        except YimiError as exc:
+            raise CommandError(f"model settings: {exc.message} ({exc.code})") from None
+        if imported is None:
+            self.stdout.write("model settings: kept (imported at first start; the environment is not read again)")
+        else:
+            self.stdout.write(f"model settings: imported from the environment ({', '.join(imported)})")
 
         password = None
         if opts["owner_password_file"]:
