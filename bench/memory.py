@@ -13,6 +13,10 @@ Uses a fresh database (``yimi_bench_memory`` by default, dropped and created) an
 3. Recall over 100,000 timeline entries (inserted in bulk for the setup): keyword search
    (pg_trgm-indexed ILIKE), the whole ``recall`` for a timeline question, and vector search
    with the test embedder.
+4. Two-character Chinese queries over the same entries: the query they ran before the
+   CJK bigram index (every row of the owner scored) and ``keyword_search`` now (the bigram
+   ``tsvector`` index of migration 0005, newest first for one term), rare and common terms apart, beside the floor (``SELECT 1``) measured
+   in the same run; the plan node PostgreSQL chose; the bigram column's cost per entry.
 
 Prints one table. Benchmarks are never assertions in the test suite.
 """
@@ -38,6 +42,10 @@ from bench.support import percentile, recreate_database  # noqa: E402
 WORDS_ZH = ["咖啡", "香菜", "开会", "妈妈", "电话", "周末", "杭州", "外卖", "牛奶", "跑步", "电影", "机票", "医生", "猫粮", "快递", "雨伞"]
 WORDS_EN = ["coffee", "meeting", "train", "dinner", "invoice", "garden", "bakery", "flight", "doctor", "parcel"]
 QUERIES = ["刚才那家店叫什么", "我昨天说要买什么牛奶", "周末和妈妈打电话", "when is the flight", "山茶咖啡的招牌", "医生说了什么"]
+# Two-character Chinese queries (one term each): rare ones (the rare entry's words, about 10
+# hits in 100,000, or none) and common ones (one of WORDS_ZH: about a quarter of the rows).
+TWO_CHAR_RARE = ["山茶", "招牌", "绿色", "路过", "火锅", "高铁"]
+TWO_CHAR_COMMON = ["咖啡", "杭州", "牛奶", "雨伞"]
 
 
 
@@ -62,6 +70,7 @@ def main() -> None:
     django.setup()
     from django.core.management import call_command
     from django.db import connection
+    from django.test.utils import CaptureQueriesContext
 
     call_command("migrate", verbosity=0)
     from accounts.services import ensure_owner
@@ -163,6 +172,60 @@ def main() -> None:
     rows.append((f"keyword search ({recall.keyword_backend()})", f"p50 {statistics.median(lat):.1f} ms", f"p99 {percentile(lat, 0.99):.1f} ms"))
     lat = timed(lambda q: recall.recall(owner.pk, q, layers=["l3", "timeline"], embedder=None), args.queries)
     rows.append(("recall l3 + timeline, keyword only", f"p50 {statistics.median(lat):.1f} ms", f"p99 {percentile(lat, 0.99):.1f} ms"))
+
+    # 4. two-character Chinese queries: scan (before) and bigram index (after), beside the floor
+    def timed_queries(fn, queries: list[str], n: int) -> list[float]:  # type: ignore[no-untyped-def]
+        for q in queries:
+            fn(q)  # warm-up
+        out = []
+        for i in range(n):
+            t0 = time.perf_counter()
+            fn(queries[i % len(queries)])
+            out.append((time.perf_counter() - t0) * 1000)
+        return out
+
+    def select_one(_: str) -> None:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+            cursor.fetchone()
+
+    floor = timed_queries(select_one, ["-"], args.queries)
+    floor_p50 = statistics.median(floor)
+    rows.append(("floor: SELECT 1 (same connection)", f"p50 {floor_p50:.2f} ms", f"p99 {percentile(floor, 0.99):.2f} ms"))
+    def keyword_search_before(term: str) -> list[int]:
+        """The SQL keyword_search ran for a one-term 2-character Chinese query before the
+        bigram index (git 6e96b6a): every row of the owner scored with strpos, then sorted."""
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT id FROM (SELECT id, seq, ((CASE WHEN strpos(text, %s) > 0 THEN 1.0 ELSE 0 END)) AS score "
+                "FROM memory_timelineentry WHERE owner_id = %s) AS scored WHERE score > 0 ORDER BY score DESC, seq DESC LIMIT %s",
+                [term, owner.pk, recall.LIST_MAX],
+            )
+            return [row[0] for row in cursor.fetchall()]
+
+    for label, queries in (("rare", TWO_CHAR_RARE), ("common", TWO_CHAR_COMMON)):
+        hits = sum(len(recall.keyword_search(owner.pk, q, limit=args.entries)) for q in queries) / len(queries)
+        for q in queries:  # the same answer, before and after
+            assert recall.query_terms(q) == [(q, 1.0)] and keyword_search_before(q) == recall.keyword_search(owner.pk, q), q
+        before = timed_queries(keyword_search_before, queries, args.queries)
+        after = timed_queries(lambda q: recall.keyword_search(owner.pk, q), queries, args.queries)
+        b50, a50 = statistics.median(before), statistics.median(after)
+        rows.append((f"2-char Chinese, {label} ({hits:,.0f} hits avg), scan (before)", f"p50 {b50:.1f} ms",
+                     f"p99 {percentile(before, 0.99):.1f} ms; {b50 / floor_p50:,.0f}× floor"))
+        rows.append((f"2-char Chinese, {label}, bigram index (after)", f"p50 {a50:.2f} ms",
+                     f"p99 {percentile(after, 0.99):.2f} ms; {a50 / floor_p50:,.1f}× floor; {b50 / a50:,.1f}× faster than the scan"))
+    with CaptureQueriesContext(connection) as captured:
+        recall.keyword_search(owner.pk, TWO_CHAR_RARE[0])
+    with connection.cursor() as cursor:
+        cursor.execute("EXPLAIN " + captured.captured_queries[-1]["sql"])
+        plan = [row[0] for row in cursor.fetchall()]
+        cursor.execute("SELECT sum(length(yimi_cjk_bigrams(text)::text)) FROM memory_timelineentry")  # warm
+        t0 = time.perf_counter()
+        cursor.execute("SELECT count(yimi_cjk_bigrams(text)) FROM memory_timelineentry")
+        per_entry_us = (time.perf_counter() - t0) * 1e6 / args.entries
+    node = next((line.strip() for line in plan if "text_cjk_bigrams" in line and "Index" in line), plan[0].strip())
+    rows.append(("plan for a 2-char query", node.split("  (")[0], ""))
+    rows.append(("bigram column, computed per entry at insert", f"{per_entry_us:.1f} µs", "yimi_cjk_bigrams(text) over every entry"))
 
     embedder = HashingEmbedder()
     started = time.perf_counter()
