@@ -35,6 +35,9 @@ class Run(models.Model):
     state = models.CharField(max_length=16, choices=State.choices, default=State.QUEUED, db_index=True)
     attempts = models.PositiveIntegerField(default=0)
     created_at = models.DateTimeField(auto_now_add=True)
+    # When the recovery sweep last put the run on the queue again (None: only its first
+    # message, sent at creation); brain.services.runs_to_recover.
+    enqueued_at = models.DateTimeField(null=True, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
     heartbeat_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)

@@ -130,9 +130,10 @@ async def deliver_checked_reply(run: Any, report: Report, draft: str, claim: Cal
     if entry is None:
         return  # already reported
     await database_sync_to_async(services.facts_carried)(run.owner_id, entry.id, list(checked.told))
-    pieces = [text[i : i + CHUNK_CHARS] for i in range(0, len(text), CHUNK_CHARS)]
-    for index, piece in enumerate(pieces):
-        await push.to_device(run.origin_device_id, {"type": "reply.chunk", "run_id": str(run.id), "reply_to_seq": run.inbound.seq, "index": index, "text": piece})
+    chunks = push.ReplyChunks(run.origin_device_id, {"run_id": str(run.id), "reply_to_seq": run.inbound.seq})
+    for i in range(0, len(text), CHUNK_CHARS):
+        await chunks.add(text[i : i + CHUNK_CHARS])
+    await chunks.close()
     await push.to_device(run.origin_device_id, {"type": "reply.done", "run_id": str(run.id), "reply_to_seq": run.inbound.seq, "seq": entry.seq, "text": text})
     await push.to_owner(run.owner_id, {"type": "timeline.new", "seq": entry.seq})
 

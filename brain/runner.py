@@ -8,12 +8,13 @@ Steps: 1. claim the run (compare-and-set; a run someone else holds is left alone
 answered late; 3. the main agent's turn (``agent_loop.main_turn``): its text is buffered
 to each sentence end, checked by the deterministic checker against the receipts of this
 run's tree (``CheckedStream``: unbacked status words, numbers not in receipts and
-internal markers are removed) and only then sent to the origin device as a
-``reply.chunk`` frame, while a heartbeat task keeps the claim alive; any delegation
-creates sub-agent tasks; 4. store exactly the text the device received in the timeline,
-send ``reply.done`` with its sequence number, tell the owner's other devices there is
-something new to sync, then start the delegated tasks. Any failure of the model call
-ends in an honest ``notice`` entry instead of a reply.
+internal markers are removed) and only then sent to the origin device as
+``reply.chunk`` frames, batched by time (``push.ReplyChunks``: the first at once, then at
+most one per 20 ms, so one frame may carry several sentences), while a heartbeat task
+keeps the claim alive; any delegation creates sub-agent tasks; 4. store exactly the text
+the device received in the timeline, send ``reply.done`` with its sequence number, tell
+the owner's other devices there is something new to sync, then start the delegated tasks.
+Any failure of the model call ends in an honest ``notice`` entry instead of a reply.
 """
 
 from __future__ import annotations
@@ -74,8 +75,9 @@ def run_tree_report(run: Run) -> reporting.Report:
 class CheckedStream:
     """The main agent's text on its way to the device: buffered to each sentence end
     (``truth.split_sentences``), checked (``truth.ReplyCheck``, the same rules as
-    ``check_reply``), and only what survives is sent, one ``reply.chunk`` per sentence.
-    The first chunk leaves as soon as the first sentence is complete.
+    ``check_reply``), and only what survives is sent, sentence by sentence (``send``
+    batches them by time into ``reply.chunk`` frames). The first chunk leaves as soon as
+    the first sentence is complete.
 
     ``text`` is exactly what was sent: the caller stores it. With ``checked=False`` (the
     benchmark's unchecked path, ``YIMI_BENCH_UNCHECKED_REPLIES``) deltas go out as they come.
@@ -154,12 +156,12 @@ async def execute_run(run_id: Any, *, stages: dict[str, float] | None = None) ->
     sent = 0
     delegated: list = []
 
+    # Batched by time (at most one channel message per 20 ms): the first text at once.
+    chunks = push.ReplyChunks(run.origin_device_id, {"run_id": str(run.id), "reply_to_seq": run.inbound.seq})
+
     async def send(delta: str) -> None:
         nonlocal sent
-        await push.to_device(
-            run.origin_device_id,
-            {"type": "reply.chunk", "run_id": str(run.id), "reply_to_seq": run.inbound.seq, "index": sent, "text": delta},
-        )
+        await chunks.add(delta)
         if not sent:
             trace.mark(run, "first_chunk")
         sent += 1
@@ -184,6 +186,7 @@ async def execute_run(run_id: Any, *, stages: dict[str, float] | None = None) ->
         beat.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await beat
+    await chunks.close()  # every chunk is out before the reply is stored and reply.done sent
     entry = await database_sync_to_async(services.finish_run)(run, state=state, text=text, kind=kind, error_code=code)
     if entry is None:
         log_event("run_lost_claim", run_id=str(run.id))

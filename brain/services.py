@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -235,22 +236,50 @@ def expire_claimed(run: Run) -> TimelineEntry | None:
     )
 
 
-def runs_to_recover() -> tuple[list[Any], list[Any]]:
-    """(ids to run again, ids to expire): runs queued for more than a few seconds, and
-    running runs whose heartbeat went stale because their worker died."""
-    now = timezone.now()
+def runs_to_recover(*, now: datetime | None = None, on_queue: Collection[str] = ()) -> tuple[list[Any], list[Any]]:
+    """(ids to put on the queue again, ids to expire), as of ``now``.
+
+    Again: a queued run, or a running run whose heartbeat went stale because its worker
+    died, whose latest queue message (``enqueued_at``; its creation for the first, which
+    is sent right after it) is older than the sweep interval (``RUN_RECOVERY_SECONDS``) and
+    that has no message on the broker any more (``on_queue``: the ids of runs that do,
+    ``brain.recovery.runs_on_queue``) — its message was lost, or never sent. A run still
+    waiting in a backlog is left alone, so the queue never holds more messages than there
+    are runs to execute. Expire: any of them whose utterance is older than 3 minutes.
+    """
+    now = now or timezone.now()
     stale_heartbeat = now - timedelta(seconds=settings.RUN_HEARTBEAT_STALE_SECONDS)
     too_old = now - timedelta(seconds=settings.RUN_STALE_SECONDS)
-    # A run queued moments ago is most likely still in the broker; leave it alone.
-    queued_grace = now - timedelta(seconds=settings.RUN_QUEUED_GRACE_SECONDS)
     pending = Run.objects.filter(
-        Q(state=Run.State.QUEUED, created_at__lt=queued_grace) | Q(state=Run.State.RUNNING, heartbeat_at__lt=stale_heartbeat)
-    ).values_list("id", "inbound__created_at")
+        Q(state=Run.State.QUEUED) | Q(state=Run.State.RUNNING, heartbeat_at__lt=stale_heartbeat)
+    ).values_list("id", "inbound__created_at", "enqueued_at", "created_at")
     again: list[Any] = []
     expire: list[Any] = []
-    for run_id, created in pending:
-        (expire if created < too_old else again).append(run_id)
+    for run_id, said, enqueued, created in pending:
+        if said < too_old:
+            expire.append(run_id)
+        elif _last_message_before(enqueued, created, now) and str(run_id) not in on_queue:
+            again.append(run_id)
     return again, expire
+
+
+def _last_message_before(enqueued: datetime | None, created: datetime, now: datetime) -> bool:
+    return (enqueued or created) < now - timedelta(seconds=settings.RUN_RECOVERY_SECONDS)
+
+
+def mark_requeued(run_id: Any, *, now: datetime | None = None) -> bool:
+    """Record that the recovery sweep puts ``run_id`` on the queue again, at ``now``.
+
+    Compare-and-set: only while the run still waits (queued, or running on a stale
+    heartbeat) and its latest message is still older than the sweep interval; False when
+    another sweep got there first (or the run moved on), and then the caller sends nothing.
+    """
+    now = now or timezone.now()
+    cutoff = now - timedelta(seconds=settings.RUN_RECOVERY_SECONDS)
+    stale_heartbeat = now - timedelta(seconds=settings.RUN_HEARTBEAT_STALE_SECONDS)
+    waiting = Q(state=Run.State.QUEUED) | Q(state=Run.State.RUNNING, heartbeat_at__lt=stale_heartbeat)
+    last_message_old = Q(enqueued_at__lt=cutoff) | Q(enqueued_at=None, created_at__lt=cutoff)
+    return Run.objects.filter(waiting, last_message_old, id=run_id).update(enqueued_at=now) == 1
 
 
 def store_reply_once(run: Run, text: str, claim: Any) -> TimelineEntry | None:

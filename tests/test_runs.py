@@ -83,11 +83,12 @@ async def test_run_just_under_three_minutes_is_still_answered(make_device: Any, 
     assert await execute_run(accepted.run_id) == "succeeded"
 
 
-async def test_recovery_runs_queued_runs_left_by_a_dead_process(make_device: Any, brain: Any) -> None:
+async def test_recovery_runs_queued_runs_left_by_a_dead_process(make_device: Any, brain: Any, settings: Any) -> None:
     sim = await db_async(make_device)()
     accepted = await db_async(utter)(sim, "were you there?")  # stored, never dispatched
     assert await recover_runs() == (0, 0)  # just queued: probably still in the broker
-    await db_async(Run.objects.filter(id=accepted.run_id).update)(created_at=timezone.now() - timedelta(seconds=11))
+    older = timedelta(seconds=settings.RUN_RECOVERY_SECONDS + 1)  # its message is older than the sweep interval
+    await db_async(Run.objects.filter(id=accepted.run_id).update)(created_at=timezone.now() - older)
     recovered, expired = await recover_runs()
     assert (recovered, expired) == (1, 0)
     deadline = time.monotonic() + 60  # seen, not timed: the 60 s only bound a failure

@@ -20,11 +20,14 @@ Two answers only a higher layer has are registered when Django starts
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
+from django.conf import settings
 from django.db import transaction
 
 DeviceChooser = Callable[[int, tuple[str, ...]], list[Any]]
@@ -67,6 +70,92 @@ def to_device_sync(device_id: Any, frame: dict[str, Any]) -> None:
 def to_owner_sync(owner_id: int, frame: dict[str, Any]) -> None:
     """``to_owner`` from synchronous code (services, Celery tasks)."""
     _send_sync(owner_group(owner_id), frame)
+
+
+# --- reply chunks, batched by time ------------------------------------------------------
+
+
+class ReplyChunks:
+    """The ``reply.chunk`` frames of one reply on their way to the device that spoke,
+    batched by time: at most one channel message per ``window`` seconds
+    (``REPLY_CHUNK_WINDOW_SECONDS``, 20 ms) for this reply.
+
+    Steps: 1. the first text goes out at once, so the first chunk is never later than it
+    was; 2. text that comes within ``window`` of the last message waits, joined to what
+    else comes, and goes out as one frame when the window ends; 3. ``close`` (the reply
+    ended) sends what waits at once, after any message already on its way, so every chunk
+    is out before ``reply.done``. ``index`` counts the frames sent (0, 1, ...); the frames'
+    texts join to exactly the texts added, in order. ``clock`` and ``sleep`` are the one
+    time source (tests pass their own).
+    """
+
+    def __init__(
+        self,
+        device_id: Any,
+        frame: dict[str, Any],
+        *,
+        window: float | None = None,
+        clock: Callable[[], float] | None = None,
+        sleep: Callable[[float], Awaitable[None]] | None = None,
+        send: Callable[[Any, dict[str, Any]], Awaitable[None]] | None = None,
+    ) -> None:
+        self.device_id = device_id
+        self.frame = {"type": "reply.chunk", **frame}
+        self.window = settings.REPLY_CHUNK_WINDOW_SECONDS if window is None else window
+        self.clock = clock or (lambda: asyncio.get_running_loop().time())
+        self.sleep = sleep or asyncio.sleep
+        self.send = send or to_device
+        self.pending = ""
+        self.index = 0
+        self.last_sent: float | None = None
+        self._due: asyncio.Task[None] | None = None  # waiting for the window to end
+        self._flushing: set[asyncio.Task[None]] = set()  # windows that ended, sending
+        self._lock = asyncio.Lock()  # one message at a time, in order
+
+    async def add(self, text: str) -> None:
+        if not text:
+            return
+        self.pending += text
+        if self._due is not None:
+            return  # a message is already due at the end of the window
+        wait = 0.0 if self.last_sent is None else self.last_sent + self.window - self.clock()
+        if wait <= 0:
+            await self._flush()
+        else:
+            self._due = asyncio.ensure_future(self._flush_after(wait))
+
+    async def _flush_after(self, wait: float) -> None:
+        await self.sleep(wait)
+        self._due = None
+        task = asyncio.current_task()
+        if task is not None:
+            self._flushing.add(task)
+        try:
+            await self._flush()
+        finally:
+            self._flushing.discard(task)  # type: ignore[arg-type]
+
+    async def _flush(self) -> None:
+        async with self._lock:
+            if not self.pending:
+                return
+            text, self.pending = self.pending, ""
+            index, self.index = self.index, self.index + 1
+            self.last_sent = self.clock()
+            await self.send(self.device_id, {**self.frame, "index": index, "text": text})
+
+    async def close(self) -> None:
+        """The reply ended: send what waits now; returns when every chunk is out."""
+        due, self._due = self._due, None
+        if due is not None:
+            due.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await due
+        if self._flushing:  # a window that ended is sending: after it, in order
+            for outcome in await asyncio.gather(*self._flushing, return_exceptions=True):
+                if isinstance(outcome, Exception):
+                    raise outcome  # as a chunk sent at once would have raised to the caller
+        await self._flush()
 
 
 # --- which devices -----------------------------------------------------------------------

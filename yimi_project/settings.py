@@ -170,19 +170,28 @@ CHANNEL_PREFIX = env.str("YIMI_CHANNEL_PREFIX", default="yimi")
 # ConnectionPool.from_url(address, **rest): the layer's own read timeout, twice the pop.
 # Not in REDIS_URL: Celery shares that URL and kombu refuses ?socket_timeout=.
 CHANNEL_LAYER_SOCKET_TIMEOUT_SECONDS = 10.0
+# Capacity (yimi_project.channel_layers): each socket's inbox holds WS_SOCKET_CAPACITY
+# messages (timeline.new coalesced to one); on Redis all sockets of a web process share one
+# inbox, sized for WS_SOCKETS_PER_PROCESS of them. What does not fit is logged
+# (frame_undelivered) and recovered by the device with sync.
+WS_SOCKET_CAPACITY = env.int("YIMI_WS_SOCKET_CAPACITY", default=200)
+WS_SOCKETS_PER_PROCESS = env.int("YIMI_WS_SOCKETS_PER_PROCESS", default=500)
 if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "BACKEND": "yimi_project.channel_layers.RedisChannelLayer",
             "CONFIG": {
                 "hosts": [{"address": REDIS_URL, "socket_timeout": CHANNEL_LAYER_SOCKET_TIMEOUT_SECONDS}],
                 "prefix": CHANNEL_PREFIX,
-                "capacity": 1000,
+                "capacity": WS_SOCKET_CAPACITY,
+                "channel_capacity": {"specific.*": WS_SOCKET_CAPACITY * WS_SOCKETS_PER_PROCESS},
             },
         }
     }
 else:
-    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    CHANNEL_LAYERS = {
+        "default": {"BACKEND": "yimi_project.channel_layers.InMemoryChannelLayer", "CONFIG": {"capacity": WS_SOCKET_CAPACITY}}
+    }
 
 CELERY_BROKER_URL = REDIS_URL or None
 CELERY_TASK_DEFAULT_QUEUE = f"{CHANNEL_PREFIX}-tasks"
@@ -244,6 +253,8 @@ PAIRING_FAILURE_WINDOW_SECONDS = 600
 WS_MAX_FRAME_BYTES = 64 * 1024
 WS_MAX_TEXT_CHARS = 8000
 WS_AUTH_TIMEOUT_SECONDS = env.float("YIMI_WS_AUTH_TIMEOUT_SECONDS", default=10.0)
+# Reply chunks to one device leave at most once per this window (yimi_project.push.ReplyChunks).
+REPLY_CHUNK_WINDOW_SECONDS = 0.02
 # Redis or the database is down: the socket closes with 1013 and tells the device to wait this long.
 WS_RETRY_AFTER_SECONDS = 10
 HTTP_SIGNATURE_MAX_SKEW_SECONDS = 300

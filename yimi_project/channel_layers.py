@@ -1,0 +1,175 @@
+"""The channel layers the device sockets receive on: Channels' own (``channels_redis`` with
+Redis, the in-memory one in the embedded default), with two rules added (docs/protocol.md,
+"Lost frames and sync"):
+
+- **no silent loss**: a frame that does not fit where it is going — a process's inbox on
+  Redis at its capacity, or one socket's inbox in its process — is logged
+  (``frame_undelivered`` with the group or socket, the frame's type and, when it has one,
+  its timeline ``seq``), never dropped without a trace. Everything a device must not miss
+  is in the timeline, so a device recovers it with ``sync``;
+- **``timeline.new`` is coalesced per socket**: a socket has at most one ``timeline.new``
+  waiting in its inbox. A newer one replaces it (the highest ``seq`` wins) and moves to the
+  end, so a socket that falls behind gets one "sync up to N", never a queue of them. A
+  frame dropped from a full socket inbox that carried a ``seq`` (``reply.done``,
+  ``notice``) becomes such a hint too, so that device syncs what it lost.
+
+How capacity works with ``channels_redis`` (4.3): every socket of one web process receives
+through one Redis key (``specific.<process>!``), so Redis's bound is per process
+(``channel_capacity`` for ``specific.*``, sized ``WS_SOCKET_CAPACITY`` x
+``WS_SOCKETS_PER_PROCESS`` in settings), while each socket's own inbox in the process is
+bounded by ``capacity`` (``WS_SOCKET_CAPACITY``). A group has no capacity of its own: a
+group message is one entry per process inbox, fanned out to the sockets in the process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import functools
+import logging
+import time
+from typing import Any
+
+from channels.exceptions import ChannelFull
+from channels.layers import InMemoryChannelLayer as ChannelsInMemoryLayer
+from channels_redis.core import RedisChannelLayer as ChannelsRedisLayer
+
+from yimi_project.logs import log_event
+
+TIMELINE_NEW = "timeline.new"
+
+
+def _frame_fields(message: dict[str, Any]) -> dict[str, Any]:
+    seq = message.get("seq")
+    return {"frame": message.get("type"), "seq": seq if isinstance(seq, int) else None}
+
+
+def _newer_hint(pending: dict[str, Any] | None, seq: Any) -> dict[str, Any]:
+    """A ``timeline.new`` for the highest of ``pending``'s seq and ``seq``."""
+    seqs = [s for s in ((pending or {}).get("seq"), seq) if isinstance(s, int) and not isinstance(s, bool)]
+    return {"type": TIMELINE_NEW, "seq": max(seqs) if seqs else None}
+
+
+class SocketInbox(asyncio.Queue):  # type: ignore[type-arg]
+    """One socket's messages inside its process (replaces ``channels_redis``'s
+    ``BoundedQueue``, which drops the oldest message of a full queue silently).
+
+    Steps of ``put_nowait``: 1. a ``timeline.new`` while one is waiting: the waiting one
+    is removed and a merged one (highest ``seq``) appended — nothing more is queued; 2.
+    while the inbox is full, its oldest message is dropped and logged
+    (``frame_undelivered``), and one that carried a timeline ``seq`` (``reply.done``,
+    ``notice``) is folded into the waiting ``timeline.new`` (made if there is none), so the
+    device syncs it; 3. the message is queued.
+    """
+
+    def __init__(self, maxsize: int) -> None:
+        super().__init__(maxsize=maxsize)
+        self.timeline: dict[str, Any] | None = None  # the timeline.new waiting in the inbox
+
+    def _replace_timeline(self, seq: Any) -> None:
+        old = self.timeline
+        if old is not None:
+            self._queue.remove(old)  # type: ignore[attr-defined]
+        self.timeline = _newer_hint(old, seq)
+        self._queue.append(self.timeline)  # type: ignore[attr-defined]
+
+    def put_nowait(self, item: dict[str, Any]) -> None:
+        if item.get("type") == TIMELINE_NEW and self.timeline is not None:
+            self._replace_timeline(item.get("seq"))
+            return
+        while self.full():
+            dropped = self.get_nowait()
+            log_event("frame_undelivered", level=logging.WARNING, reason="socket_inbox_full", **_frame_fields(dropped))
+            seq = dropped.get("seq")
+            if isinstance(seq, int) and dropped.get("type") != TIMELINE_NEW:
+                # What it carried is in the timeline: the device is told to sync it.
+                self._replace_timeline(seq)
+        if item.get("type") == TIMELINE_NEW:
+            item = dict(item)  # one dict is shared by every socket of a group message
+            self.timeline = item
+        super().put_nowait(item)
+
+    def _get(self) -> dict[str, Any]:
+        item = super()._get()  # type: ignore[misc]
+        if item is self.timeline:
+            self.timeline = None
+        return item
+
+
+class RedisChannelLayer(ChannelsRedisLayer):
+    """``channels_redis``'s layer with socket inboxes (``SocketInbox``) and a logged
+    ``group_send`` over capacity."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.receive_buffer: collections.defaultdict[str, SocketInbox] = collections.defaultdict(
+            functools.partial(SocketInbox, self.capacity)
+        )
+
+    async def group_send(self, group: str, message: dict[str, Any]) -> None:
+        """``channels_redis``'s ``group_send`` (4.3.0), except that a process inbox at its
+        capacity is reported with ``frame_undelivered`` (group, frame type, seq, how many
+        inboxes) instead of an INFO line without the frame."""
+        assert self.require_valid_group_name(group), "Group name not valid"
+        key = self._group_key(group)
+        connection = self.connection(self.consistent_hash(group))
+        await connection.zremrangebyscore(key, min=0, max=int(time.time()) - self.group_expiry)
+        channel_names = [x.decode("utf8") for x in await connection.zrange(key, 0, -1)]
+        by_connection, messages, capacities = self._map_channel_keys_to_connection(channel_names, message)
+        for index, channel_keys in by_connection.items():
+            connection = self.connection(index)
+            pipe = connection.pipeline()
+            for channel_key in channel_keys:
+                pipe.zremrangebyscore(channel_key, min=0, max=int(time.time()) - int(self.expiry))
+            await pipe.execute()
+            args = [messages[k] for k in channel_keys] + [capacities[k] for k in channel_keys] + [time.time(), self.expiry]
+            over = await connection.eval(GROUP_SEND_LUA, len(channel_keys), *channel_keys, *args)
+            if over:
+                log_event("frame_undelivered", level=logging.WARNING, reason="process_inbox_full",
+                          group=group, inboxes=int(over), **_frame_fields(message))
+
+
+# channels_redis 4.3.0's script: add to each inbox below its capacity, count the others.
+GROUP_SEND_LUA = """
+    local over_capacity = 0
+    local current_time = ARGV[#ARGV - 1]
+    local expiry = ARGV[#ARGV]
+    for i=1,#KEYS do
+        if redis.call('ZCOUNT', KEYS[i], '-inf', '+inf') < tonumber(ARGV[i + #KEYS]) then
+            redis.call('ZADD', KEYS[i], current_time, ARGV[i])
+            redis.call('EXPIRE', KEYS[i], expiry)
+        else
+            over_capacity = over_capacity + 1
+        end
+    end
+    return over_capacity
+"""
+
+
+class InMemoryChannelLayer(ChannelsInMemoryLayer):
+    """The embedded default's layer (one process: a channel is one socket's inbox) with the
+    same two rules: ``timeline.new`` coalesced per socket, undelivered frames logged."""
+
+    async def send(self, channel: str, message: dict[str, Any]) -> None:
+        if message.get("type") == TIMELINE_NEW:
+            queue = self.channels.get(channel)
+            waiting = next((item for item in queue._queue if item[1].get("type") == TIMELINE_NEW), None) if queue else None
+            if queue is not None and waiting is not None:
+                queue._queue.remove(waiting)
+                queue._queue.append((time.time() + self.expiry, _newer_hint(waiting[1], message.get("seq"))))
+                return
+        await super().send(channel, message)
+
+    async def group_send(self, group: str, message: dict[str, Any]) -> None:
+        assert isinstance(message, dict), "Message is not a dict"
+        self.require_valid_group_name(group)
+        self._clean_expired()
+        over = 0
+        for channel in list(self.groups.get(group, {})):
+            try:
+                await self.send(channel, message)
+            except ChannelFull:
+                over += 1
+        if over:
+            log_event("frame_undelivered", level=logging.WARNING, reason="socket_inbox_full",
+                      group=group, inboxes=over, **_frame_fields(message))
