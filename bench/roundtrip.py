@@ -1,13 +1,33 @@
 """Round-trip benchmark: how much slower is a text through Yimi than through a bare websocket?
 
-    .venv/bin/python bench/roundtrip.py [--devices 50] [--messages 5] [--workers 4]
+    .venv/bin/python bench/roundtrip.py [--owners 1] [--devices-per-owner 50] [--messages 5] [--workers 4]
 
 Starts an isolated platform (a fresh PostgreSQL database, a temporary data directory, a
 unique channel prefix on Redis, daphne and a Celery worker as subprocesses, the fake brain
-answering instantly in a thread), pairs N simulated devices and has each send M texts
-one after the other, all devices at once, after one unmeasured warm-up text each.
-Latency is text sent → first ``reply.chunk``; throughput is texts / wall time of the
-sending phase. The Yimi figures are taken twice on fresh platforms: as shipped (the main
+answering instantly in a thread), pairs ``--owners`` x ``--devices-per-owner`` simulated
+devices and has each send M texts one after the other, all devices at once, after one
+unmeasured warm-up text each. Latency is text sent → first ``reply.chunk`` (or
+``reply.done``, if every chunk of that reply was lost); throughput is texts / wall time
+of the sending phase.
+
+Owners. Yimi is one owner per instance (DESIGN.md), so a hosted load of many owners is
+many instances; starting 50 instances (50 daphnes, workers and databases) on one small
+machine would measure the machine, not Yimi. ``--owners N`` is simulated instead as N
+accounts on one instance: the instance's owner plus N-1 other accounts, each pairing its
+own devices (the bench writes their pairing codes directly, since the product issues codes
+to the owner only). Each account has its own timeline, its own owner group (its
+``timeline.new`` fan-out) and its own runs, on shared daphne, Celery, Redis and PostgreSQL
+processes — the shape of a host serving many owners. The difference: another account's
+texts are admitted in guest scope (``device_scope_limit``), which the instant fake brain
+does not care about. ``--devices`` is the old name of ``--devices-per-owner``.
+
+Delivery. For every text the speaking device waits for ``reply.done``; if it has not come
+``--done-timeout`` seconds after the reply began (its first chunk, or the ``text.ack`` if no
+chunk came either), the device does what docs/protocol.md says a device does: it syncs
+after the utterance's ``seq`` until the reply is there, and checks that the entries it got
+have no gap in their sequence numbers. The table counts, per path: ``done`` (``reply.done``
+in time), ``late`` (a ``reply.done`` that came after the device had recovered the reply),
+``synced`` (recovered by sync with no gap) and ``lost`` (neither; the bench fails). The Yimi figures are taken twice on fresh platforms: as shipped (the main
 reply buffered to each sentence end and checked by the deterministic checker before it is
 sent) and with ``YIMI_BENCH_UNCHECKED_REPLIES=1`` (deltas forwarded as they come, the
 bench-only unchecked path). The same figures are then taken for a bare ``websockets``
@@ -42,7 +62,7 @@ from websockets.asyncio.server import ServerConnection, serve  # noqa: E402
 
 from bench.support import free_port, recreate_database  # noqa: E402
 from brain.fake_server import FakeBrainServer, Rule, Script  # noqa: E402
-from devices.simulator import DeviceConnection, SimulatorError, pair  # noqa: E402
+from devices.simulator import ConnectionLost, DeviceConnection, SimulatorError, pair  # noqa: E402
 
 BIN = Path(sys.executable).parent
 REPLY = "Here is the benchmark reply. It comes in a few chunks, one sentence at a time."  # passes the checker
@@ -60,15 +80,40 @@ def manage(env: dict[str, str], *args: str) -> str:
     return done.stdout
 
 
-def pairing_codes(env: dict[str, str], n: int) -> list[str]:
-    code = (
-        "from accounts.services import get_owner; from devices.services import issue_pairing_code; "
-        f"o = get_owner(); print('\\n'.join(issue_pairing_code(o)[1] for _ in range({n})))"
-    )
-    codes = re.findall(r"^[0-9A-Z]{4}-[0-9A-Z]{4}$", manage(env, "shell", "-c", code), re.M)
-    if len(codes) != n:
-        raise RuntimeError(f"expected {n} pairing codes, got {len(codes)}")
-    return codes
+PAIRING_CODES = """
+import secrets
+from datetime import timedelta
+from django.utils import timezone
+from accounts.models import User
+from accounts.services import get_owner
+from devices.models import PairingCode
+from devices.services import CODE_ALPHABET, CODE_LENGTH, _digest, format_code, issue_pairing_code
+owner = get_owner()
+for o in range(OWNERS):
+    if o == 0:
+        codes = [issue_pairing_code(owner)[1] for _ in range(PER_OWNER)]
+    else:  # another account of this instance, standing in for another owner (see the docstring)
+        account = User.objects.create_user(username=f"bench-owner-{o}", password=secrets.token_urlsafe(12))
+        codes = []
+        for _ in range(PER_OWNER):
+            raw = "".join(secrets.choice(CODE_ALPHABET) for _ in range(CODE_LENGTH))
+            PairingCode.objects.create(owner=account, digest=_digest(raw), expires_at=timezone.now() + timedelta(hours=1))
+            codes.append(format_code(raw))
+    print(o, " ".join(codes))
+"""
+
+
+def pairing_codes(env: dict[str, str], owners: int, per_owner: int) -> list[list[str]]:
+    """Pairing codes, ``per_owner`` for each of ``owners`` accounts (the first is the owner)."""
+    script = PAIRING_CODES.replace("OWNERS", str(owners)).replace("PER_OWNER", str(per_owner))
+    out: list[list[str]] = []
+    for line in manage(env, "shell", "-c", script).splitlines():
+        parts = line.split()
+        if parts and parts[0].isdigit() and all(re.fullmatch(r"[0-9A-Z]{4}-[0-9A-Z]{4}", c) for c in parts[1:]):
+            out.append(parts[1:])
+    if len(out) != owners or any(len(codes) != per_owner for codes in out):
+        raise RuntimeError(f"expected {owners} x {per_owner} pairing codes")
+    return out
 
 
 def forget_redis_keys(url: str, prefix: str) -> None:
@@ -98,27 +143,82 @@ def wait_healthy(base: str, procs: list[subprocess.Popen[bytes]], timeout: float
     raise RuntimeError(f"daphne was not healthy within {timeout:.0f} s")
 
 
-async def converse(conn: DeviceConnection, texts: int, latencies: list[float] | None) -> None:
-    """Send ``texts`` texts one after the other; record send → first reply chunk."""
+class Delivery:
+    """Per path: how each text's reply reached the device that spoke."""
+
+    def __init__(self) -> None:
+        self.done = self.late = self.synced = self.lost = self.gaps = 0
+        self.recovered: set[tuple[int, int]] = set()  # (device index, utterance seq) recovered by sync
+
+
+async def recover_by_sync(conn: DeviceConnection, seq: int, limit: float) -> dict[str, Any] | None:
+    """Sync after ``seq`` (as a device that missed frames does) until the reply to ``seq`` is
+    there; returns it and whether the entries had a gap, or None by ``limit``."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + limit
+    while loop.time() < deadline:
+        try:
+            entries = await conn.sync(after=seq, limit=200)
+        except ConnectionLost:
+            raise
+        except SimulatorError:  # the page took longer than the simulator waits (10 s): ask again
+            continue
+        reply = next((e for e in entries if e["reply_to_seq"] == seq and e["kind"] in ("reply", "notice")), None)
+        if reply is not None:
+            seqs = [e["seq"] for e in entries]
+            reply["_gap"] = seqs != list(range(seq + 1, seq + 1 + len(seqs)))
+            return reply
+        await asyncio.sleep(0.5)
+    return None
+
+
+async def converse(conn: DeviceConnection, texts: int, latencies: list[float] | None, delivery: Delivery | None = None,
+                   *, device: int = 0, done_timeout: float = 10.0) -> None:
+    """Send ``texts`` texts one after the other; record send → first reply frame, and how
+    the reply reached this device (``Delivery``)."""
+    delivery = delivery or Delivery()
+    loop = asyncio.get_running_loop()
     for i in range(texts):
-        client_id, seq = uuid.uuid4().hex, None
+        client_id, seq, first = uuid.uuid4().hex, None, None
         started = time.perf_counter()
         await conn.send({"type": "text", "id": client_id, "text": f"benchmark text {i}"})
-        while True:
-            frame = await conn.next_frame("text.ack", "reply.chunk", "notice", "error", timeout=FRAME_TIMEOUT)
+        final: dict[str, Any] | None = None
+        began = loop.time()
+        while final is None:
+            # Until the ack: no limit but FRAME_TIMEOUT. After it: done_timeout since the reply began.
+            wait = FRAME_TIMEOUT if seq is None else max(0.0, began + done_timeout - loop.time())
+            try:
+                frame = await conn.next_frame("text.ack", "reply.chunk", "reply.done", "notice", "error", timeout=wait or 0.001)
+            except SimulatorError:
+                if seq is None:
+                    raise
+                break  # no reply.done in time: recover by sync below
             if frame["type"] in ("text.ack", "error") and frame.get("id") == client_id:
                 if frame["type"] == "error":
                     raise SimulatorError(f"{frame['code']}: {frame['message']}")
-                seq = frame["seq"]
+                seq, began = frame["seq"], loop.time()
+            elif frame["type"] == "reply.done" and (device, frame.get("reply_to_seq")) in delivery.recovered:
+                delivery.late += 1  # an earlier text's reply.done, after the device had synced it
             elif seq is not None and frame.get("reply_to_seq") == seq:
                 if frame["type"] == "notice":
                     raise SimulatorError(f"a notice instead of a reply: {frame['text']}")
-                break
-        if latencies is not None:
-            latencies.append(time.perf_counter() - started)
-        _, final = await conn.reply_to(seq, timeout=FRAME_TIMEOUT)
-        if final["type"] != "reply.done":
-            raise SimulatorError(f"a notice instead of a reply: {final['text']}")
+                if first is None:
+                    first, began = time.perf_counter() - started, loop.time()
+                if frame["type"] == "reply.done":
+                    final = frame
+                    delivery.done += 1
+        if final is None:
+            assert seq is not None
+            reply = await recover_by_sync(conn, seq, FRAME_TIMEOUT)
+            if reply is None:
+                delivery.lost += 1
+                raise SimulatorError(f"the reply to seq {seq} neither arrived nor could be synced")
+            delivery.synced += 1
+            delivery.gaps += int(reply["_gap"])
+            delivery.recovered.add((device, seq))
+            final = reply
+        if latencies is not None and first is not None:
+            latencies.append(first)
         await conn.ack(final["seq"])
 
 
@@ -129,18 +229,30 @@ async def timed(clients: list[Callable[[], Awaitable[None]]], limit: float) -> f
     return time.perf_counter() - started
 
 
-async def yimi_phase(base: str, codes: list[str], messages: int, limit: float) -> tuple[list[float], float]:
+async def yimi_phase(base: str, codes: list[list[str]], messages: int, limit: float,
+                     done_timeout: float) -> tuple[list[float], float, Delivery]:
+    flat = [(o, c) for o, owner_codes in enumerate(codes) for c in owner_codes]
+    # Fewer pairings at once than the 5 guesses per address the server counts before it looks at a code.
+    pairing = asyncio.Semaphore(4)
+
+    async def pair_one(code: str, name: str) -> Any:
+        async with pairing:
+            return await pair(base, code, name=name)
+
     identities = await asyncio.wait_for(
-        asyncio.gather(*(pair(base, c, name=f"bench {i}") for i, c in enumerate(codes))), 120
+        asyncio.gather(*(pair_one(c, f"bench {o}.{i}") for i, (o, c) in enumerate(flat))), 300
     )
     conns = [DeviceConnection(identity) for identity in identities]
     try:
         await asyncio.wait_for(asyncio.gather(*(c.connect() for c in conns)), 120)
         # Warm-up (not measured): one text per device, so worker processes and connections exist.
-        await timed([lambda c=c: converse(c, 1, None) for c in conns], limit)
+        await timed([lambda c=c, d=d: converse(c, 1, None, device=d, done_timeout=done_timeout)
+                     for d, c in enumerate(conns)], limit)
         latencies: list[float] = []
-        wall = await timed([lambda c=c: converse(c, messages, latencies) for c in conns], limit)
-        return latencies, wall
+        delivery = Delivery()
+        wall = await timed([lambda c=c, d=d: converse(c, messages, latencies, delivery, device=d, done_timeout=done_timeout)
+                            for d, c in enumerate(conns)], limit)
+        return latencies, wall, delivery
     finally:
         await asyncio.wait_for(asyncio.gather(*(c.close() for c in conns), return_exceptions=True), 30)
 
@@ -171,7 +283,7 @@ async def echo_phase(devices: int, messages: int, limit: float) -> tuple[list[fl
     return latencies, wall
 
 
-def run_yimi(args: argparse.Namespace, data_dir: Path, *, unchecked: bool = False) -> tuple[list[float], float]:
+def run_yimi(args: argparse.Namespace, data_dir: Path, *, unchecked: bool = False) -> tuple[list[float], float, Delivery]:
     recreate_database(args.database_url)
     brain = FakeBrainServer(script=Script(rules=[Rule(reply=REPLY, chunk_chars=16, delay_ms=0)]))
     brain.start_in_thread()
@@ -189,7 +301,7 @@ def run_yimi(args: argparse.Namespace, data_dir: Path, *, unchecked: bool = Fals
     procs: list[subprocess.Popen[bytes]] = []
     try:
         manage(env, "yimi_init", "--no-pairing-code")
-        codes = pairing_codes(env, args.devices)
+        codes = pairing_codes(env, args.owners, args.devices_per_owner)
         port = free_port()
         for name, cmd in (
             ("daphne", [str(BIN / "daphne"), "-b", "127.0.0.1", "-p", str(port), "yimi_project.asgi:application"]),
@@ -200,7 +312,7 @@ def run_yimi(args: argparse.Namespace, data_dir: Path, *, unchecked: bool = Fals
                 procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT))
         base = f"http://127.0.0.1:{port}"
         wait_healthy(base, procs)
-        return asyncio.run(yimi_phase(base, codes, args.messages, args.timeout))
+        return asyncio.run(yimi_phase(base, codes, args.messages, args.timeout, args.done_timeout))
     except BaseException:
         for name in ("daphne", "celery"):
             path = data_dir / f"{name}.log"
@@ -232,32 +344,44 @@ def ratio(value: float) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--devices", type=int, default=50)
+    parser.add_argument("--owners", type=int, default=1, help="accounts, each with its own devices (see the docstring)")
+    parser.add_argument("--devices-per-owner", "--devices", dest="devices_per_owner", type=int, default=50)
     parser.add_argument("--messages", type=int, default=5, help="texts per device")
     parser.add_argument("--database-url", default="postgres://postgres@127.0.0.1:5432/yimi_bench")
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
     parser.add_argument("--workers", type=int, default=4, help="Celery worker concurrency")
     parser.add_argument("--timeout", type=float, default=600.0, help="limit for each sending phase, seconds")
+    parser.add_argument("--done-timeout", type=float, default=10.0,
+                        help="seconds a device waits for reply.done after the reply began before it syncs")
+    parser.add_argument("--checked-only", action="store_true", help="skip the unchecked (bench switch) path")
     args = parser.parse_args()
-    if args.devices < 1 or args.messages < 1 or args.devices * args.messages < 2:
-        parser.error("need at least two texts in all (--devices x --messages)")
+    devices = args.owners * args.devices_per_owner
+    if args.owners < 1 or args.devices_per_owner < 1 or args.messages < 1 or devices * args.messages < 2:
+        parser.error("need at least two texts in all (--owners x --devices-per-owner x --messages)")
 
+    rows: list[tuple[str, tuple[float, float, float, float], Delivery | None]] = []
     with tempfile.TemporaryDirectory(prefix="yimi-bench-") as tmp:
-        yimi = figures(*run_yimi(args, Path(tmp)))
-    with tempfile.TemporaryDirectory(prefix="yimi-bench-") as tmp:
-        unchecked = figures(*run_yimi(args, Path(tmp), unchecked=True))
-    echo = figures(*asyncio.run(echo_phase(args.devices, args.messages, args.timeout)))
+        latencies, wall, delivery = run_yimi(args, Path(tmp))
+        rows.append(("yimi, checked (as shipped)", figures(latencies, wall), delivery))
+    if not args.checked_only:
+        with tempfile.TemporaryDirectory(prefix="yimi-bench-") as tmp:
+            latencies, wall, delivery = run_yimi(args, Path(tmp), unchecked=True)
+            rows.append(("yimi, unchecked (bench switch)", figures(latencies, wall), delivery))
+    echo = figures(*asyncio.run(echo_phase(devices, args.messages, args.timeout)))
+    rows.append(("bare websockets echo (floor)", echo, None))
 
-    print(f"roundtrip: {args.devices} devices x {args.messages} texts "
+    print(f"roundtrip: {args.owners} owners x {args.devices_per_owner} devices x {args.messages} texts "
           f"(celery concurrency {args.workers}, fake brain answering instantly)")
-    print(f"{'path':<34}{'p50 ms':>9}{'p95 ms':>9}{'p99 ms':>9}{'msgs/s':>10}")
-    rows = (("yimi, checked (as shipped)", yimi), ("yimi, unchecked (bench switch)", unchecked),
-            ("bare websockets echo (floor)", echo))
-    for label, row in rows:
-        print(f"{label:<34}" + "".join(f"{v:>9.2f}" for v in row[:3]) + f"{row[3]:>10.1f}")
-    for label, row in (("overhead checked / echo", yimi), ("overhead unchecked / echo", unchecked)):
+    print(f"{'path':<34}{'p50 ms':>9}{'p95 ms':>9}{'p99 ms':>9}{'msgs/s':>10}{'done':>7}{'late':>6}{'synced':>8}{'gaps':>6}{'lost':>6}")
+    for label, row, dl in rows:
+        counts = "" if dl is None else f"{dl.done:>7}{dl.late:>6}{dl.synced:>8}{dl.gaps:>6}{dl.lost:>6}"
+        print(f"{label:<34}" + "".join(f"{v:>9.2f}" for v in row[:3]) + f"{row[3]:>10.1f}" + counts)
+    for label, row, dl in rows:
+        if dl is None:
+            continue
         ratios = [ratio(a / b) for a, b in zip(row, echo)]
-        print(f"{label:<34}" + "".join(f"{r:>9}" for r in ratios[:3]) + f"{ratios[3]:>10}")
+        print(f"{'overhead ' + label.split(' (')[0].removeprefix('yimi, ') + ' / echo':<34}"
+              + "".join(f"{r:>9}" for r in ratios[:3]) + f"{ratios[3]:>10}")
 
 
 if __name__ == "__main__":
