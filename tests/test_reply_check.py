@@ -56,7 +56,7 @@ async def test_main_turn_claims_without_receipts_are_removed_before_the_device_s
     chunks, done = await ask(sim, "把周报发给小林")
     said = "".join(c["text"] for c in chunks)
     assert said == "好的，明白了。你想先看哪一封？" == done["text"]
-    assert [c["index"] for c in chunks] == list(range(len(chunks))) and len(chunks) == 2  # one chunk per kept sentence
+    assert [c["index"] for c in chunks] == list(range(len(chunks))) and len(chunks) == 2  # the first kept sentence at once, the other at the reply's end
     for claim in ("发好了", "记下", "3", "8"):
         assert claim not in said
     assert await stored_reply() == said  # the timeline holds exactly what the device received
