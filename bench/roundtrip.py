@@ -31,7 +31,9 @@ in time), ``late`` (a ``reply.done`` that came after the device had recovered th
 reply buffered to each sentence end and checked by the deterministic checker before it is
 sent) and with ``YIMI_BENCH_UNCHECKED_REPLIES=1`` (deltas forwarded as they come, the
 bench-only unchecked path). The same figures are then taken for a bare ``websockets``
-echo server (the floor), and the table shows the ratios to it. Run on demand; it is not
+echo server (the floor), and the table shows the ratios to it. Under the table, the
+stage breakdown of each Yimi path: p50 and p99 of every stage of the measured runs' traces
+(``brain.trace``, read from the bench database after the phase). Run on demand; it is not
 part of the test suite.
 """
 
@@ -342,6 +344,34 @@ def ratio(value: float) -> str:
     return f"x{value:.1f}" if value >= 1 else f"x{value:.3f}"
 
 
+def stage_breakdown(database_url: str, measured: int) -> list[str]:
+    """The trace (``brain.trace``) of the last ``measured`` runs (the measured texts; the
+    warm-up runs came before them), read from the bench database after the phase: per
+    stage, the time since the stage before it, p50 and p99 in ms, and how many runs
+    recorded it (a stage missing from a run is left out, not counted as zero; an ACK still
+    in flight when the sockets closed is missing)."""
+    import psycopg
+
+    from brain.trace import LABELS, STAGES, stage_durations
+
+    with psycopg.connect(database_url) as conn:
+        rows = conn.execute("SELECT trace FROM brain_run WHERE trace IS NOT NULL ORDER BY created_at").fetchall()
+    traces = [row[0] for row in rows][-measured:] if measured else []
+    per_stage: dict[str, list[float]] = {stage: [] for stage in (*STAGES[1:], "total")}
+    for trace in traces:
+        for stage, ms in stage_durations(trace).items():
+            per_stage[stage].append(ms)
+    lines = [f"  {'stage (time since the stage before)':<40}{'runs':>6}{'p50 ms':>9}{'p99 ms':>9}"]
+    for stage, values in per_stage.items():
+        label = "first to last stage" if stage == "total" else LABELS[stage]
+        if not values:
+            lines.append(f"  {label:<40}{0:>6}{'missing':>9}{'missing':>9}")
+            continue
+        cuts = statistics.quantiles(values, n=100, method="inclusive") if len(values) > 1 else [values[0]] * 99
+        lines.append(f"  {label:<40}{len(values):>6}{cuts[49]:>9.2f}{cuts[98]:>9.2f}")
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--owners", type=int, default=1, help="accounts, each with its own devices (see the docstring)")
@@ -363,10 +393,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="yimi-bench-") as tmp:
         latencies, wall, delivery = run_yimi(args, Path(tmp))
         rows.append(("yimi, checked (as shipped)", figures(latencies, wall), delivery))
+        stages = [("yimi, checked (as shipped)", stage_breakdown(args.database_url, len(latencies)))]
     if not args.checked_only:
         with tempfile.TemporaryDirectory(prefix="yimi-bench-") as tmp:
             latencies, wall, delivery = run_yimi(args, Path(tmp), unchecked=True)
             rows.append(("yimi, unchecked (bench switch)", figures(latencies, wall), delivery))
+            stages.append(("yimi, unchecked (bench switch)", stage_breakdown(args.database_url, len(latencies))))
     echo = figures(*asyncio.run(echo_phase(devices, args.messages, args.timeout)))
     rows.append(("bare websockets echo (floor)", echo, None))
 
@@ -382,6 +414,9 @@ def main() -> None:
         ratios = [ratio(a / b) for a, b in zip(row, echo)]
         print(f"{'overhead ' + label.split(' (')[0].removeprefix('yimi, ') + ' / echo':<34}"
               + "".join(f"{r:>9}" for r in ratios[:3]) + f"{ratios[3]:>10}")
+    for label, lines in stages:
+        print(f"stage breakdown, {label} (from the runs' traces):")
+        print("\n".join(lines))
 
 
 if __name__ == "__main__":

@@ -129,29 +129,44 @@ class CheckedStream:
         return self.text
 
 
+def _claim_and_prepare(run_id: Any, stages: dict[str, float] | None) -> tuple[Run, Any, Any, Any] | None:
+    """Steps 1-2 and the prompt, in one trip to the database thread (each trip costs a
+    thread hop and a pool checkout; the trace showed them): claim the run (None: not
+    ours); a stale run comes back with no messages; else its history and prompt, the
+    memory hook (issue 5: core profile + incremental L3 facts, ``brain.prompts.with_memory``)
+    and the report of its tree's receipts the checker needs (None on the bench's
+    unchecked path)."""
+    run = services.claim_run(run_id)
+    if run is None:
+        return None
+    run.trace = {**(run.trace or {}), **(stages or {})}
+    trace.mark(run, "claimed")
+    if services.is_stale(run):
+        return run, None, None, None
+    history = services.history_for(run)
+    messages = build_messages(run.scope, run.inbound.text, history)
+    trace.mark(run, "prompt_built")
+    memory = prepare_memory(run.owner_id, run.scope, run.inbound.seq)
+    messages = with_memory(messages, history, memory)
+    trace.mark(run, "memory_prepared")
+    report = None if settings.YIMI_BENCH_UNCHECKED_REPLIES else run_tree_report(run)
+    return run, messages, memory, report
+
+
 async def execute_run(run_id: Any, *, stages: dict[str, float] | None = None) -> str:
     """Execute one run; returns the run's final state, or "skipped" if it was not ours.
     ``stages``: trace stages noted before it got here (``queued``); the run's trace
     (``brain.trace``) is kept in memory and written when the run closes."""
-    run = await database_sync_to_async(services.claim_run)(run_id)
-    if run is None:
+    prepared = await database_sync_to_async(_claim_and_prepare)(run_id, stages)
+    if prepared is None:
         return "skipped"
-    run.trace = {**(run.trace or {}), **(stages or {})}
-    trace.mark(run, "claimed")
-    if services.is_stale(run):
+    run, messages, memory, report = prepared
+    if messages is None:  # stale: said more than 3 minutes ago
         expired = await database_sync_to_async(services.expire_claimed)(run)
         if expired is None:
             return "skipped"
         await _announce(run, expired)
         return Run.State.EXPIRED
-    history = await database_sync_to_async(services.history_for)(run)
-    messages = build_messages(run.scope, run.inbound.text, history)
-    trace.mark(run, "prompt_built")
-    # memory hook (issue 5): core profile + incremental L3 facts (brain.prompts.with_memory)
-    memory = await database_sync_to_async(prepare_memory)(run.owner_id, run.scope, run.inbound.seq)
-    messages = with_memory(messages, history, memory)
-    trace.mark(run, "memory_prepared")
-    report = None if settings.YIMI_BENCH_UNCHECKED_REPLIES else await database_sync_to_async(run_tree_report)(run)
     beat = asyncio.ensure_future(keep_claim(lambda: services.heartbeat(run)))
     sent = 0
     delegated: list = []
