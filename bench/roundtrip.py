@@ -297,6 +297,7 @@ def run_yimi(args: argparse.Namespace, data_dir: Path, *, unchecked: bool = Fals
         "YIMI_CHANNEL_PREFIX": f"yimi-bench-{uuid.uuid4().hex[:8]}",
         "YIMI_DATA_DIR": str(data_dir),
         "YIMI_BRAIN_BASE_URL": brain.base_url,
+        "YIMI_BRAIN_MODEL": "yimi-demo",  # brain.roles: a base URL needs a model name
         "PYTHONUNBUFFERED": "1",
         "YIMI_BENCH_UNCHECKED_REPLIES": "1" if unchecked else "0",
     }
