@@ -16,6 +16,7 @@ from accounts.owner_admin import OwnerContentAdmin, ReadOnlyInline, ReadOnlyOwne
 from brain import (
     catalog_admin,  # noqa: F401  (registers the local-models settings page)
     reminders,
+    role_drafts_admin,  # noqa: F401  (registers the model drafts page)
     roles_admin,  # noqa: F401  (registers the model roles page)
     trace,
 )

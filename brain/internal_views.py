@@ -1,4 +1,5 @@
-"""Internal reminder endpoints for the ``schedule`` pack (internal listener + a pack capability).
+"""Internal endpoints for the ``schedule`` and ``model_settings`` packs (internal listener
++ a pack capability).
 
     GET  internal/reminders/?include_done=1      → 200 {"reminders": [...]}
     POST internal/reminders/                     → 201 {"reminder": {...}, "created": true}
@@ -10,6 +11,17 @@ They act for the owner of the call the pack is executing (its capability, see
 pack; creating and cancelling need a call the gateway decided as ``owner_data``, and a
 cancel must be on the call's own ``reminder_id``. Errors are ``{"error": {"code",
 "message"}}`` (``yimi_project.api``).
+
+    GET  internal/model-settings/                → 200 {"roles": [...], "open_drafts": [...]}
+    POST internal/model-settings/drafts/         → 201 {"draft": {...}, "created": true}
+         {"role", "provider"?, "base_url"?, "model"?, "options"?, "note"?, "idempotency_key"?}
+
+For the ``model_settings`` pack (``platform_api`` ``model_settings``): reading needs a
+capability for a call of that pack; drafting a call decided as ``owner_data`` on its own
+``role``. Fields left out are the role's current ones. A draft made here is ``yimi``'s:
+it carries no provider key (the owner sets keys in the console) and stays open until one
+of the owner's devices confirms it (``brain.role_drafts.confirm_draft``) — there is no
+endpoint that applies anything.
 """
 
 from __future__ import annotations
@@ -22,7 +34,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from accounts.models import User
-from brain import reminders
+from brain import reminders, role_drafts
 from yimi_project.errors import YimiError
 from yimi_project.internal import PackCall, require_call
 
@@ -62,3 +74,44 @@ class CancelReminderView(InternalView):
         require_call(request, ("owner_data",), reminder_id=pk)
         reminder = reminders.cancel_reminder(_owner(request), pk)
         return Response({"reminder": reminders.serialize_reminder(reminder)})
+
+
+class ModelSettingsInternalView(APIView):
+    authentication_classes: list = []
+    permission_classes = [PackCall]
+    platform_api = "model_settings"
+
+
+class ModelSettingsView(ModelSettingsInternalView):
+    def get(self, request: Request) -> Response:
+        return Response(role_drafts.read_settings())
+
+
+DRAFT_FIELDS = ("role", "provider", "base_url", "model", "options", "note", "idempotency_key")
+
+
+class ModelDraftsView(ModelSettingsInternalView):
+    def post(self, request: Request) -> Response:
+        data = request.data
+        if not isinstance(data, dict):
+            raise YimiError("invalid_request", "expected a JSON object")
+        extra = sorted(set(data) - set(DRAFT_FIELDS))
+        if extra:
+            raise YimiError("invalid_request", f"a draft from Yimi takes only {', '.join(DRAFT_FIELDS)}; not {', '.join(extra)} "
+                            "(provider keys are set by the owner in the console)")
+        role = data.get("role")
+        if not isinstance(role, str):
+            raise YimiError("invalid_request", "role is required")
+        require_call(request, ("owner_data",), role=role)
+        current = role_drafts.current_settings(role) if role in role_drafts.roles.ROLES else {}
+        options = data.get("options")
+        if options is not None and not isinstance(options, dict):
+            raise YimiError("invalid_model_settings", "options must be an object")
+        draft, created = role_drafts.create_draft(
+            role, provider=data.get("provider", current.get("provider", "")), base_url=data.get("base_url", current.get("base_url", "")),
+            model=data.get("model", current.get("model", "")), options={**current.get("options", {}), **(options or {})},
+            created_by="yimi", note=data.get("note", ""), idempotency_key=data.get("idempotency_key"),
+        )
+        if created:
+            role_drafts.dispatch_probe(draft.id)
+        return Response({"draft": role_drafts.serialize_draft(draft), "created": created}, status=201 if created else 200)

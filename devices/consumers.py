@@ -27,7 +27,7 @@ from redis.exceptions import RedisError
 from accounts.identity import instance_public_key_b64, sign_as_instance
 from accounts.models import Scope
 from accounts.services import device_scope_limit
-from brain import catalog, model_settings
+from brain import catalog, model_settings, role_drafts
 from brain.dispatch import dispatch_card_execution, dispatch_payment, dispatch_run, ensure_embedded_sweeper
 from brain.services import accept_utterance, add_trace_stages
 from brain.trace import now_ms
@@ -417,10 +417,30 @@ class DeviceConsumer(AsyncWebsocketConsumer):
             "selected": row.selected_key, "effective": row.effective_key, "previous": row.previous_key,
         })
 
+    async def _on_model_drafts(self, frame: dict[str, Any]) -> None:
+        """The model-role drafts a device may confirm (open and probed), with their digests."""
+        assert self.device is not None
+        if self.device.is_guest:
+            raise YimiError("forbidden", "a guest device cannot see or confirm the owner's model drafts")
+        drafts = await database_sync_to_async(lambda: [role_drafts.serialize_draft(d) for d in role_drafts.offered_drafts()])()
+        await self._send({"type": "model.drafts", "id": frame.get("id"), "drafts": drafts})
+
+    async def _on_model_draft_confirm(self, frame: dict[str, Any]) -> None:
+        """A draft confirmed on this device (``brain.role_drafts.draft_confirm_message``)."""
+        assert self.device is not None
+        payload = {**frame, "device_id": str(self.device.id)}
+        draft = await database_sync_to_async(lambda: role_drafts.confirm_draft(role_drafts.SignedDraftConfirm.from_payload(payload)))()
+        await self._send({
+            "type": "model.draft.confirm.ok", "id": frame.get("id"), "draft_id": str(draft.id), "role": draft.role,
+            "state": draft.state, "version": draft.applied_version,
+        })
+
     HANDLERS = {
         "text": _on_text,
         "model.catalog": _on_model_catalog,
         "model.switch": _on_model_switch,
+        "model.drafts": _on_model_drafts,
+        "model.draft.confirm": _on_model_draft_confirm,
         "ride.permission": _on_ride_permission,
         "ack": _on_ack,
         "sync": _on_sync,

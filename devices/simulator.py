@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import hashlib
 import json
 import os
 import secrets
@@ -311,6 +312,47 @@ class DeviceConnection:
                     raise SimulatorError(f"{result['code']}: {result['message']}")
                 self.cards.pop(card_id(card), None)
                 return result
+
+    async def model_drafts(self) -> list[dict[str, Any]]:
+        """The model drafts this device may confirm (``model.drafts``)."""
+        request_id = uuid.uuid4().hex
+        await self.send({"type": "model.drafts", "id": request_id})
+        while True:
+            frame = await self.next_frame("model.drafts", "error")
+            if frame.get("id") == request_id:
+                if frame["type"] == "error":
+                    raise SimulatorError(f"{frame['code']}: {frame['message']}")
+                return list(frame["drafts"])
+
+    async def confirm_draft(self, draft: dict[str, Any], *, method: str = "face_id") -> dict[str, Any]:
+        """Confirm a draft as the phone does after Face ID: recompute the digest from the
+        contents shown (refusing a listing whose digest does not match them), sign
+        ``draft_confirm_message`` and send ``model.draft.confirm``."""
+        digest = draft_digest(draft)
+        if digest != draft["digest"]:
+            raise SimulatorError("the server's digest does not match the draft it shows: not confirming")
+        issued_at, nonce, request_id = int(time.time()), secrets.token_urlsafe(24), uuid.uuid4().hex
+        message = draft_confirm_message(self.identity.device_id, draft["id"], digest, issued_at, nonce, method)
+        await self.send({"type": "model.draft.confirm", "id": request_id, "draft_id": draft["id"], "digest": digest,
+                         "issued_at": issued_at, "nonce": nonce, "attestation": {"unlocked": True, "method": method},
+                         "signature": self.identity.sign(message)})
+        while True:
+            frame = await self.next_frame("model.draft.confirm.ok", "error")
+            if frame.get("id") == request_id:
+                if frame["type"] == "error":
+                    raise SimulatorError(f"{frame['code']}: {frame['message']}")
+                return frame
+
+
+def draft_digest(draft: dict[str, Any]) -> str:
+    """SHA-256 of a model draft's contents as shown (docs/protocol.md, ``model.draft.confirm``)."""
+    body = {k: draft[k] for k in ("role", "provider", "base_url", "model", "options", "key")}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()).hexdigest()
+
+
+def draft_confirm_message(device_id: str, draft_id: str, digest: str, issued_at: int, nonce: str, method: str) -> bytes:
+    """What a draft confirmation signs (docs/protocol.md)."""
+    return f"yimi-model-draft-v1\n{device_id}\n{draft_id}\n{digest}\n{issued_at}\n{nonce}\nunlocked\n{method}".encode()
 
 
 CARD_TYPES = ("consent.card", "payment.card")

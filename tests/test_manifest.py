@@ -15,7 +15,7 @@ def with_tools(tools: dict[str, Any], **overrides: Any) -> dict[str, Any]:
     return data
 
 
-SHIPPED_PACKS = ("workspace", "messaging", "schedule", "shop", "memory", "parcels")
+SHIPPED_PACKS = ("workspace", "messaging", "schedule", "shop", "memory", "parcels", "model_settings")
 
 
 @pytest.mark.parametrize("name", SHIPPED_PACKS)

@@ -6,6 +6,7 @@
     device_sim chat --key-file phone.json            # one line in, one reply out
     device_sim approve [CARD_ID] --key-file phone.json  # answer a consent or payment card
     device_sim deny [CARD_ID] --key-file phone.json     # (say prints cards and their ids)
+    device_sim confirm-draft DRAFT_ID --key-file phone.json  # confirm a model draft (Face ID, simulated)
 
 ``--server`` defaults to ``http://YIMI_HOST:YIMI_PORT`` (where ``./yimi up`` serves). Every
 error is one line saying what to do (``CommandError``), never a traceback.
@@ -62,6 +63,10 @@ class Command(BaseCommand):
             a.add_argument("--key-file", required=True, help="where this device's identity and key are kept")
             a.add_argument("--follow", type=float, default=FOLLOW_SECONDS, help="seconds to wait for the report after approving")
 
+        c = sub.add_parser("confirm-draft", help="confirm a model-settings draft, as the phone does after Face ID")
+        c.add_argument("draft_id", help="the draft's id (or its start), as the console shows it")
+        c.add_argument("--key-file", required=True, help="where this device's identity and key are kept")
+
     def handle(self, *args: Any, **opts: Any) -> None:
         where = default_server()
         if opts["action"] == "pair":
@@ -70,7 +75,7 @@ class Command(BaseCommand):
         elif opts.get("key_file"):
             where = load_identity(Path(opts["key_file"])).server
         try:
-            asyncio.run(getattr(self, f"_{opts['action']}")(opts))
+            asyncio.run(getattr(self, f"_{opts['action'].replace('-', '_')}")(opts))
         except (httpx.ConnectError, httpx.ConnectTimeout, ConnectionRefusedError, TimeoutError) as exc:
             raise CommandError(f"cannot reach Yimi at {where}: is `./yimi up` running there? ({type(exc).__name__})") from exc
         except ConnectionLost as exc:
@@ -179,6 +184,21 @@ class Command(BaseCommand):
             if answer == "approve" and opts["follow"] and run_seq is not None:
                 await self._follow(conn, run_seq, opts["follow"])
             await asyncio.sleep(0.05)
+
+    async def _confirm_draft(self, opts: dict[str, Any]) -> None:
+        async with DeviceConnection(load_identity(Path(opts["key_file"]))) as conn:
+            drafts = await conn.model_drafts()
+            matching = [d for d in drafts if d["id"].startswith(opts["draft_id"])]
+            if len(matching) != 1:
+                listed = ", ".join(d["id"] for d in drafts) or "none"
+                which = "more than one draft starts so: give more of its id" if matching else f"no open, probed draft {opts['draft_id']}"
+                raise CommandError(f"{which} (drafts to confirm: {listed})")
+            draft = matching[0]
+            probe = draft["probe"]
+            self.stdout.write(f"draft {draft['id']}: {draft['role']} → {draft['provider']} {draft['model']} at {draft['base_url']} "
+                              f"(key: {draft['key']}; probe: {probe['status']}{' ' + probe['error_code'] if probe['error_code'] else ''})")
+            result = await conn.confirm_draft(draft)
+            self.stdout.write(f"confirmed: {result['role']} is now version {result['version']}; it takes effect from the next run")
 
     async def _utterance_of(self, conn: DeviceConnection) -> int | None:
         """The report of an approved card answers the utterance that asked for it: the
