@@ -113,10 +113,52 @@ def build_xvector(path: Path, channels: int, pooled: int, dim: int = 192, seed: 
     return params
 
 
+TTS_SENTENCES = [
+    "好的，我来看一下明天的安排。",
+    "明天下午三点你有一个会议。",
+    "Sure, let me check that for you.",
+    "Your parcel should arrive tomorrow afternoon.",
+]
+
+
+def tts_first_audio(rounds: int) -> None:
+    """Time to the first audio byte of a spoken reply's first sentence with espeak-ng
+    (``devices.voice.tts.Espeak``: child process, WAV parse, resampling to 16 kHz, as the
+    voice socket runs it), p50/p95 over ``rounds`` sentences. The floor: starting and
+    reaping a child process that does nothing (``true``), the part no synthesizer in a
+    child process can avoid."""
+    import asyncio
+
+    from devices.voice.tts import Espeak
+
+    async def measure() -> tuple[list[float], list[float], int]:
+        synth, spoken, floor, samples = Espeak(), [], [], 0
+        await synth.synthesize("warm up.")
+        for i in range(rounds):
+            t0 = time.perf_counter()
+            proc = await asyncio.create_subprocess_exec("true")
+            await proc.wait()
+            floor.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            pcm = await synth.synthesize(TTS_SENTENCES[i % len(TTS_SENTENCES)])
+            spoken.append(time.perf_counter() - t0)
+            samples += len(pcm) // 2
+        return spoken, floor, samples
+
+    spoken, floor, samples = asyncio.run(measure())
+    p = lambda xs, q: 1000 * float(np.percentile(xs, q))  # noqa: E731
+    print(f"\nTTS time to first audio byte (espeak-ng, one sentence, {rounds} rounds, {samples / 16000 / rounds:.1f} s of speech each on average)")
+    print(f"{'':<26} {'p50 ms':>8} {'p95 ms':>8}")
+    print(f"{'espeak-ng first sentence':<26} {p(spoken, 50):>8.1f} {p(spoken, 95):>8.1f}")
+    print(f"{'floor: spawn + reap true':<26} {p(floor, 50):>8.1f} {p(floor, 95):>8.1f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=60.0, help="audio for the real-time factor")
     parser.add_argument("--streams-seconds", type=float, default=5.0, help="audio per stream in the concurrency test")
+    parser.add_argument("--tts-rounds", type=int, default=40, help="sentences for the TTS time to first audio byte")
+    parser.add_argument("--tts-only", action="store_true", help="only the TTS time to first audio byte")
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="yimi-bench-voice-"))
@@ -127,6 +169,9 @@ def main() -> None:
     import django
 
     django.setup()
+    if args.tts_only:
+        tts_first_audio(args.tts_rounds)
+        return
     import importlib.util
     import threading
 
@@ -205,6 +250,7 @@ def main() -> None:
         print(f"{name:<12} {params:>9,} {size / 1e6:>6.1f} {utterances:>5} {1000 * rtf:>13.2f} {rtf:>8.4f} {1000 * emb:>9.2f} {streams:>15}")
     print(f"\nstreams/worker: sessions fed round-robin in 200-ms frames, {args.streams_seconds:.0f} s of audio each, done within {args.streams_seconds:.0f} s")
     print("emb ms/s: everything but the VAD (segmentation, quality, embedding, Python overhead)")
+    tts_first_audio(args.tts_rounds)
 
 
 if __name__ == "__main__":

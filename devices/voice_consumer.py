@@ -17,10 +17,11 @@ from channels.db import database_sync_to_async
 
 from accounts import voice as identity
 from accounts.models import VoiceCall
+from brain import roles
 from brain.dispatch import dispatch_run
 from devices import services as device_services
 from devices.consumers import DeviceConsumer
-from devices.voice import audio, config
+from devices.voice import audio, config, realtime, tts
 from devices.voice import services as voice_services
 from devices.voice.services import SessionStatus
 from devices.voice.session import SAMPLE_RATE, StreamOutput, Utterance, VoiceSession, ms
@@ -36,7 +37,13 @@ class VoiceConsumer(DeviceConsumer):
     status: SessionStatus | None = None
     call: VoiceCall | None = None
     enrollment: list[Utterance] | None = None
+    speaker: tts.ReplySpeaker | None = None  # speaks the replies of runs started here (devices/voice/tts.py)
+    front: realtime.RealtimeFront | None = None  # the realtime front, when configured (devices/voice/realtime.py)
     _checked_at: float = 0.0
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._fronted: set[str] = set()  # utterances given to the realtime front (no device transcript for them)
 
     # --- frames ------------------------------------------------------------------------------
 
@@ -50,6 +57,7 @@ class VoiceConsumer(DeviceConsumer):
             await database_sync_to_async(identity.end_call)(self.call)
             self.call = None
         self.session = None
+        await self._end_speech("session_end")
         await super().disconnect(code)
 
     async def _on_audio(self, frame: bytes) -> None:
@@ -95,9 +103,11 @@ class VoiceConsumer(DeviceConsumer):
         transcript = None
         if session.transcriber is not None and (session.in_request_window(utt) or session.during_playback(utt)):
             transcript = await sync_to_async(session.transcribe, thread_sensitive=False)(utt)
+        # With the realtime front, a request goes to the front first: no run until it hands off.
+        front = self.front if self.front is not None and self.front.open_now else None
         try:
             outcome = await database_sync_to_async(voice_services.handle_utterance)(
-                device, session, utt, call=self.call, transcript=transcript
+                device, session, utt, call=self.call, transcript=None if front else transcript
             )
         except YimiError as exc:
             await self._error(exc.code, exc.message)
@@ -121,12 +131,23 @@ class VoiceConsumer(DeviceConsumer):
             "seq": outcome.accepted.entry.seq if outcome.accepted else None,
             "run_id": str(outcome.accepted.run_id) if outcome.accepted else None,
         }
+        fronted = front is not None and record.disposition == "request" and outcome.accepted is None
+        body["front"] = fronted
+        if fronted:
+            body["needs_transcript"] = False
+        if record.disposition == "request":  # the owner spoke again: what Yimi was saying stops at once
+            await self._stop_speech("barge_in" if session.during_playback(utt) else "new_request")
         await self._send(body)
+        if fronted and front is not None:
+            self._fronted.add(utt.id)
+            await front.turn(realtime.FrontTurn(utt.id, decision.scope, transcript or ""), utt.samples)
         if outcome.accepted is not None and not outcome.accepted.duplicate:
             await self._start_run(outcome.accepted.run_id, outcome.accepted.entry.seq)
 
     async def _start_run(self, run_id: Any, seq: int) -> None:
         assert self.device is not None
+        if self.speaker is not None:
+            self.speaker.expect(run_id)  # a reply to a voice request is spoken
         await dispatch_run(run_id)
         await push.to_owner(self.device.owner_id, {"type": "timeline.new", "seq": seq})
 
@@ -156,6 +177,7 @@ class VoiceConsumer(DeviceConsumer):
             self.device, frame.get("channel"), frame.get("mode", "normal")
         )
         self.session, self.status = session, status
+        speech, front = await self._open_speech(status)
         await self._send(
             {
                 "type": "voice.started",
@@ -168,7 +190,9 @@ class VoiceConsumer(DeviceConsumer):
                 "wake_word": status.wake_word,
                 "voiceprint": status.voiceprint,
                 "problems": status.problems,
-                "limits": {"max_audio_frame_bytes": config.max_audio_frame_bytes()},
+                "speech": speech,
+                "front": front,
+                "limits": {"max_audio_frame_bytes": config.max_audio_frame_bytes(), "max_tts_frame_bytes": tts.FRAME_BYTES},
             }
         )
         log_event("voice_session_started", device_id=str(self.device.id), channel=session.channel, transcription=status.transcription)
@@ -181,6 +205,7 @@ class VoiceConsumer(DeviceConsumer):
             await database_sync_to_async(identity.end_call)(self.call)
             self.call = None
         self.session, self.enrollment = None, None
+        await self._end_speech("session_end")
         await self._send({"type": "voice.stopped", "id": frame.get("id"), "session_id": session.id, "stream_ms": ms(session.position)})
 
     async def _on_wake(self, frame: dict[str, Any]) -> None:
@@ -212,6 +237,8 @@ class VoiceConsumer(DeviceConsumer):
 
     async def _on_transcript(self, frame: dict[str, Any]) -> None:
         assert self.device is not None
+        if frame.get("utterance_id") in self._fronted:
+            raise YimiError("transcript_not_needed", "the realtime front took this utterance; it hands it to the brain itself")
         record, accepted = await database_sync_to_async(voice_services.accept_device_transcript)(
             self.device, frame.get("utterance_id"), frame.get("text")
         )
@@ -261,6 +288,99 @@ class VoiceConsumer(DeviceConsumer):
             # The reply was heard: the owner may answer without the wake word.
             self.session.open_request_window(self.session.position, config.followup_window_seconds(), preroll=0.0)
 
+    # --- spoken replies and the realtime front (devices/voice/tts.py, devices/voice/realtime.py) ---
+
+    async def _open_speech(self, status: SessionStatus) -> tuple[str, str]:
+        """The session's synthesizer and realtime front; returns what ``voice.started``
+        says of them (``speech``: the synthesizer's name or ``device``; ``front``:
+        ``realtime``, ``off`` or ``unavailable``). A configured one that cannot be used is
+        reported in ``problems`` and the session goes on without it."""
+        synth, problem = await database_sync_to_async(tts.synthesizer)()
+        if problem:
+            status.problems["tts"] = problem
+        self.speaker = tts.ReplySpeaker(synth, self._send) if synth is not None else None
+        if self.speaker is not None:
+            self.speaker.on_told = self._told
+        try:
+            role = await database_sync_to_async(roles.resolve)("realtime")
+        except YimiError as exc:
+            if exc.code == "role_not_configured":
+                return (synth.name if synth else "device"), "off"
+            status.problems["realtime"] = exc.code
+            return (synth.name if synth else "device"), "unavailable"
+        self.front = realtime.RealtimeFront(role, on_frame=self._send, on_handoff=self._front_handoff)
+        try:
+            await self.front.open()
+        except YimiError as exc:
+            self.front = None
+            status.problems["realtime"] = exc.code
+            log_event("realtime_front_unavailable", error_code=exc.code)
+            return (synth.name if synth else "device"), "unavailable"
+        return (synth.name if synth else "device"), "realtime"
+
+    async def _front_handoff(self, handoff: realtime.Handoff) -> dict[str, Any]:
+        """The front called ``handoff_to_brain``: the utterance becomes a run with the
+        handoff's thinking switch (a guest's turn is refused); the function's output."""
+        assert self.device is not None
+        turn = handoff.turn
+        text = turn.transcript or turn.heard or handoff.intent  # the server's transcript wins
+        try:
+            accepted = await database_sync_to_async(voice_services.accept_front_handoff)(
+                self.device, turn.utterance_id, text, thinking=handoff.thinking
+            )
+        except YimiError as exc:
+            await self._send({"type": "front.handoff", "utterance_id": turn.utterance_id, "status": "refused", "code": exc.code})
+            return {"status": "refused", "reason": "guest" if exc.code == "handoff_refused" else exc.code}
+        await self._send({"type": "front.handoff", "utterance_id": turn.utterance_id, "status": "handed_off",
+                          "seq": accepted.entry.seq, "run_id": str(accepted.run_id), "thinking": handoff.thinking})
+        if not accepted.duplicate:
+            await self._start_run(accepted.run_id, accepted.entry.seq)
+        return {"status": "handed_off", "run_id": str(accepted.run_id)}
+
+    async def _told(self, seq: int) -> None:
+        """Every sentence of a spoken reply was played: the ``played`` ACK (facts told)."""
+        await self._on_ack({"type": "ack", "seq": seq, "status": "played"})
+
+    async def _stop_speech(self, reason: str) -> None:
+        if self.speaker is not None:
+            await self.speaker.stop(reason)
+        if self.front is not None and reason == "barge_in":
+            await self.front.cancel_response()
+
+    async def _end_speech(self, reason: str) -> None:
+        speaker, front, self.speaker, self.front = self.speaker, self.front, None, None
+        if speaker is not None:
+            await speaker.stop(reason)
+        if front is not None:
+            await front.close()
+
+    async def _on_tts_played(self, frame: dict[str, Any]) -> None:
+        if self.speaker is None:
+            raise YimiError("unknown_run", "nothing is spoken on this socket")
+        reply = await self.speaker.played(frame.get("run_id"), frame.get("sentence"))
+        await self._send({"type": "tts.played.ack", "id": frame.get("id"), "run_id": reply.run_id,
+                          "sentence": frame.get("sentence"), "told": reply.told})
+
+    async def _on_tts_stop(self, frame: dict[str, Any]) -> None:
+        self._need_session()
+        await self._stop_speech("barge_in")
+
+    async def reply_chunk(self, event: dict[str, Any]) -> None:
+        await super().reply_chunk(event)
+        if self.speaker is not None:
+            await self.speaker.chunk(event.get("run_id"), event.get("text"))
+
+    async def reply_done(self, event: dict[str, Any]) -> None:
+        await super().reply_done(event)
+        if self.speaker is not None:
+            await self.speaker.done(event.get("run_id"), event.get("seq"))
+
+    async def notice(self, event: dict[str, Any]) -> None:
+        await super().notice(event)
+        if self.speaker is not None and self.speaker.speaking(event.get("run_id")):  # an honest notice is spoken too
+            await self.speaker.chunk(event.get("run_id"), event.get("text"))
+            await self.speaker.done(event.get("run_id"), event.get("seq"))
+
     HANDLERS = {
         "voice.start": _on_voice_start,
         "voice.stop": _on_voice_stop,
@@ -274,5 +394,7 @@ class VoiceConsumer(DeviceConsumer):
         "enroll.commit": _on_enroll_commit,
         "enroll.cancel": _on_enroll_cancel,
         "ack": _on_ack,
+        "tts.played": _on_tts_played,
+        "tts.stop": _on_tts_stop,
         "ping": DeviceConsumer._on_ping,
     }

@@ -226,6 +226,45 @@ def accept_device_transcript(device: Device, utterance_id: Any, text: Any) -> tu
     return record, accepted
 
 
+def accept_front_handoff(device: Device, utterance_id: Any, text: Any, *, thinking: bool) -> AcceptedUtterance:
+    """The realtime front handed a spoken request to the brain (``handoff_to_brain``): the
+    utterance becomes a run with the handoff's ``thinking`` as the turn's thinking switch.
+
+    Steps: 1. the text (the server's transcript, else the front's, else the handoff's
+    intent — the caller chooses) is non-empty and within the text limit; 2. the utterance
+    is this device's and a request; 3. a guest's turn never hands off
+    (``handoff_refused``: nothing is written); 4. in one transaction: entry + run
+    (idempotent by the utterance id), then claim the utterance with a conditional UPDATE
+    ``entry IS NULL``, marking its transcript as the server's (the front is a server-side
+    model). A second handoff for the same utterance returns the stored run, ``duplicate``.
+    """
+    if not isinstance(text, str) or not text.strip():
+        raise YimiError("invalid_frame", "the handoff has no text")
+    text = text.strip()[: settings.WS_MAX_TEXT_CHARS]
+    try:
+        key = uuid.UUID(str(utterance_id))
+    except ValueError:
+        raise YimiError("unknown_utterance", "there is no such utterance") from None
+    record = VoiceUtterance.objects.filter(id=key, device=device).first()
+    if record is None:
+        raise YimiError("unknown_utterance", "there is no such utterance on this device")
+    if record.disposition != Disposition.REQUEST:
+        raise YimiError("not_a_request", f"this utterance was {record.disposition}, not a request; it never becomes a run")
+    if record.scope == "guest":
+        raise YimiError("handoff_refused", "a guest's turn is answered by the front; it never reaches the brain")
+    with transaction.atomic():
+        accepted = accept_voice_utterance(
+            device, client_id(record), text, scope=record.scope, reason=record.reason, thinking=thinking
+        )
+        if not accepted.duplicate:
+            VoiceUtterance.objects.filter(id=record.id, entry=None).update(
+                entry=accepted.entry, admission_id=_admission_id(accepted), transcript=text,
+                transcript_source=VoiceUtterance.TranscriptSource.SERVER,
+            )
+    log_event("voice_front_handoff", device_id=str(device.id), thinking=thinking, duplicate=accepted.duplicate)
+    return accepted
+
+
 # --- enrollment over the voice socket --------------------------------------------------------------
 
 
