@@ -12,7 +12,7 @@ from django.contrib import admin
 from django.http import HttpRequest
 from django.utils.safestring import mark_safe
 
-from accounts.owner_admin import OwnerContentAdmin, ReadOnlyInline, ReadOnlyOwnerAdmin, clip
+from accounts.owner_admin import ReadOnlyInline, ReadOnlyOwnerAdmin, clip
 from brain import (
     catalog_admin,  # noqa: F401  (registers the local-models settings page)
     reminders,
@@ -50,7 +50,7 @@ class AgentTaskInline(ReadOnlyInline):
 
 
 @admin.register(Run)
-class RunAdmin(OwnerContentAdmin):
+class RunAdmin(ReadOnlyOwnerAdmin):
     list_display = ("created_at", "sentence", "scope", "state", "reply", "tool_calls_used", "error_code")
     list_filter = ("state", "scope", "origin")
     search_fields = ("inbound__text", "result_entry__text")

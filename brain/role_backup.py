@@ -28,7 +28,7 @@ from cryptography.hazmat.primitives.kdf.scrypt import Scrypt
 from django.db import transaction
 from django.utils import timezone
 
-from brain import keyring, roles
+from brain import keyring, role_drafts, roles
 from brain.role_models import ModelRole, ModelRoleRevision, ModelSettingsImport, RoleSource
 from yimi_project.errors import YimiError
 from yimi_project.logs import log_event
@@ -156,7 +156,7 @@ def rotate_master_key() -> str:
 
     Steps: 1. read the current key and write the new one to a temporary file beside the
     key file (0600, fsync); 2. in one transaction, under the settings lock, re-wrap every
-    sealed key of ``ModelRole`` and ``ModelRoleRevision``; 3. still inside it, rename the
+    sealed key of ``ModelRole``, ``ModelRoleRevision`` and open drafts; 3. still inside it, rename the
     temporary file over the key file and fsync the directory. Anything failing before the
     rename leaves the old file and the old blobs; a commit failing after it puts the old key
     file back.
@@ -184,6 +184,7 @@ def rotate_master_key() -> str:
                         plain = keyring.decrypt(row.api_key_encrypted, roles.key_aad(row.role), key=old)
                         row.api_key_encrypted = keyring.encrypt(plain, roles.key_aad(row.role), key=new)
                         row.save(update_fields=["api_key_encrypted"])
+                role_drafts.rewrap_draft_keys(old, new)  # open drafts' new keys too
                 os.replace(temporary, path)
                 replaced = True
                 _fsync_dir(path.parent)

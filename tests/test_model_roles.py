@@ -264,6 +264,18 @@ def test_rotating_the_master_key_rewraps_every_key(db: Any, keys: Path) -> None:
     assert not list(keys.parent.glob(".model_master_key*"))
 
 
+def test_rotating_the_master_key_rewraps_an_open_drafts_new_key(db: Any, keys: Path) -> None:
+    from brain import role_drafts
+
+    roles.import_from_environment(FIRST_ENV)
+    draft, _ = role_drafts.create_draft(
+        "brain", provider="p", base_url="https://x.example/v1", model="m3", options={}, api_key="sk-drafted", created_by="owner_console",
+    )
+    role_backup.rotate_master_key()
+    draft.refresh_from_db()
+    assert role_drafts.probe_key(draft) == "sk-drafted"  # opened under the new master key
+
+
 def test_a_failed_rotation_keeps_the_old_key_file_and_blobs(db: Any, keys: Path) -> None:
     roles.import_from_environment(FIRST_ENV)
     ModelRole.objects.filter(role="vision").update(api_key_encrypted="v1:0000:AAAA")  # one blob that cannot be opened
