@@ -26,6 +26,7 @@ from brain.trace import now_ms
 from capabilities.authorities import RunBinding
 from memory import services as timeline
 from memory.models import TimelineEntry
+from yimi_project import statements
 
 if TYPE_CHECKING:  # the device that spoke, from the consumer above (devices/)
     from devices.models import Device
@@ -117,12 +118,11 @@ def run_binding(run_id: Any) -> RunBinding | None:
         key = uuid.UUID(str(run_id))
     except ValueError:
         return None
-    row = Run.objects.filter(id=key).values_list("owner_id", "admission_id", "scope", "state", "origin")[:1]
-    if not row:
+    run = statements.fetch_by_pk(Run, key, ("owner", "admission", "scope", "state", "origin"))  # on every gateway call
+    if run is None:
         return None
-    owner_id, admission_id, scope, state, origin = row[0]
-    active = state in (Run.State.QUEUED, Run.State.RUNNING) or run_has_active_agents(key)
-    return RunBinding(key, owner_id, admission_id, scope, active, origin)
+    active = run.state in (Run.State.QUEUED, Run.State.RUNNING) or run_has_active_agents(key)
+    return RunBinding(key, run.owner_id, run.admission_id, run.scope, active, run.origin)
 
 
 def claim_run(run_id: Any) -> Run | None:

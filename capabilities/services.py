@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -19,12 +20,12 @@ from django.utils import timezone
 
 from capabilities import authorities
 from capabilities.authorities import GateQuestion, RunBinding, Verdict
-from capabilities.manifest import SEPARATOR, ToolDecl, load_packs
+from capabilities.manifest import SEPARATOR, PackSet, ToolDecl, load_packs
 from capabilities.models import ReceiptRecord, ToldFact, ToolCall
 from capabilities.receipts import needs_check, normalize
 from memory.copies import ForgottenContent, redacted_text, rows_in_chunks
 from memory.locks import lock_owner_calls
-from yimi_project import call_capability
+from yimi_project import call_capability, statements
 from yimi_project.errors import YimiError
 from yimi_project.ids import uuid_or_nil
 
@@ -158,16 +159,38 @@ def decide(request: CallRequest) -> Decision:
         return _record(binding, request, model_args, owner_requested, decision, tool)
 
     fingerprint = sha256(canonical({"tool": request.tool, "args": model_args}))
+    if not _serialized(tool, model_args):
+        # Nothing below reads a row that deciding this call writes: no lock, no
+        # transaction, one INSERT in autocommit (docs/architecture.md, "query budget").
+        return _gate(binding, request, tool, model_args, owner_requested, overridden, budget, fingerprint, packs)
     with transaction.atomic():
         lock_owner_calls(binding.owner_id)
-        return _gate(binding, request, tool, model_args, owner_requested, overridden, budget, fingerprint)
+        return _gate(binding, request, tool, model_args, owner_requested, overridden, budget, fingerprint, packs)
+
+
+def _serialized(tool: ToolDecl, model_args: dict[str, Any]) -> bool:
+    """Whether steps 4 to 6 must run under the owner's gateway lock: only when one of
+    them reads what deciding a call writes, so that two identical calls decided at once
+    cannot both pass it — the in-flight check of a ``retry=forbidden`` tool (the allowed
+    ``ToolCall`` rows), a gate (its own cards or authorizations: ``already_waiting``), or
+    a trusted field an authority fills in (it may open a row of its own). Any other call
+    (a read or a workspace call that may be repeated) is checked against rows that
+    deciding never writes, so the lock would order nothing; it is decided and recorded
+    with one INSERT."""
+    if tool.retry == "forbidden":
+        return True
+    category = tool.resolve_category(model_args)
+    if category is None or GATE_AUTHORITY.get(category, "unknown") is not None:
+        return True
+    return any(name in tool.context_inject for name in authorities.trusted_fields())
 
 
 def _gate(
     binding: RunBinding, request: CallRequest, tool: ToolDecl, model_args: dict[str, Any], owner_requested: bool,
-    overridden: list[str], budget: Any, fingerprint: str,
+    overridden: list[str], budget: Any, fingerprint: str, packs: PackSet,
 ) -> Decision:
-    """Steps 4 to 6 of ``decide`` and the recorded call, under the owner's gateway lock."""
+    """Steps 4 to 6 of ``decide`` and the recorded call, under the owner's gateway lock
+    where ``_serialized`` says one is needed."""
     repeat = _duplicate_or_unchecked(binding.owner_id, fingerprint, tool, model_args)
     if repeat is not None:
         return _record(binding, request, model_args, owner_requested, repeat, tool, fingerprint)
@@ -184,7 +207,7 @@ def _gate(
     authority = GATE_AUTHORITY[category]
     if authority is None:
         decision = Decision(ToolCall.Decision.ALLOW, "ok", "allowed", category=category, overridden=overridden)
-        return _record(binding, request, model_args, owner_requested, decision, tool, fingerprint, budget=budget)
+        return _record(binding, request, model_args, owner_requested, decision, tool, fingerprint, budget=budget, packs=packs)
     gate = authorities.gate(authority)
     if gate is None:
         decision = _blocked(
@@ -204,7 +227,9 @@ def _gate(
         decision = Decision(ToolCall.Decision.ASK, verdict.code, verdict.reason, category=category, overridden=overridden)
     else:
         decision = Decision(ToolCall.Decision.ALLOW, verdict.code, verdict.reason, category=category, overridden=overridden)
-    return _record(binding, request, model_args, owner_requested, decision, tool, fingerprint, _Asking(gate, question, verdict))
+    return _record(
+        binding, request, model_args, owner_requested, decision, tool, fingerprint, _Asking(gate, question, verdict), packs=packs
+    )
 
 
 @dataclass(frozen=True)
@@ -316,6 +341,7 @@ def _record(
     fingerprint: str | None = None,
     asking_gate: _Asking | None = None,
     budget: Any = None,
+    packs: PackSet | None = None,
 ) -> Decision:
     fingerprint = fingerprint or sha256(canonical({"tool": request.tool, "args": model_args}))
     call = ToolCall(
@@ -358,10 +384,10 @@ def _record(
         if final != request.arguments:
             decision.decision = ToolCall.Decision.REWRITE
             call.decision = decision.decision
-        decision.pack_capability = pack_capability(call, tool)
+        decision.pack_capability = pack_capability(call, tool, packs=packs)
         decision.receipt_capability = call_capability.mint_receipt(str(call.id))
     if decision.decision != ToolCall.Decision.BLOCK:
-        call.save(force_insert=True)  # one INSERT
+        statements.insert(call)  # one INSERT
         return decision
     with transaction.atomic():
         call.save(force_insert=True)
@@ -441,12 +467,12 @@ def recheck_approved(call_id: Any) -> Decision:
     )
 
 
-def pack_capability(call: ToolCall, tool: ToolDecl, *, now: float | None = None) -> str:
+def pack_capability(call: ToolCall, tool: ToolDecl, *, now: float | None = None, packs: PackSet | None = None) -> str:
     """The capability a pack gets with one call: the call, its run, its owner, pack, tool,
     decided category and target arguments, and the platform APIs its pack declared; valid
     for the call's execution time (plus the time to reach the pack). The run lets the
     platform count per run (memory's history lookups, at most 3 a run)."""
-    pack = load_packs().packs[tool.pack]
+    pack = (packs if packs is not None else load_packs()).packs[tool.pack]
     claims = {
         "call": str(call.id), "run": str(call.run_id), "owner": call.owner_id, "pack": tool.pack, "tool": call.tool, "category": call.category,
         "target": tool.target_arguments(call.arguments), "apis": pack.platform_api,
@@ -482,6 +508,9 @@ class ReceiptOutcome:
         }
 
 
+_RECEIPT_CALL_FIELDS = ("id", "owner", "decision", "tool", "category", "fingerprint", "arguments")
+
+
 def record_receipt(call_id: Any, result: Any, *, transport_error: str | None = None) -> ReceiptOutcome:
     """Validate a tool's result at the trust boundary and store it in the ledger.
 
@@ -491,12 +520,7 @@ def record_receipt(call_id: Any, result: Any, *, transport_error: str | None = N
     record, different content is a ``conflict``; 4. a task's revisions strictly
     increase (``stale_revision`` otherwise) and earlier ones are kept as history.
     """
-    call = (
-        ToolCall.objects.filter(id=uuid_or_nil(call_id))
-        .only("id", "owner_id", "decision", "tool", "category", "fingerprint", "arguments")
-        .order_by()
-        .first()
-    )
+    call = statements.fetch_by_pk(ToolCall, uuid_or_nil(call_id), _RECEIPT_CALL_FIELDS)
     if call is None:
         raise YimiError("unknown_call", "there is no decided call with this id")
     approved = call.decision == ToolCall.Decision.ASK and authorities.approval_in_use(call.id)
@@ -521,14 +545,16 @@ def record_receipt(call_id: Any, result: Any, *, transport_error: str | None = N
                 return _replay(same, content_fp)
             raise YimiError("stale_revision", f"task {task_id} is already at revision {latest.revision}", latest=latest.revision)
     try:
-        # One INSERT; the unique constraints settle replays and races (the savepoint keeps
-        # a caller's outer transaction usable when they fire).
-        with transaction.atomic():
-            record = ReceiptRecord.objects.create(
-                owner_id=call.owner_id, call=call, task_id=task_id, revision=revision, status=receipt["status"],
-                call_fingerprint=call.fingerprint, receipt=receipt, content_fingerprint=content_fp,
-                violations=normalized.violations, contradictions=normalized.contradictions,
-            )
+        # One INSERT; the unique constraints settle replays and races. In autocommit the
+        # INSERT is its own transaction; inside a caller's transaction a savepoint keeps
+        # that transaction usable when a constraint fires.
+        record = ReceiptRecord(
+            owner_id=call.owner_id, call=call, task_id=task_id, revision=revision, status=receipt["status"],
+            call_fingerprint=call.fingerprint, receipt=receipt, content_fingerprint=content_fp,
+            violations=normalized.violations, contradictions=normalized.contradictions,
+        )
+        with transaction.atomic() if transaction.get_connection().in_atomic_block else nullcontext():
+            statements.insert(record)
     except IntegrityError:
         same = ReceiptRecord.objects.filter(task_id=task_id, call=call, revision=revision).first()
         if same is None:

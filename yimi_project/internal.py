@@ -105,10 +105,12 @@ def require_call(request: Request, categories: tuple[str, ...], **target: Any) -
 import asyncio  # noqa: E402
 import functools  # noqa: E402
 import json  # noqa: E402
+import logging  # noqa: E402
 from collections.abc import Awaitable, Callable  # noqa: E402
 from concurrent.futures import ThreadPoolExecutor  # noqa: E402
 from typing import TypeVar  # noqa: E402
 
+from django.core.serializers.json import DjangoJSONEncoder  # noqa: E402
 from django.db import close_old_connections  # noqa: E402
 from django.http import HttpResponse, JsonResponse  # noqa: E402
 from django.views.decorators.csrf import csrf_exempt  # noqa: E402
@@ -135,29 +137,131 @@ def error_response(exc: YimiError) -> JsonResponse:
     return JsonResponse({"error": exc.payload()}, status=exc.http_status)
 
 
-def internal_json_view(handler: Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]) -> Callable[[HttpRequest], Awaitable[HttpResponse]]:
+JsonHandler = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
+
+
+async def _answer(handler: JsonHandler, *, platform_party: bool, method: str, body: Callable[[], bytes]) -> tuple[int, dict[str, Any]]:
+    """One internal JSON call, whichever way it arrived: (HTTP status, JSON object)."""
+    try:
+        if not platform_party:
+            raise YimiError("forbidden", PlatformParty.message)
+        if method != "POST":
+            raise YimiError("invalid_request", "use POST")
+        try:
+            data = json.loads(body() or b"{}")
+        except ValueError:
+            raise YimiError("malformed_json", "the body is not valid JSON") from None
+        if not isinstance(data, dict):
+            raise YimiError("invalid_request", "expected a JSON object")
+        return 200, await handler(data)
+    except YimiError as exc:
+        return exc.http_status, {"error": exc.payload()}
+
+
+def internal_json_view(handler: JsonHandler) -> Callable[[HttpRequest], Awaitable[HttpResponse]]:
     """An internal POST endpoint for the platform's own processes (internal listener +
-    internal token): a JSON object in, a JSON object out."""
+    internal token): a JSON object in, a JSON object out. On daphne's internal socket
+    ``InternalJsonEndpoints`` answers it before Django's request machinery; the view is
+    what every other server (the tests' WSGI socket server, Django's test client) runs."""
 
     @csrf_exempt
     @functools.wraps(handler)
     async def view(request: HttpRequest) -> HttpResponse:
-        if not is_platform_party(request):
-            return error_response(YimiError("forbidden", PlatformParty.message))
-        if request.method != "POST":
-            return error_response(YimiError("invalid_request", "use POST"))
-        try:
-            body = json.loads(request.body or b"{}")
-        except ValueError:
-            return error_response(YimiError("malformed_json", "the body is not valid JSON"))
-        if not isinstance(body, dict):
-            return error_response(YimiError("invalid_request", "expected a JSON object"))
-        try:
-            return JsonResponse(await handler(body))
-        except YimiError as exc:
-            return error_response(exc)
+        status, payload = await _answer(
+            handler, platform_party=is_platform_party(request), method=request.method or "", body=lambda: request.body
+        )
+        return JsonResponse(payload, status=status)
 
+    view.internal_json_handler = handler  # type: ignore[attr-defined]
     return view
+
+
+class InternalJsonEndpoints:
+    """ASGI, in front of Django: the ``internal_json_view`` endpoints (the gateway's
+    decide, receipt and observe) answered on the internal listener without Django's
+    request machinery.
+
+    Why: every tool call crosses them twice, and Django's path costs several times the
+    call's own work — about a dozen thread hops for the sync middleware methods and the
+    request signals, sessions, auth, CSRF, messages, security headers, static files and
+    the login lockout. None of that applies here: the internal listener is a Unix socket
+    nobody else reaches (no browser, no cookies, no proxy, no user), and the caller
+    proves itself with the internal token. What is kept is exactly the view's contract
+    (``_answer``: the token, POST, a JSON object in and out, ``YimiError`` → its status
+    and payload), plus Django's body size limit (``DATA_UPLOAD_MAX_MEMORY_SIZE``:
+    ``payload_too_large``). An unexpected exception is logged (``django.request``, as
+    Django does) and answered 500 ``internal_error``. Requests on the public listener,
+    and any other path, go to Django unchanged.
+    """
+
+    def __init__(self, app: Callable[..., Awaitable[None]]) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict[str, Any], receive: Callable[[], Awaitable[dict[str, Any]]], send: Callable[[dict[str, Any]], Awaitable[None]]) -> None:
+        if scope["type"] == "http" and scope.get("client") is None and scope.get("server") is None:
+            path = scope["path"]
+            root = scope.get("root_path") or ""
+            handler = _json_handler(path[len(root):] if root and path.startswith(root) else path)
+            if handler is not None:
+                await self._serve(handler, scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+    async def _serve(self, handler: JsonHandler, scope: dict[str, Any], receive: Callable[[], Awaitable[dict[str, Any]]], send: Callable[[dict[str, Any]], Awaitable[None]]) -> None:
+        token = b""
+        for name, value in scope.get("headers") or ():
+            if name == _TOKEN_HEADER_BYTES:
+                token = value
+                break
+        platform_party = hmac.compare_digest(token, settings.INTERNAL_TOKEN.encode())
+        method = scope.get("method", "")
+        raw = b""
+        if platform_party and method == "POST":
+            limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+            chunks: list[bytes] = []
+            size = 0
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    return
+                chunk = message.get("body", b"")
+                size += len(chunk)
+                if limit is not None and size > limit:
+                    exc = YimiError("payload_too_large", f"the body is larger than {limit} bytes")
+                    await _respond(send, exc.http_status, {"error": exc.payload()})
+                    return
+                chunks.append(chunk)
+                if not message.get("more_body"):
+                    break
+            raw = b"".join(chunks)
+        try:
+            status, payload = await _answer(handler, platform_party=platform_party, method=method, body=lambda: raw)
+        except Exception:
+            logging.getLogger("django.request").exception("internal endpoint failed: %s", scope["path"])
+            status, payload = 500, {"error": {"code": "internal_error", "message": "the server failed on this call"}}
+        await _respond(send, status, payload)
+
+
+_TOKEN_HEADER_BYTES = TOKEN_HEADER.lower().encode()
+
+
+@functools.lru_cache(maxsize=64)
+def _json_handler(path: str) -> JsonHandler | None:
+    """The ``internal_json_view`` handler serving ``path``, or None (anything else)."""
+    from django.urls import Resolver404, resolve
+
+    try:
+        match = resolve(path)
+    except Resolver404:
+        return None
+    return getattr(match.func, "internal_json_handler", None)
+
+
+async def _respond(send: Callable[[dict[str, Any]], Awaitable[None]], status: int, payload: dict[str, Any]) -> None:
+    data = json.dumps(payload, cls=DjangoJSONEncoder).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": data})
 
 
 def close_thread_connections() -> None:

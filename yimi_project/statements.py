@@ -1,0 +1,118 @@
+"""Row statements for hot paths, compiled once per model instead of once per call.
+
+The ORM builds a query's SQL anew every time: for the gateway's decide + receipt (four
+short statements) building them took as long as PostgreSQL took to run them. These two
+helpers issue the same SQL the ORM would for the two shapes the hot paths need — insert
+one model instance, fetch one row by primary key — with the statement text built from the
+model's ``_meta`` once (so a new column needs no edit here) and each value prepared by its
+field exactly as ``Model.save`` and the query compiler do (``pre_save`` fills ``auto_now_add``,
+``get_db_prep_save`` adapts JSON and UUIDs, ``from_db_value`` reads JSON back). They run on
+Django's connection, so transactions, ``CaptureQueriesContext`` and the test database work
+as with the ORM; a fixed statement text also lets psycopg prepare it server-side.
+
+``insert`` falls back to ``Model.save(force_insert=True)`` where the shortcut would change
+behaviour: a model with ``pre_save``/``post_save`` receivers, or a database that cannot
+return the new primary key from an INSERT.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any, TypeVar
+
+from django.db import DEFAULT_DB_ALIAS, connections
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.models import Field, Model
+from django.db.models.signals import post_save, pre_save
+
+M = TypeVar("M", bound=Model)
+
+
+def _connection() -> BaseDatabaseWrapper:
+    # The wrapper itself: ``django.db.connection`` is a proxy that looks the wrapper up
+    # (a context-local) on every attribute access, and preparing values touches it often.
+    return connections[DEFAULT_DB_ALIAS]
+
+
+@cache
+def _insert_statement(model: type[Model], vendor: str) -> tuple[str, tuple[Field[Any, Any], ...], Field[Any, Any] | None]:
+    meta = model._meta
+    pk = meta.pk
+    assert pk is not None
+    returned = pk if pk.db_returning else None  # an auto-increment id comes back from the INSERT
+    fields = tuple(f for f in meta.concrete_fields if f is not returned)
+    quote = _connection().ops.quote_name
+    sql = (
+        f"INSERT INTO {quote(meta.db_table)} ({', '.join(quote(str(f.column)) for f in fields)}) "
+        f"VALUES ({', '.join(['%s'] * len(fields))})"
+    )
+    if returned is not None:
+        sql += f" RETURNING {quote(str(returned.column))}"
+    return sql, fields, returned
+
+
+def insert(obj: Model) -> None:
+    """INSERT ``obj`` as a new row (as ``obj.save(force_insert=True)``), in one statement."""
+    model = type(obj)
+    connection = _connection()
+    if (
+        pre_save.has_listeners(model)
+        or post_save.has_listeners(model)
+        or not connection.features.can_return_columns_from_insert
+    ):
+        obj.save(force_insert=True)
+        return
+    sql, fields, returned = _insert_statement(model, connection.vendor)
+    values = [f.get_db_prep_save(f.pre_save(obj, True), connection) for f in fields]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, values)
+        if returned is not None:
+            row = cursor.fetchone()
+            assert row is not None
+            setattr(obj, returned.attname, row[0])
+    obj._state.adding = False
+    obj._state.db = connection.alias
+
+
+@cache
+def _fetch_statement(
+    model: type[Model], field_names: tuple[str, ...], vendor: str
+) -> tuple[str, tuple[str, ...], tuple[tuple[int, tuple[Any, ...], Any], ...]]:
+    meta = model._meta
+    pk = meta.pk
+    assert pk is not None
+    wanted = {pk} | {meta.get_field(name) for name in field_names}  # an instance always holds its key
+    fields = [f for f in meta.concrete_fields if f in wanted]  # from_db wants them in this order
+    if len(fields) != len(wanted):
+        raise ValueError(f"{model.__name__}: not all of {field_names} are concrete fields")
+    connection = _connection()
+    quote = connection.ops.quote_name
+    sql = (
+        f"SELECT {', '.join(quote(str(f.column)) for f in fields)} FROM {quote(meta.db_table)} "
+        f"WHERE {quote(str(pk.column))} = %s LIMIT 1"
+    )
+    converters = []
+    for i, f in enumerate(fields):
+        col = f.get_col(meta.db_table)
+        found = connection.ops.get_db_converters(col) + col.get_db_converters(connection)
+        if found:
+            converters.append((i, tuple(found), col))
+    return sql, tuple(f.attname for f in fields), tuple(converters)
+
+
+def fetch_by_pk(model: type[M], pk: Any, field_names: tuple[str, ...]) -> M | None:
+    """The row with primary key ``pk`` as an instance holding ``field_names`` and its key
+    (the others are deferred, as with ``only()``), or None."""
+    connection = _connection()
+    sql, attnames, converters = _fetch_statement(model, field_names, connection.vendor)
+    key = model._meta.pk.get_db_prep_value(pk, connection)  # type: ignore[union-attr]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [key])
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    values = list(row)
+    for i, found, col in converters:
+        for convert in found:
+            values[i] = convert(values[i], col, connection)
+    return model.from_db(connection.alias, attnames, values)
