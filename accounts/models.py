@@ -168,3 +168,60 @@ class CallAnchor(models.Model):
     model_key = models.CharField(max_length=160)
     score = models.FloatField(help_text="the voiceprint score that verified it")
     created_at = models.DateTimeField(auto_now_add=True)
+
+
+# --- faces the owner enrolled (docs/faces.md) ------------------------------------------------
+#
+# Written only by ``accounts.faces``. Like voiceprints, every row belongs to one face model
+# (its catalog key ``"{model id}@{version}"``): embeddings of two models are not comparable,
+# so a person enrolled under another model must be enrolled again. No photo is kept: only
+# each photo's SHA-256, the face's size and its embedding.
+
+
+class FaceEnrollment(models.Model):
+    """A person the owner enrolled from photos, under one face model: the centroid of the
+    photos' face embeddings."""
+
+    owner = models.ForeignKey(User, on_delete=models.CASCADE, related_name="face_enrollments")
+    name = models.CharField(max_length=64, help_text="what Yimi calls this person, e.g. 王阿姨")
+    model_key = models.CharField(max_length=160)
+    centroid = models.JSONField(help_text="unit vector")
+    dim = models.PositiveIntegerField()
+    photo_count = models.PositiveSmallIntegerField()
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["owner", "name", "model_key"], name="one_face_enrollment_per_person_and_model")]
+        ordering = ["name", "model_key"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.model_key}, {self.photo_count} photos)"
+
+
+class FaceSample(models.Model):
+    """One enrollment photo's face: its embedding, never the photo."""
+
+    enrollment = models.ForeignKey(FaceEnrollment, on_delete=models.CASCADE, related_name="samples")
+    embedding = models.JSONField(help_text="unit vector")
+    face_px = models.PositiveIntegerField(help_text="the detected face's side, in pixels")
+    photo_sha256 = models.CharField(max_length=64)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+
+class FaceThreshold(models.Model):
+    """The persistent recognition threshold of one enrolled person (per face model).
+
+    Only ever rises (conditional UPDATE ``value < new``), never below the floor; a restart,
+    a lower configured value, re-enrolling or forgetting the person never lowers it.
+    """
+
+    owner = models.ForeignKey(User, on_delete=models.CASCADE, related_name="face_thresholds")
+    name = models.CharField(max_length=64)
+    model_key = models.CharField(max_length=160)
+    value = models.FloatField()
+    reason = models.CharField(max_length=32, default="configured")
+    raised_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["owner", "name", "model_key"], name="one_face_threshold_per_person_and_model")]

@@ -390,6 +390,9 @@ YIMI_LOCAL_CATALOG_FILE = env.str("YIMI_LOCAL_CATALOG_FILE", default="")
 # prices ship with Yimi: without this file every cost is recorded as unknown.
 YIMI_MODEL_PRICES_FILE = env.str("YIMI_MODEL_PRICES_FILE", default="")
 VOICEPRINT_THRESHOLD = env.float("YIMI_VOICEPRINT_THRESHOLD", default=0.65)
+# Faces (docs/faces.md): every enrolled person's threshold starts here and only rises; the floor
+# 0.5 holds whatever is configured.
+FACE_THRESHOLD = env.float("YIMI_FACE_THRESHOLD", default=0.5)
 VOICE_REQUEST_WINDOW_SECONDS = env.float("YIMI_VOICE_REQUEST_WINDOW_SECONDS", default=8.0)
 VOICE_FOLLOWUP_WINDOW_SECONDS = env.float("YIMI_VOICE_FOLLOWUP_WINDOW_SECONDS", default=8.0)
 VOICE_MAX_AUDIO_FRAME_BYTES = 32000
