@@ -261,10 +261,10 @@ def recognize(image: Image, owner: Any = None) -> FaceReport:
     """Every face in ``image`` and who it is, if it is someone the owner enrolled under the
     face model in use. ``owner``: a user, a user id, or None for the instance's owner."""
     owner_id = _owner_id(owner)
+    model = face_model()  # no face model: nothing to do, not even decoding
     pixels = decode_image(image)
     small = prepared(pixels)
     scale = pixels.shape[1] / small.shape[1]
-    model = face_model()
     boxes = detect_faces(small)
     embeddings = model.embed([face_crop(small, box, model.size) for box in boxes])
     matches = enrolled.match_faces(owner_id, model.key, embeddings)

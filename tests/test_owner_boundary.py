@@ -57,6 +57,7 @@ OWNER_CONTENT_PAGES = [
     "/admin/accounts/channelthreshold/",
     "/admin/accounts/trustwindow/",
     "/admin/accounts/voicecall/",
+    "/admin/accounts/faceenrollment/",
     "/admin/accounts/user/",
 ]
 
