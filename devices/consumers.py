@@ -18,6 +18,7 @@ import re
 import secrets
 from typing import Any
 
+from channels.consumer import get_handler_name
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
@@ -453,6 +454,18 @@ class DeviceConsumer(AsyncWebsocketConsumer):
     }
 
     # --- messages from the channel layer ------------------------------------------------
+
+    # Frames this consumer only forwards, with no database access. Channels' dispatch runs
+    # close_old_connections before every handler, on the one thread all database work of
+    # the process shares; under load (every chunk, every timeline.new to every socket)
+    # that hop was the web process's queue. These skip it; everything else keeps it.
+    FORWARDED = frozenset({"reply.chunk", "reply.done", "notice", "timeline.new"})
+
+    async def dispatch(self, message: dict[str, Any]) -> None:
+        if message.get("type") in self.FORWARDED:
+            await getattr(self, get_handler_name(message))(message)
+            return
+        await super().dispatch(message)
 
     async def reply_chunk(self, event: dict[str, Any]) -> None:
         await self._send(dict(event))
