@@ -31,10 +31,18 @@ event before ``[DONE]`` carries an OpenAI-shaped ``usage`` object with ``choices
 up), ``prompt_tokens_details.cached_tokens`` = 0. A rule's ``usage`` replaces that object
 (a dict) or leaves it out (``false``); a server started with ``report_usage=False``
 (``fake_brain --no-usage``) never sends one, like a provider that does not report usage.
+
+Images: a user message whose content is a list of parts (OpenAI-compatible vision
+content) is matched on its text parts; when no rule matches a request carrying an
+``image_url`` data URI, the demo brain says plainly what it received (the image's size,
+read with Pillow) and that it cannot see it (``DEMO_IMAGE_REPLY``).
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import io
 import json
 import math
 import re
@@ -46,8 +54,14 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from PIL import Image, UnidentifiedImageError
+
 SCRIPTS_DIR = Path(__file__).resolve().parent / "scripts"
 DEMO_REPLY = "[demo brain] You said: “{text}”. I am Yimi's demo brain, not a real model: set YIMI_BRAIN_BASE_URL to use one."
+DEMO_IMAGE_REPLY = (
+    "[demo brain] I received an image of {width}×{height} ({format}, {size} bytes) with your words “{text}”. "
+    "I can't see it: I am not a model. Set the vision role to a real model to have images described."
+)
 
 
 @dataclass
@@ -76,7 +90,7 @@ class Rule:
         if self.when == "any":
             text = _last_user_text(messages)
         elif last.get("role") == self.when:
-            text = last.get("content") if isinstance(last.get("content"), str) else ""
+            text = _content_text(last.get("content"))
         else:
             return False
         return self.match is None or re.search(self.match, text, re.I) is not None
@@ -97,7 +111,10 @@ class Script:
         return cls(rules=[Rule(**r) for r in raw])
 
     def rule_for(self, body: dict[str, Any]) -> Rule:
-        return next((r for r in self.rules if r.applies(body)), Rule(when="any"))
+        return self.scripted_rule(body) or Rule(when="any")
+
+    def scripted_rule(self, body: dict[str, Any]) -> Rule | None:
+        return next((r for r in self.rules if r.applies(body)), None)
 
 
 def _fill(value: Any, text: str) -> Any:
@@ -111,11 +128,41 @@ def _fill(value: Any, text: str) -> Any:
     return value
 
 
+def _content_text(content: Any) -> str:
+    """A message's text: the string, or the text parts of a list of content parts."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(str(p.get("text", "")) for p in content if isinstance(p, dict) and p.get("type") == "text")
+    return ""
+
+
 def _last_user_text(messages: list[dict[str, Any]]) -> str:
     for message in reversed(messages):
-        if message.get("role") == "user" and isinstance(message.get("content"), str):
-            return message["content"]
+        if message.get("role") == "user" and isinstance(message.get("content"), str | list):
+            return _content_text(message["content"])
     return ""
+
+
+def image_summary(messages: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The last user message's image (a ``data:`` URI): its format, size in pixels and
+    bytes, read with Pillow; None when there is no image (or it is not a data URI)."""
+    for message in reversed(messages):
+        if message.get("role") != "user":
+            continue
+        parts = message.get("content") if isinstance(message.get("content"), list) else []
+        for part in parts:
+            url = part.get("image_url", {}).get("url", "") if isinstance(part, dict) and part.get("type") == "image_url" else ""
+            if not isinstance(url, str) or not url.startswith("data:") or ";base64," not in url:
+                continue
+            try:
+                data = base64.b64decode(url.split(";base64,", 1)[1], validate=True)
+                with Image.open(io.BytesIO(data)) as image:
+                    return {"width": image.width, "height": image.height, "format": (image.format or "?").lower(), "size": len(data)}
+            except (binascii.Error, ValueError, UnidentifiedImageError, OSError):
+                return {"width": "?", "height": "?", "format": "unreadable", "size": len(url)}
+        return None
+    return None
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -144,7 +191,9 @@ class _Handler(BaseHTTPRequestHandler):
             return
         self.server.script.requests.append(body)
         text = _last_user_text(messages)
-        rule = self.server.script.rule_for(body)
+        scripted = self.server.script.scripted_rule(body)
+        image = image_summary(messages) if scripted is None else None
+        rule = scripted or (Rule(when="any", reply=DEMO_IMAGE_REPLY.format(**image, text="{text}")) if image else Rule(when="any"))
         if rule.hang_seconds:
             time.sleep(rule.hang_seconds)
         if rule.status != 200:
@@ -164,7 +213,7 @@ class _Handler(BaseHTTPRequestHandler):
             return None
         if isinstance(rule.usage, dict):
             return rule.usage
-        prompt = sum(len(m["content"]) for m in body.get("messages") or [] if isinstance(m.get("content"), str))
+        prompt = sum(len(_content_text(m.get("content"))) for m in body.get("messages") or [])
         completion = len(reply) + sum(len(json.dumps(c.get("arguments", {}), ensure_ascii=False)) for c in tool_calls)
         prompt_tokens, completion_tokens = math.ceil(prompt / 4), math.ceil(completion / 4)
         return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,

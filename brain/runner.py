@@ -28,7 +28,7 @@ from typing import Any
 from channels.db import database_sync_to_async
 from django.conf import settings
 
-from brain import agent_loop, reporting, services, trace
+from brain import agent_loop, reporting, services, trace, vision
 from brain.agent_loop import DELEGATED_ACK, main_turn, run_roles
 from brain.client import BrainError
 from brain.dispatch import dispatch_task, keep_claim
@@ -50,7 +50,7 @@ def _system_text_patterns() -> tuple[re.Pattern[str], ...]:
     """The platform's own sentences that ``main_turn`` streams after the model's text (the
     delegation acknowledgement, "not started"): worded by the system, not the model, so they
     pass unchecked (internal markers still redacted)."""
-    out = [re.compile(re.escape(DELEGATED_ACK))]
+    out = [re.compile(re.escape(DELEGATED_ACK)), re.compile(re.escape(vision.NOT_CONFIGURED))]
     not_started = getattr(agent_loop, "NOT_STARTED", None)
     if isinstance(not_started, str):
         out.append(re.compile(".+".join(re.escape(part) for part in re.split(r"\{\w*\}", not_started)), re.S))
@@ -185,10 +185,16 @@ async def execute_run(run_id: Any, *, stages: dict[str, float] | None = None) ->
     if report is not None:
         check = truth.ReplyCheck(receipts=report.receipts, delivered_fact_ids=report.delivered, facts=report.facts)
     forward = CheckedStream(send, check)
+    # A request about an image the device sent goes to the vision role instead (brain.vision).
+    image = await database_sync_to_async(vision.image_for_run)(run)
     try:
         # The model roles of the whole tree, pinned now: a change applied mid-run waits for the next run.
         run_models = await run_roles(run.id)
-        raw, delegated = await main_turn(run, messages, forward, run_models=run_models)
+        if image is not None:
+            vision.admit_image_numbers(check, image)
+            raw = await vision.vision_turn(run, messages, forward, image)
+        else:
+            raw, delegated = await main_turn(run, messages, forward, run_models=run_models)
         text = await forward.close(fallback=DELEGATED_ACK if delegated else NOTHING_BACKED) if check else raw
     except BrainError as exc:
         state, kind, code = Run.State.FAILED, TimelineEntry.Kind.NOTICE, exc.code
@@ -202,6 +208,8 @@ async def execute_run(run_id: Any, *, stages: dict[str, float] | None = None) ->
         with contextlib.suppress(asyncio.CancelledError):
             await beat
     await chunks.close()  # every chunk is out before the reply is stored and reply.done sent
+    if image is not None:
+        await vision.release(image)  # a guest's image is not kept beyond its request
     entry = await database_sync_to_async(services.finish_run)(run, state=state, text=text, kind=kind, error_code=code)
     if entry is None:
         log_event("run_lost_claim", run_id=str(run.id))

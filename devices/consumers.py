@@ -33,6 +33,8 @@ from brain.dispatch import dispatch_card_execution, dispatch_payment, dispatch_r
 from brain.services import accept_utterance, add_trace_stages
 from brain.trace import now_ms
 from consent import services as consent
+from devices import hud
+from devices import images as device_images
 from devices import services as device_services
 from devices.models import Device
 from devices.signatures import challenge_message
@@ -277,7 +279,7 @@ class DeviceConsumer(AsyncWebsocketConsumer):
             return frames
 
         for frame in await database_sync_to_async(cards)():
-            await self._send(frame)
+            await self._send(hud.with_hud(device, frame))
 
     async def _on_text(self, frame: dict[str, Any]) -> None:
         client_id, text = frame.get("id"), frame.get("text")
@@ -436,8 +438,41 @@ class DeviceConsumer(AsyncWebsocketConsumer):
             "state": draft.state, "version": draft.applied_version,
         })
 
+    async def _on_image(self, frame: dict[str, Any]) -> None:
+        """An uploaded image announced (devices/images.py): on the timeline, analyzed."""
+        assert self.device is not None
+        device = self.device
+        attached = await database_sync_to_async(device_images.attach_from_frame)(device, frame)
+        image = attached.image
+        await self._send({
+            "type": "image.ack", "id": frame.get("id"), "image_id": str(image.id), "seq": attached.entry.seq,
+            "duplicate": attached.duplicate,
+        })
+        if not attached.duplicate:
+            await push.to_owner(device.owner_id, {"type": "timeline.new", "seq": attached.entry.seq})
+
+    async def _on_gesture(self, frame: dict[str, Any]) -> None:
+        """A nod or a shake from the glasses on a card (devices/hud.py)."""
+        assert self.device is not None
+        outcome = await database_sync_to_async(hud.answer_gesture)(self.device, frame)
+        await self._send({
+            "type": "gesture.result", "id": frame.get("id"), "card_kind": outcome.card_kind, "card_id": outcome.card_id,
+            "gesture": outcome.gesture, "effect": outcome.effect, "state": outcome.state,
+        })
+        if outcome.card is not None and outcome.state == "approved":
+            await dispatch_card_execution(outcome.card.id)
+
+    async def _on_device_state(self, frame: dict[str, Any]) -> None:
+        """What the device says about itself: ``riding`` turns gestures off (devices/hud.py)."""
+        assert self.device is not None
+        state = await database_sync_to_async(hud.report_state)(self.device, frame)
+        await self._send({"type": "device.state.ok", "id": frame.get("id"), "riding": state.riding})
+
     HANDLERS = {
         "text": _on_text,
+        "image": _on_image,
+        "gesture": _on_gesture,
+        "device.state": _on_device_state,
         "model.catalog": _on_model_catalog,
         "model.switch": _on_model_switch,
         "model.drafts": _on_model_drafts,
@@ -482,14 +517,14 @@ class DeviceConsumer(AsyncWebsocketConsumer):
         await self._send(dict(event))
 
     async def consent_card(self, event: dict[str, Any]) -> None:
-        await self._send(dict(event))
+        await self._send(hud.with_hud(self.device, dict(event)))
 
     async def payment_card(self, event: dict[str, Any]) -> None:
-        await self._send(dict(event))
+        await self._send(hud.with_hud(self.device, dict(event)))
 
     async def activity(self, event: dict[str, Any]) -> None:
         if self.device is not None and not self.device.is_guest:
-            await self._send(dict(event))
+            await self._send(hud.with_hud(self.device, dict(event)))
 
     async def timeline_new(self, event: dict[str, Any]) -> None:
         if self.device is not None and not self.device.is_guest:

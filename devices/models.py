@@ -153,3 +153,6 @@ class VoiceUtterance(models.Model):
 
     def __str__(self) -> str:
         return f"{self.disposition} {self.channel} {self.voiced_ms} ms ({self.scope})"
+
+
+from devices.hud_models import DeviceState  # noqa: E402,F401  (registered with the devices app)

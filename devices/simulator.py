@@ -151,6 +151,18 @@ async def read_timeline(identity: DeviceIdentity, after: int = 0, limit: int = 5
     return response.json()
 
 
+async def upload_image(identity: DeviceIdentity, data: bytes, content_type: str) -> dict[str, Any]:
+    """Upload one JPEG or PNG image (``POST /api/images/``, signed over its bytes); returns
+    the server's answer with ``image_id``, which an ``image`` frame then announces."""
+    path = "/api/images/"
+    headers = signed_headers(identity.sign, identity.device_id, "POST", urlsplit(identity.server).netloc, path, data)
+    async with httpx.AsyncClient(timeout=30) as client:
+        response = await client.post(identity.server + path, content=data, headers={**headers, "Content-Type": content_type})
+    if response.status_code != 201:
+        raise SimulatorError(f"image refused: HTTP {response.status_code} {response.text}")
+    return response.json()
+
+
 class DeviceConnection:
     """One authenticated websocket. Frames are read by a background task into a queue."""
 
@@ -247,6 +259,21 @@ class DeviceConnection:
                 if frame["type"] == "error":
                     raise SimulatorError(f"{frame['code']}: {frame['message']}")
                 return frame
+
+    async def send_image(self, image_id: str, *, about: str | None = None, captured_at: float | None = None) -> dict[str, Any]:
+        """Announce an uploaded image (``image`` frame) and return the server's ``image.ack``."""
+        client_id = uuid.uuid4().hex
+        frame: dict[str, Any] = {"type": "image", "id": client_id, "image_id": image_id,
+                                 "captured_at": int(time.time() if captured_at is None else captured_at)}
+        if about:
+            frame["about"] = about
+        await self.send(frame)
+        while True:
+            reply = await self.next_frame("image.ack", "error")
+            if reply.get("id") == client_id:
+                if reply["type"] == "error":
+                    raise SimulatorError(f"{reply['code']}: {reply['message']}")
+                return reply
 
     async def reply_to(self, seq: int, *, timeout: float = 30.0, on_chunk: Any = None) -> tuple[list[str], dict[str, Any]]:
         """Collect the reply chunks for the utterance ``seq`` until ``reply.done`` or a

@@ -21,6 +21,7 @@ class TimelineEntry(models.Model):
         UTTERANCE = "utterance"  # inbound text or speech from a device
         REPLY = "reply"  # Yimi's answer
         NOTICE = "notice"  # a system notice (a failure told honestly, an expiry, ...)
+        IMAGE = "image"  # an image a device sent (memory.images; the ImageRecord refers back to it)
 
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="timeline")
     seq = models.BigIntegerField()
@@ -207,3 +208,6 @@ class HistoryLookup(models.Model):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["run_key", "call_key"], name="history_lookup_once_per_call")]
+
+
+from memory.image_models import ImageRecord  # noqa: E402,F401  (registered with the memory app)

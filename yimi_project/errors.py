@@ -35,6 +35,13 @@ HTTP_STATUS = {
     "stale_revision": 409,
     "reminder_already_fired": 409,
     "no_owner": 409,
+    # images (docs/protocol.md "Images")
+    "image_too_large": 413,
+    "image_unsupported": 415,
+    "image_too_many_pixels": 422,
+    "image_invalid": 400,
+    "image_purged": 410,
+    "storage_full": 507,
 }
 
 

@@ -401,3 +401,14 @@ VOICE_TRANSCRIPT_WAIT_SECONDS = 60
 # --- memory (memory/) ------------------------------------------------------------------------------
 # The embedding model (from the local model catalog) for timeline vector search; empty: keyword only.
 YIMI_EMBEDDING_MODEL = env.str("YIMI_EMBEDDING_MODEL", default="")
+
+# --- images from devices (memory/images.py, devices/images.py; docs/protocol.md "Images") -------
+IMAGE_MAX_BYTES = env.int("YIMI_IMAGE_MAX_BYTES", default=4 * 1024 * 1024)  # one upload, JPEG or PNG
+IMAGE_MAX_SIDE = env.int("YIMI_IMAGE_MAX_SIDE", default=4096)  # width and height, each
+IMAGE_UPLOAD_TTL_SECONDS = 600  # an upload no image frame announced is deleted after this
+# "看看这是什么" without an ``about`` link uses the device's latest image from this many seconds before.
+IMAGE_REQUEST_WINDOW_SECONDS = env.int("YIMI_IMAGE_REQUEST_WINDOW_SECONDS", default=120)
+# Disk admission for raw writes (DESIGN.md): free bytes >= reserve + write size, free inodes >= reserve.
+DISK_RESERVE_BYTES = env.int("YIMI_DISK_RESERVE_BYTES", default=4 * 1024**3)
+DISK_RESERVE_INODES = env.int("YIMI_DISK_RESERVE_INODES", default=500_000)
+HUD_CARD_MAX_CHARS = 40  # the glasses' short form of a card (devices/hud.py)

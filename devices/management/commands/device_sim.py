@@ -7,6 +7,7 @@
     device_sim approve [CARD_ID] --key-file phone.json  # answer a consent or payment card
     device_sim deny [CARD_ID] --key-file phone.json     # (say prints cards and their ids)
     device_sim confirm-draft DRAFT_ID --key-file phone.json  # confirm a model draft (Face ID, simulated)
+    device_sim photo FILE [--ask "看看这是什么"] --key-file glasses.json  # upload a JPEG/PNG, announce it, ask about it
 
 ``--server`` defaults to ``http://YIMI_HOST:YIMI_PORT`` (where ``./yimi up`` serves). Every
 error is one line saying what to do (``CommandError``), never a traceback.
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -27,7 +29,15 @@ from django.core.management.base import BaseCommand, CommandError
 
 from brain.agent_loop import DELEGATED_ACK
 from devices.consumers import CLOSE_AUTH_FAILED, CLOSE_REVOKED
-from devices.simulator import ConnectionLost, DeviceConnection, DeviceIdentity, SimulatorError, card_id, pair
+from devices.simulator import (
+    ConnectionLost,
+    DeviceConnection,
+    DeviceIdentity,
+    SimulatorError,
+    card_id,
+    pair,
+    upload_image,
+)
 
 FOLLOW_SECONDS = 30.0  # how long `say` and `approve` wait for what follows
 
@@ -62,6 +72,11 @@ class Command(BaseCommand):
             a.add_argument("card_id", nargs="?", default=None, help="the card's id (or its start), as `say` prints it")
             a.add_argument("--key-file", required=True, help="where this device's identity and key are kept")
             a.add_argument("--follow", type=float, default=FOLLOW_SECONDS, help="seconds to wait for the report after approving")
+
+        ph = sub.add_parser("photo", help="send a photo (JPEG or PNG) as the glasses do, then ask about it")
+        ph.add_argument("file", help="the image file")
+        ph.add_argument("--ask", default="看看这是什么", help="what to ask about it (empty: only send the photo)")
+        ph.add_argument("--key-file", required=True, help="where this device's identity and key are kept")
 
         c = sub.add_parser("confirm-draft", help="confirm a model-settings draft, as the phone does after Face ID")
         c.add_argument("draft_id", help="the draft's id (or its start), as the console shows it")
@@ -102,13 +117,31 @@ class Command(BaseCommand):
         identity.save(path)
         self.stdout.write(f"paired {identity.kind} {identity.device_id}; key kept in {path} (0600)")
 
+    async def _photo(self, opts: dict[str, Any]) -> None:
+        """Upload the file, announce it with an ``image`` frame linked (``about``) to the
+        question that follows, then ask and print the reply."""
+        path = Path(opts["file"])
+        data = path.read_bytes()
+        content_type = "image/png" if data.startswith(b"\x89PNG") else "image/jpeg"
+        identity = load_identity(Path(opts["key_file"]))
+        uploaded = await upload_image(identity, data, content_type)
+        self.stdout.write(f"uploaded {path.name}: {uploaded['width']}×{uploaded['height']} {uploaded['content_type']}, "
+                          f"image {uploaded['image_id']}")
+        question_id = uuid.uuid4().hex if opts["ask"] else None
+        async with DeviceConnection(identity) as conn:
+            ack = await conn.send_image(uploaded["image_id"], about=question_id)
+            self.stdout.write(f"[#{ack['seq']}] photo on the timeline")
+            if opts["ask"]:
+                self.follow = 0.0
+                await self._exchange(conn, opts["ask"], client_id=question_id)
+
     async def _say(self, opts: dict[str, Any]) -> None:
         self.follow = opts["follow"]
         async with DeviceConnection(load_identity(Path(opts["key_file"]))) as conn:
             await self._exchange(conn, opts["text"])
 
-    async def _exchange(self, conn: DeviceConnection, text: str) -> None:
-        ack = await conn.say(text)
+    async def _exchange(self, conn: DeviceConnection, text: str, *, client_id: str | None = None) -> None:
+        ack = await conn.say(text, client_id)
         self.stdout.write(f"[#{ack['seq']}] you: {text}")
         self.stdout.write("yimi: ", ending="")
         self.stdout.flush()
