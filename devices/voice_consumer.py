@@ -21,7 +21,7 @@ from brain import roles
 from brain.dispatch import dispatch_run
 from devices import services as device_services
 from devices.consumers import DeviceConsumer
-from devices.voice import audio, config, realtime, tts
+from devices.voice import asr, audio, config, realtime, tts
 from devices.voice import services as voice_services
 from devices.voice.services import SessionStatus
 from devices.voice.session import SAMPLE_RATE, StreamOutput, Utterance, VoiceSession, ms
@@ -100,9 +100,10 @@ class VoiceConsumer(DeviceConsumer):
     async def _handle_utterance(self, utt: Utterance) -> None:
         session, device = self.session, self.device
         assert session is not None and device is not None
-        transcript = None
-        if session.transcriber is not None and (session.in_request_window(utt) or session.during_playback(utt)):
-            transcript = await sync_to_async(session.transcribe, thread_sensitive=False)(utt)
+        heard = asr.Heard()
+        if session.in_request_window(utt) or session.during_playback(utt):
+            heard = await asr.hear(session.transcriber, utt.samples)  # off the event loop, bounded
+        transcript = heard.text
         # With the realtime front, a request goes to the front first: no run until it hands off.
         front = self.front if self.front is not None and self.front.open_now else None
         try:
@@ -124,7 +125,8 @@ class VoiceConsumer(DeviceConsumer):
             "speaker": {"scope": decision.scope, "reason": decision.reason, "band": decision.band or None,
                         "score": round(decision.score, 4) if decision.score is not None else None},
             "disposition": record.disposition,
-            "transcription": "server" if session.transcriber is not None else "unavailable",
+            "transcription": "failed" if heard.error else "server" if session.transcriber is not None else "unavailable",
+            "transcription_error": heard.error.code if heard.error else None,
             "transcript": record.transcript or None,
             "needs_transcript": outcome.needs_transcript,
             "learning": outcome.learning.reason if outcome.learning else None,
@@ -138,6 +140,9 @@ class VoiceConsumer(DeviceConsumer):
         if record.disposition == "request":  # the owner spoke again: what Yimi was saying stops at once
             await self._stop_speech("barge_in" if session.during_playback(utt) else "new_request")
         await self._send(body)
+        if heard.error is not None and body["needs_transcript"]:
+            # Not lost: the device's own transcript is still accepted; without one, this is what to say.
+            await self._send({"type": "voice.notice", "utterance_id": utt.id, "code": heard.error.code, "text": asr.NOTICE_TEXT})
         if fronted and front is not None:
             self._fronted.add(utt.id)
             await front.turn(realtime.FrontTurn(utt.id, decision.scope, transcript or ""), utt.samples)
@@ -187,6 +192,7 @@ class VoiceConsumer(DeviceConsumer):
                 "mode": session.mode,
                 "format": audio.WIRE_FORMAT,
                 "transcription": status.transcription,
+                "transcription_engine": status.transcription_engine,
                 "wake_word": status.wake_word,
                 "voiceprint": status.voiceprint,
                 "problems": status.problems,
@@ -244,7 +250,8 @@ class VoiceConsumer(DeviceConsumer):
         )
         await self._send(
             {"type": "voice.transcript.ack", "id": frame.get("id"), "utterance_id": record.id.hex, "seq": accepted.entry.seq,
-             "run_id": str(accepted.run_id) if accepted.run_id else None, "duplicate": accepted.duplicate}
+             "run_id": str(accepted.run_id) if accepted.run_id else None, "duplicate": accepted.duplicate,
+             "transcript_source": "server" if record.transcript_source == "server_asr" else "device"}
         )
         if not accepted.duplicate:
             await self._start_run(accepted.run_id, accepted.entry.seq)

@@ -48,7 +48,10 @@ def locked(path: Path) -> dict[str, tuple[str, list[str]]]:
     return entries
 
 
-@pytest.mark.parametrize("requirements, lock", [("requirements.txt", "requirements.lock"), ("requirements-dev.txt", "requirements-dev.lock")])
+@pytest.mark.parametrize(
+    "requirements, lock",
+    [("requirements.txt", "requirements.lock"), ("requirements-dev.txt", "requirements-dev.lock"), ("requirements-voice.txt", "requirements-voice.lock")],
+)
 def test_every_direct_requirement_is_locked_at_its_pinned_version(requirements: str, lock: str) -> None:
     entries = locked(ROOT / lock)
     for name, version in direct_pins(ROOT / requirements).items():
@@ -56,7 +59,7 @@ def test_every_direct_requirement_is_locked_at_its_pinned_version(requirements: 
         assert entries[name][0] == version, f"{name}: {requirements} pins {version}, {lock} has {entries[name][0]}: run ./yimi lock"
 
 
-@pytest.mark.parametrize("lock", ["requirements.lock", "requirements-dev.lock", "requirements-nodeps.lock"])
+@pytest.mark.parametrize("lock", ["requirements.lock", "requirements-dev.lock", "requirements-nodeps.lock", "requirements-voice.lock"])
 def test_every_locked_package_has_its_hashes(lock: str) -> None:
     entries = locked(ROOT / lock)
     assert entries
@@ -67,6 +70,14 @@ def test_the_test_environment_runs_what_production_runs() -> None:
     runtime, dev = locked(ROOT / "requirements.lock"), locked(ROOT / "requirements-dev.lock")
     assert {n: v for n, (v, _) in runtime.items()} == {n: dev[n][0] for n in runtime if n in dev}
     assert runtime.keys() <= dev.keys()
+
+
+def test_the_voice_extra_installs_on_top_of_the_others_without_changing_them() -> None:
+    """requirements-voice.lock goes on top of requirements.lock (./yimi up --voice) or the dev
+    lock (YIMI_VOICE=1 ./yimi test): every package they share is locked at the same version."""
+    voice, dev = locked(ROOT / "requirements-voice.lock"), locked(ROOT / "requirements-dev.lock")
+    assert {n: v for n, (v, _) in voice.items() if n in dev} == {n: dev[n][0] for n in voice if n in dev}
+    assert locked(ROOT / "requirements.lock").keys() <= voice.keys()
 
 
 def test_every_install_checks_hashes() -> None:

@@ -304,7 +304,7 @@ async def test_a_call_bound_to_the_trust_window_counts_its_speech_as_the_owner(v
 def test_a_request_transcribed_by_the_server_becomes_a_run_with_its_utterance(voice_catalog: dict[str, Any], make_device: Any) -> None:
     """The server-ASR branch of the service (no ASR model exists on this machine, so the
     transcript the recognizer would return is passed in): entry, run and utterance record
-    are stored together, and a device transcript is then refused."""
+    are stored together; a device transcript sent afterwards leaves the server's in place."""
     from devices.voice import services as voice_services
     from yimi_project.errors import YimiError
 
@@ -321,6 +321,9 @@ def test_a_request_transcribed_by_the_server_becomes_a_run_with_its_utterance(vo
     assert outcome.needs_transcript is False and outcome.accepted is not None
     run = Run.objects.select_related("inbound", "admission").get(id=outcome.accepted.run_id)
     assert run.inbound_id == record.entry_id and run.admission_id == record.admission_id and run.inbound.text == "Turn off the lights."
+    again, accepted = voice_services.accept_device_transcript(sim.device, record.id.hex, "something else")
+    assert accepted.duplicate is True and accepted.run_id == outcome.accepted.run_id
+    assert (again.transcript_source, again.transcript) == ("server_asr", "Turn off the lights.")
     with pytest.raises(YimiError) as err:
-        voice_services.accept_device_transcript(sim.device, record.id.hex, "something else")
-    assert err.value.code == "transcript_not_needed"
+        voice_services.accept_device_transcript(sim.device, record.id.hex, "")
+    assert err.value.code == "invalid_frame"

@@ -1,4 +1,5 @@
-"""The on-server audio models, built from catalog entries through sherpa-onnx.
+"""The on-server audio models, built from catalog entries through sherpa-onnx (and
+faster-whisper for Whisper ASR models in CTranslate2 format).
 
 Before a model is loaded into this process: 1. its files are checked against their
 trusted digests and its metadata is validated with ``onnx`` (``catalog.check_entry``);
@@ -23,7 +24,7 @@ from django.conf import settings
 
 from brain.catalog import CatalogEntry, check_entry, verify_files
 from devices.voice.audio import SAMPLE_RATE
-from devices.voice.probe import build
+from devices.voice.probe import build, whisper_transcribe
 from yimi_project.errors import YimiError
 from yimi_project.logs import log_event
 
@@ -41,7 +42,7 @@ def _ident(entry: CatalogEntry) -> tuple[str, str, str]:
 def probe(entry: CatalogEntry) -> dict[str, Any]:
     """Build and exercise the model in a child process; raises ``model_load_failed`` if the
     child failed or died. Callers check digests and metadata first."""
-    spec = {"kind": entry.kind, "files": {f.role: f.path for f in entry.files}, "metadata": entry.metadata}
+    spec = {"kind": entry.kind, "files": {f.role: f.path for f in entry.files}, "metadata": entry.metadata, "engine": entry.engine}
     try:
         done = subprocess.run(
             [sys.executable, "-m", "devices.voice.probe", json.dumps(spec)],
@@ -152,12 +153,29 @@ def voice_activity_detector(entry: CatalogEntry) -> Any:
 
 @dataclass
 class Transcriber:
+    """A local ASR model, loaded once per process and shared by every session (one lock:
+    one transcription at a time per model; ``devices.voice.asr`` runs it off the event
+    loop on its own worker thread). ``engine`` says which runtime: sherpa-onnx or
+    faster-whisper (CTranslate2)."""
+
     entry: CatalogEntry
     recognizer: Any
     lock: threading.Lock
 
+    local = True
+
+    @property
+    def engine(self) -> str:
+        return self.entry.engine or "sherpa-onnx"
+
+    @property
+    def model_key(self) -> str:
+        return self.entry.key
+
     def transcribe(self, samples: np.ndarray) -> str:
         with self.lock:
+            if self.engine == "faster-whisper":
+                return whisper_transcribe(self.recognizer, samples, self.entry.metadata)
             stream = self.recognizer.create_stream()
             stream.accept_waveform(SAMPLE_RATE, samples)
             self.recognizer.decode_stream(stream)
@@ -167,7 +185,7 @@ class Transcriber:
 def transcriber(entry: CatalogEntry) -> Transcriber:
     if entry.kind != "asr":
         raise YimiError("unknown_model", f"{entry.key} is not an asr model")
-    return _cached(entry, lambda: Transcriber(entry, build("asr", _files(entry), entry.metadata), threading.Lock()))
+    return _cached(entry, lambda: Transcriber(entry, build("asr", _files(entry), entry.metadata, entry.engine), threading.Lock()))
 
 
 class WakeWordStream:

@@ -5,7 +5,8 @@ Python cannot catch that. The catalog validates what it knows with the ``onnx`` 
 this probe is the second line: the server first builds the engine here, in a child
 process, and only loads the model itself when the child exited cleanly.
 
-Run as ``python -m devices.voice.probe '<json>'`` with ``{"kind", "files", "metadata"}``.
+Run as ``python -m devices.voice.probe '<json>'`` with ``{"kind", "files", "metadata"}``
+(and ``engine`` for ASR: ``sherpa-onnx`` or ``faster-whisper``).
 Prints one JSON line ``{"ok": true, "dim": ...}``; any crash shows up as the exit status.
 Imports no Django, so it starts in about 0.1 s.
 """
@@ -13,12 +14,15 @@ Imports no Django, so it starts in about 0.1 s.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Any
 
 
-def build(kind: str, files: dict[str, str], metadata: dict[str, Any]) -> Any:
-    """Construct the sherpa-onnx object for one catalog entry (shared with the server)."""
+def build(kind: str, files: dict[str, str], metadata: dict[str, Any], engine: str = "") -> Any:
+    """Construct the engine object for one catalog entry (shared with the server)."""
+    if kind == "asr" and engine == "faster-whisper":
+        return build_whisper(files, metadata)
     import sherpa_onnx
 
     if kind == "voiceprint":
@@ -68,9 +72,35 @@ def build(kind: str, files: dict[str, str], metadata: dict[str, Any]) -> Any:
     raise ValueError(f"kind {kind!r} is not loaded by sherpa-onnx")
 
 
-def exercise(kind: str, engine: Any) -> dict[str, Any]:
+def build_whisper(files: dict[str, str], metadata: dict[str, Any]) -> Any:
+    """A faster-whisper (CTranslate2) model from its directory, never from the hub."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from faster_whisper import WhisperModel
+
+    return WhisperModel(
+        os.path.dirname(files["model"]), device="cpu", compute_type=str(metadata.get("compute_type", "int8")),
+        cpu_threads=int(metadata.get("num_threads", 1)), num_workers=1, local_files_only=True,
+    )
+
+
+def whisper_transcribe(model: Any, samples: Any, metadata: dict[str, Any]) -> str:
+    """One utterance (float32 16 kHz samples) through faster-whisper: greedy by default, no
+    VAD of its own (the session's VAD already cut the utterance), no carried-over context."""
+    segments, _info = model.transcribe(
+        samples, language=metadata.get("language") or None, beam_size=int(metadata.get("beam_size", 1)),
+        vad_filter=False, condition_on_previous_text=False, without_timestamps=True,
+    )
+    return "".join(segment.text for segment in segments).strip()
+
+
+def exercise(kind: str, engine: Any, metadata: dict[str, Any] | None = None) -> dict[str, Any]:
     """Run one second of silence through the engine: loading alone does not touch every path."""
     silence = [0.0] * 16000
+    if kind == "asr" and not hasattr(engine, "create_stream"):  # faster-whisper
+        import numpy as np
+
+        whisper_transcribe(engine, np.zeros(16000, dtype=np.float32), metadata or {})
+        return {}
     if kind == "voiceprint":
         stream = engine.create_stream()
         stream.accept_waveform(sample_rate=16000, waveform=silence)
@@ -100,8 +130,9 @@ def exercise(kind: str, engine: Any) -> dict[str, Any]:
 
 def main(argv: list[str]) -> int:
     spec = json.loads(argv[1])
-    engine = build(spec["kind"], spec["files"], spec.get("metadata", {}))
-    print(json.dumps({"ok": True, **exercise(spec["kind"], engine)}), flush=True)
+    metadata = spec.get("metadata", {})
+    engine = build(spec["kind"], spec["files"], metadata, spec.get("engine", ""))
+    print(json.dumps({"ok": True, **exercise(spec["kind"], engine, metadata)}), flush=True)
     return 0
 
 

@@ -25,6 +25,7 @@ from brain import model_settings
 from brain.models import Run
 from brain.services import AcceptedUtterance, accept_voice_utterance
 from devices.models import Device, VoiceUtterance
+from devices.voice import asr as voice_asr
 from devices.voice import config, engines
 from devices.voice.session import Utterance, VoiceSession
 from yimi_project.errors import YimiError
@@ -38,10 +39,11 @@ Disposition = VoiceUtterance.Disposition
 
 @dataclass
 class SessionStatus:
-    transcription: str  # "available" | "unavailable"
+    transcription: str  # "server" | "unavailable"
     wake_word: str  # "server" | "device"
     voiceprint: str  # "available" | "unavailable"
     problems: dict[str, str] = field(default_factory=dict)  # kind → error code
+    transcription_engine: str | None = None  # "sherpa-onnx" | "faster-whisper" | "remote"
 
 
 def open_session(device: Device, channel: Any, mode: Any = "normal") -> tuple[VoiceSession, SessionStatus]:
@@ -49,8 +51,9 @@ def open_session(device: Device, channel: Any, mode: Any = "normal") -> tuple[Vo
 
     Steps: 1. the channel is one the device declared at pairing; 2. the VAD model this
     process runs (required: without it nothing can be segmented); 3. the effective
-    voiceprint model (identity) and the selected one (enrollment); 4. ASR and wake-word
-    models when the catalog selects them. Models that fail their checks are reported
+    voiceprint model (identity) and the selected one (enrollment); 4. speech recognition:
+    the ``asr_remote`` role when configured, else the catalog's ASR model
+    (``devices.voice.asr``); the wake-word model when the catalog selects one. Models that fail their checks are reported
     on the settings page and the session runs without them (except VAD).
     """
     if not isinstance(channel, str) or not voiceprint.CHANNEL_NAME.match(channel):
@@ -87,14 +90,17 @@ def open_session(device: Device, channel: Any, mode: Any = "normal") -> tuple[Vo
     enroll_embedder = embedder
     if selected is not None and (embedder is None or selected.key != embedder.model_key):
         enroll_embedder = load("voiceprint", engines.speaker_embedder, selected)
-    asr = load("asr", engines.transcriber, model_settings.process_model("asr"))
+    asr: voice_asr.Recognizer | None = voice_asr.remote_transcriber(problems)
+    if asr is None:
+        asr = load("asr", engines.transcriber, model_settings.process_model("asr"))
     spotter = load("wake_word", engines.wake_word_spotter, model_settings.process_model("wake_word"))
     session = VoiceSession(
         channel=channel, vad=vad, embedder=embedder, enroll_embedder=enroll_embedder, transcriber=asr,
         wake_stream=spotter.new_stream() if spotter is not None else None, mode=mode,
     )
     status = SessionStatus(
-        transcription="available" if asr is not None else "unavailable",
+        transcription="server" if asr is not None else "unavailable",
+        transcription_engine=asr.engine if asr is not None else None,
         wake_word="server" if spotter is not None else "device",
         voiceprint="available" if embedder is not None else "unavailable",
         problems=problems,
@@ -187,14 +193,16 @@ def _admission_id(accepted: AcceptedUtterance) -> Any:
 def accept_device_transcript(device: Device, utterance_id: Any, text: Any) -> tuple[VoiceUtterance, AcceptedUtterance]:
     """Turn a spoken request into a run with the text the device transcribed itself.
 
-    Used only when this server has no ASR model. The speaker — hence the scope — was
-    decided by the server from the audio; the device supplies only the words, and the
-    utterance is marked ``transcript_source = device``. Steps: 1. the text is non-empty
-    and within the text limit; 2. the utterance is this device's, a request, and was not
-    transcribed by the server; 3. it is at most 60 s old (``VOICE_TRANSCRIPT_WAIT_SECONDS``);
-    4. in one transaction: entry + run (idempotent by the utterance id), then claim the
-    utterance with a conditional UPDATE ``entry IS NULL``. A resend returns the stored
-    entry and run with ``duplicate``.
+    Used when the server has no transcript of its own (no ASR engine, or it failed). The
+    speaker — hence the scope — was decided by the server from the audio; the device
+    supplies only the words, and the utterance is marked ``transcript_source = device``.
+    Steps: 1. the text is non-empty and within the text limit; 2. the utterance is this
+    device's and a request; 3. the server transcribed it already: the server's transcript
+    wins — the stored entry and run are returned (``duplicate``) and the difference is
+    logged (lengths and a similarity, never the words); 4. it is at most 60 s old
+    (``VOICE_TRANSCRIPT_WAIT_SECONDS``); 5. in one transaction: entry + run (idempotent by
+    the utterance id), then claim the utterance with a conditional UPDATE ``entry IS
+    NULL``. A resend returns the stored entry and run with ``duplicate``.
     """
     if not isinstance(text, str) or not text.strip():
         raise YimiError("invalid_frame", "text must be a non-empty string")
@@ -209,8 +217,10 @@ def accept_device_transcript(device: Device, utterance_id: Any, text: Any) -> tu
         raise YimiError("unknown_utterance", "there is no such utterance on this device")
     if record.disposition != Disposition.REQUEST:
         raise YimiError("not_a_request", f"this utterance was {record.disposition}, not a request; it never becomes a run")
-    if record.transcript_source == VoiceUtterance.TranscriptSource.SERVER:
-        raise YimiError("transcript_not_needed", "the server transcribed this utterance itself")
+    if record.transcript_source == VoiceUtterance.TranscriptSource.SERVER and record.entry_id is not None:
+        accepted = accept_voice_utterance(device, client_id(record), record.transcript, scope=record.scope, reason=record.reason)
+        log_event("voice_transcripts_compared", utterance_id=record.id.hex, used="server", **voice_asr.compare_transcripts(record.transcript, text.strip()))
+        return record, accepted
     if record.entry_id is None and timezone.now() - record.created_at > timedelta(seconds=config.transcript_wait_seconds()):
         raise YimiError("transcript_too_late", "the transcript came too late; ask again")
     with transaction.atomic():

@@ -19,8 +19,9 @@ from typing import Any
 import numpy as np
 from django.utils import timezone
 
+from devices.voice.asr import Recognizer
 from devices.voice.audio import SAMPLE_RATE, estimate_quality
-from devices.voice.engines import SpeakerEmbedder, Transcriber, WakeWordStream
+from devices.voice.engines import SpeakerEmbedder, WakeWordStream
 from yimi_project.errors import YimiError
 
 VAD_WINDOW = 512  # samples per Silero window at 16 kHz
@@ -76,7 +77,7 @@ class VoiceSession:
         vad: Any,
         embedder: SpeakerEmbedder | None,
         enroll_embedder: SpeakerEmbedder | None = None,
-        transcriber: Transcriber | None = None,
+        transcriber: Recognizer | None = None,
         wake_stream: WakeWordStream | None = None,
         mode: str = "normal",
         clock: Callable[[], datetime] = timezone.now,
@@ -148,7 +149,8 @@ class VoiceSession:
         return self._arrivals[-1][1] if self._arrivals else self.clock()
 
     def transcribe(self, utt: Utterance) -> str | None:
-        """The utterance's text from the server's ASR model, or None without one."""
+        """The utterance's text from the server's ASR engine, or None without one (blocking:
+        the socket uses ``devices.voice.asr.hear``, which runs it off the event loop)."""
         if self.transcriber is None:
             return None
         return self.transcriber.transcribe(utt.samples)
