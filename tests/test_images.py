@@ -215,7 +215,8 @@ async def test_the_demo_brain_says_it_received_an_image_it_cannot_see(make_devic
     assert done["type"] == "reply.done"
     assert done["text"].startswith("[demo brain] I received an image of 80×60 (png, ")
     assert "I can't see it: I am not a model." in done["text"]
-    assert "Nobody in this image was identified" in brain.script.requests[-1]["messages"][-2]["content"]
+    # The faces analyzer ran (no face model here): nobody is named, and the model is told not to guess.
+    assert "never guess who anyone in it is" in brain.script.requests[-1]["messages"][-2]["content"]
 
 
 async def test_without_a_vision_role_she_says_so_instead_of_guessing(make_device: Any, brain: Any) -> None:
@@ -261,3 +262,16 @@ async def test_a_guests_photo_the_owner_asked_to_keep_is_kept(make_device: Any, 
     await comm.disconnect()
     image = await db_async(ImageRecord.objects.get)(id=image_id)
     assert image.state == "attached" and (data_dir / image.path).exists()
+
+
+def test_the_faces_analyzer_is_registered_and_a_guests_photo_never_reaches_it(make_device: Any) -> None:
+    """The faces module's analyzer runs on every attached image (DevicesConfig.ready); it
+    looks only at the owner's images, so a guest's photo comes out with nobody named."""
+    from devices import faces
+
+    assert faces.image_analyzer in image_store._ANALYZERS
+    guest = make_device("phone", guest=True)
+    image_id = upload(guest, picture()).json()["image_id"]
+    attached = image_store.attach_image(device=guest.device, scope="guest", image_id=image_id, client_id="p", captured_at=None)
+    attached.image.refresh_from_db()
+    assert attached.image.analyzed_at is not None and attached.image.people == []
