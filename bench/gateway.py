@@ -7,7 +7,9 @@ Uses a fresh PostgreSQL database (``yimi_bench_gateway`` by default, dropped and
 one owner, one device, one run, and the test pack ``demo``. Each call is a ``decide`` for
 an observe tool with distinct arguments followed by a ``receipt`` for it, so every call
 writes a ToolCall and a ReceiptRecord. In process it calls the services directly; over
-HTTP it posts to daphne's internal Unix socket with one keep-alive client.
+HTTP it posts to daphne's internal Unix socket with one keep-alive client, and then the same
+through the platform's own client (``capabilities.client.HttpTransport``: a connection per
+operation, as a sub-agent with ``YIMI_GATEWAY_OVER_HTTP`` does).
 
 The floor is measured in the same run, on the same connection, as raw SQL: ``SELECT 1``,
 one INSERT with its commit, and the minimum SQL for decide + receipt — the run lookup that
@@ -103,6 +105,7 @@ def main() -> None:
 
     daphne = None
     client = None
+    loop = None
     if not args.no_http:
         import httpx
 
@@ -140,11 +143,33 @@ def main() -> None:
 
         rows.append(("decide + receipt, HTTP (daphne)", over_http))
 
+        # The same through the platform's own client (what a sub-agent uses with
+        # YIMI_GATEWAY_OVER_HTTP): a new connection per operation, on an event loop.
+        import asyncio
+
+        from capabilities.client import HttpTransport
+
+        platform_client = HttpTransport(str(socket_path))
+        loop = asyncio.new_event_loop()
+
+        def over_platform_client(i: int) -> None:
+            decided = loop.run_until_complete(
+                platform_client.decide({"run_id": run_id, "tool": "demo__read", "arguments": {"key": f"c{i}"}})
+            )
+            assert decided["decision"] == "allow", decided
+            loop.run_until_complete(
+                platform_client.receipt({"call_id": decided["call_id"], "capability": decided["receipt_capability"], "result": result})
+            )
+
+        rows.append(("  the same, platform client", over_platform_client))
+
     try:
         figures = measure([fn for _, fn in rows], args.calls)
     finally:
         if client is not None:
             client.close()
+        if loop is not None:
+            loop.close()
         if daphne is not None:
             daphne.terminate()
             daphne.wait(10)
