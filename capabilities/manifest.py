@@ -154,6 +154,12 @@ class Pack:
         return list(self.ext["network"]["egress"])
 
     @property
+    def enabled_by_default(self) -> bool:
+        """Packs that act on the owner's devices or home (``owner-mac``, ``phone``, ``mijia``)
+        ship off: the operator turns them on with ``YIMI_PACKS_ENABLE``."""
+        return bool(self.ext.get("enabled_by_default", True))
+
+    @property
     def platform_api(self) -> list[str]:
         """The platform's pack endpoints it may call (with a per-call capability)."""
         return list(self.ext.get("platform_api", []))
@@ -188,6 +194,7 @@ class Pack:
 class PackSet:
     packs: dict[str, Pack] = field(default_factory=dict)
     refused: dict[str, str] = field(default_factory=dict)  # directory name → reason
+    disabled: dict[str, str] = field(default_factory=dict)  # pack name → why it is off
 
     def tool(self, full_name: str) -> ToolDecl | None:
         pack_name, sep, tool_name = full_name.partition(SEPARATOR)
@@ -275,20 +282,32 @@ def _signature(packs_dir: Path) -> tuple[tuple[str, float], ...]:
 
 
 def load_packs(packs_dir: Path | None = None) -> PackSet:
-    """All packs in the packs directory, re-read only when a manifest changed."""
+    """The enabled packs in the packs directory, re-read only when a manifest or the switches
+    changed. A pack is on when its manifest does not say ``enabled_by_default: false`` or
+    ``YIMI_PACKS_ENABLE`` names it, unless ``YIMI_PACKS_DISABLE`` names it; a pack that is off
+    is listed in ``disabled`` and offers no tools (``pack_contract`` still runs it)."""
     directory = Path(packs_dir or settings.YIMI_PACKS_DIR)
-    return _load(directory, _signature(directory))
+    switches = (tuple(sorted(settings.YIMI_PACKS_ENABLE)), tuple(sorted(settings.YIMI_PACKS_DISABLE)))
+    return _load(directory, _signature(directory), switches)
 
 
 @lru_cache(maxsize=8)
-def _load(directory: Path, signature: tuple[tuple[str, float], ...]) -> PackSet:
+def _load(directory: Path, signature: tuple[tuple[str, float], ...], switches: tuple[tuple[str, ...], tuple[str, ...]]) -> PackSet:
+    enable, disable = switches
     result = PackSet()
     for name, _ in signature:
         child = directory / name
         if not child.is_dir() or name.startswith((".", "_")):
             continue
         try:
-            result.packs[name] = load_pack(child)
+            pack = load_pack(child)
         except ManifestError as exc:
             result.refused[name] = str(exc)
+            continue
+        if pack.name in disable:
+            result.disabled[pack.name] = "turned off by YIMI_PACKS_DISABLE"
+        elif not pack.enabled_by_default and pack.name not in enable:
+            result.disabled[pack.name] = f"off by default; YIMI_PACKS_ENABLE={pack.name} turns it on"
+        else:
+            result.packs[name] = pack
     return result

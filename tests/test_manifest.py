@@ -16,6 +16,8 @@ def with_tools(tools: dict[str, Any], **overrides: Any) -> dict[str, Any]:
 
 
 SHIPPED_PACKS = ("workspace", "messaging", "schedule", "shop", "memory", "parcels", "model_settings")
+# Shipped packs whose manifest says ``enabled_by_default: false`` (on with YIMI_PACKS_ENABLE).
+OFF_BY_DEFAULT: tuple[str, ...] = ()
 
 
 @pytest.mark.parametrize("name", SHIPPED_PACKS)
@@ -94,8 +96,23 @@ def test_the_shipped_packs_load() -> None:
 
     assert Path(settings.YIMI_PACKS_DIR) == REPO_PACKS
     packs = load_packs(settings.YIMI_PACKS_DIR)
-    assert packs.refused == {} and sorted(packs.packs) == sorted(SHIPPED_PACKS)
+    assert packs.refused == {} and sorted(packs.packs) == sorted(set(SHIPPED_PACKS) - set(OFF_BY_DEFAULT))
+    assert sorted(packs.disabled) == sorted(OFF_BY_DEFAULT)
     assert all(pack.tools for pack in packs.packs.values())
+
+
+def test_a_pack_off_by_default_is_on_only_when_enabled_and_any_pack_can_be_turned_off(tmp_path: Path, settings: Any) -> None:
+    write_pack(tmp_path, "good")
+    write_pack(tmp_path, "home", manifest("home", enabled_by_default=False))
+    settings.YIMI_PACKS_ENABLE, settings.YIMI_PACKS_DISABLE = [], []
+    packs = load_packs(tmp_path)
+    assert set(packs.packs) == {"good"} and packs.tool("home__read") is None
+    assert packs.disabled == {"home": "off by default; YIMI_PACKS_ENABLE=home turns it on"}
+    settings.YIMI_PACKS_ENABLE = ["home"]
+    assert set(load_packs(tmp_path).packs) == {"good", "home"}
+    settings.YIMI_PACKS_DISABLE = ["good", "home"]
+    packs = load_packs(tmp_path)
+    assert packs.packs == {} and set(packs.disabled) == {"good", "home"}
 
 
 def test_a_target_is_one_argument_name_or_a_list_of_them(tmp_path: Path) -> None:

@@ -340,6 +340,11 @@ EMAIL_BACKEND = "django.core.mail.backends.console.EmailBackend"
 
 # --- capabilities -------------------------------------------------------------------------
 YIMI_PACKS_DIR = Path(env.str("YIMI_PACKS_DIR", default=str(BASE_DIR / "packs")))
+# Per-pack switches (names, comma-separated): packs whose manifest says
+# ``enabled_by_default: false`` (the Mac, the cloud phone, the home) are on only when named in
+# YIMI_PACKS_ENABLE; any pack named in YIMI_PACKS_DISABLE is off.
+YIMI_PACKS_ENABLE = env.list("YIMI_PACKS_ENABLE", default=[])
+YIMI_PACKS_DISABLE = env.list("YIMI_PACKS_DISABLE", default=[])
 YIMI_WORKSPACE_DIR = Path(env.str("YIMI_WORKSPACE_DIR", default=str(DATA_DIR / "workspace")))
 YIMI_MAIL_DIR = Path(env.str("YIMI_MAIL_DIR", default=str(DATA_DIR / "mail")))
 # The internal listener: daphne's Unix socket serving /internal/ (the gateway's HTTP
