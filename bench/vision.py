@@ -14,8 +14,8 @@ the embeddings are not meaningful):
 - ``tiny``: the test suite's model (channel means removed, 8 × 8 pooling, a 128-dim projection);
 - ``cnn``: a plain 112 × 112 CNN — 3 × 3 convolutions 3→32 /2, 32→64 /2, 2 × 64→64,
   64→128 /2, 2 × 128→128, 128→256 /2, 256→256, global average pooling, a 128-dim
-  projection: ~1.1 M parameters and ~0.27 G multiply-adds per face, close to the
-  MobileFaceNet-class cost of SFace.
+  projection: ~1.4 M parameters and ~0.19 G multiply-adds per face (the script prints
+  both), close to the MobileFaceNet-class cost of SFace.
 
 The floor, measured in the same run: decoding the same JPEG (``cv2.imdecode``), which every
 image pays before any face work; "ratio" is the p50 of the whole per-image work over the

@@ -344,3 +344,20 @@ def test_the_image_analyzer_names_only_enrolled_people_and_only_for_the_owner(ow
     assert faces.image_analyzer(Attached(hopper_photo(), owner.id, "owner")) == []
     # A guest's photo never learns whom the owner enrolled.
     assert faces.image_analyzer(Attached(both_side_by_side(), owner.id, "guest")) == []
+
+
+def test_an_owner_photo_attached_from_the_glasses_names_the_enrolled_person(owner: Any, face_catalog: Path, make_device: Any) -> None:
+    """The whole way: the faces analyzer is registered (DevicesConfig.ready), the glasses'
+    photo of Eileen Collins and Grace Hopper is stored and attached, and the vision turn's
+    facts name only the enrolled person."""
+    from brain.vision import people_fact
+    from memory import images as image_store
+
+    faces.enroll_from_photos(owner, "王阿姨", collins_photos())
+    glasses = make_device("glasses")
+    uploaded = image_store.store_upload(device=glasses.device, scope="owner", data=both_side_by_side())
+    attached = image_store.attach_image(device=glasses.device, scope="owner", image_id=uploaded.id, client_id="look", captured_at=None)
+    attached.image.refresh_from_db()
+    assert [p["name"] for p in attached.image.people] == ["王阿姨"]
+    fact = people_fact(attached.image)
+    assert "王阿姨" in fact and "Hopper" not in fact
