@@ -34,7 +34,7 @@ from consent.models import ConsentCard, ExecutionToken
 from memory.models import TimelineEntry
 from payments import services as payments
 from payments.models import PaymentAuthorization, PaymentIntent, UnlockLease
-from tests.conftest import need, new_client_id, script
+from tests.conftest import need, new_client_id, script, use_brain
 from tests.gateway_support import copy_repo_pack, manifest, write_pack
 from tests.process_support import TASK_SECONDS, CeleryWorker, celery_worker, publishing_to, redis_prefix
 from tests.test_consent import approve, call
@@ -127,8 +127,10 @@ def worker(django_db_setup: Any, fake_brain: Any, platform_dirs: Path) -> Iterat
 
 
 @pytest.fixture
-def platform(transactional_db: Any, settings: Any, platform_dirs: Path) -> Iterator[None]:
-    """This process sees the same packs and workspace as the workers."""
+def platform(transactional_db: Any, settings: Any, platform_dirs: Path, fake_brain: Any) -> Iterator[None]:
+    """This process sees the same packs, workspace and brain role as the workers (the role is
+    stored, so whichever process resolves it first finds the test's demo brain)."""
+    use_brain(fake_brain.base_url)
     settings.YIMI_PACKS_DIR = platform_dirs / "packs"
     settings.YIMI_WORKSPACE_DIR = platform_dirs / "workspace"
     runtime.reset_for_tests()
