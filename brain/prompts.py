@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from memory import injection, projections
+from memory import ambient, injection, projections
 from memory.models import TimelineEntry
 from memory.projections import body
 from yimi_project.logs import log_event
@@ -85,6 +85,7 @@ def build_messages(scope: str, utterance: str, history: list[TimelineEntry]) -> 
 class RunMemory:
     profile: Any = None  # memory.projections.CoreProfile, owner scope only
     plan: Any = None  # memory.injection.InjectionPlan
+    ambient: str = ""  # memory.ambient.recent: overheard speech of the last 600 s, owner scope only
 
 
 def prepare_memory(owner_id: int, scope: str, anchor_seq: int) -> RunMemory:
@@ -92,7 +93,8 @@ def prepare_memory(owner_id: int, scope: str, anchor_seq: int) -> RunMemory:
     memory is logged and the run goes on without it."""
     try:
         profile = projections.core_profile(owner_id) if scope == "owner" else None
-        return RunMemory(profile, injection.plan(owner_id, scope, anchor_seq))
+        overheard = ambient.recent(owner_id).text if scope == "owner" else ""
+        return RunMemory(profile, injection.plan(owner_id, scope, anchor_seq), overheard)
     except Exception as exc:  # noqa: BLE001 - answering without memory beats not answering
         log_event("run_memory_unavailable", error=type(exc).__name__)
         return RunMemory()
@@ -128,8 +130,9 @@ def with_memory(messages: list[dict[str, Any]], history: list[TimelineEntry], me
         extra = "\n\n".join(f"## {title}\n{text}" for title, text in sections if text)
         out[0]["content"] = f"{out[0]['content']}\n\n{extra}"
     earlier = sorted(memory.plan.earlier, key=lambda b: b.anchor)
+    overheard = [{"role": "system", "content": memory.ambient}] if memory.ambient else []  # marked as overheard, never a request
     if len(out) != len(history) + 2:  # not the shape build_messages makes: keep blocks together
-        return [out[0], *out[1:-1], *map(_block_message, memory.plan.blocks), out[-1]]
+        return [out[0], *out[1:-1], *map(_block_message, memory.plan.blocks), *overheard, out[-1]]
     merged = [out[0]]
     i = 0
     for entry, message in zip(history, out[1:-1]):
@@ -140,5 +143,6 @@ def with_memory(messages: list[dict[str, Any]], history: list[TimelineEntry], me
     merged.extend(_block_message(b) for b in earlier[i:])
     if memory.plan.new_block is not None:
         merged.append(_block_message(memory.plan.new_block))
+    merged.extend(overheard)
     merged.append(out[-1])
     return merged

@@ -21,10 +21,11 @@ from brain import roles
 from brain.dispatch import dispatch_run
 from devices import services as device_services
 from devices.consumers import DeviceConsumer
-from devices.voice import asr, audio, config, realtime, tts
+from devices.voice import ambient, asr, audio, config, realtime, tts
 from devices.voice import services as voice_services
 from devices.voice.services import SessionStatus
 from devices.voice.session import SAMPLE_RATE, StreamOutput, Utterance, VoiceSession, ms
+from memory.ambient import AmbientSource
 from yimi_project import push
 from yimi_project.errors import YimiError
 from yimi_project.logs import log_event
@@ -56,6 +57,7 @@ class VoiceConsumer(DeviceConsumer):
         if self.call is not None:
             await database_sync_to_async(identity.end_call)(self.call)
             self.call = None
+        self._end_analysis()
         self.session = None
         await self._end_speech("session_end")
         await super().disconnect(code)
@@ -102,7 +104,11 @@ class VoiceConsumer(DeviceConsumer):
         assert session is not None and device is not None
         heard = asr.Heard()
         if session.in_request_window(utt) or session.during_playback(utt):
-            heard = await asr.hear(session.transcriber, utt.samples)  # off the event loop, bounded
+            ambient.analysis.scheduler.hold(f"request:{utt.id}")  # ambient analysis waits for a request's words
+            try:
+                heard = await asr.hear(session.transcriber, utt.samples)  # off the event loop, bounded
+            finally:
+                ambient.analysis.scheduler.release(f"request:{utt.id}")
         transcript = heard.text
         # With the realtime front, a request goes to the front first: no run until it hands off.
         front = self.front if self.front is not None and self.front.open_now else None
@@ -133,6 +139,7 @@ class VoiceConsumer(DeviceConsumer):
             "seq": outcome.accepted.entry.seq if outcome.accepted else None,
             "run_id": str(outcome.accepted.run_id) if outcome.accepted else None,
         }
+        body["ambient"] = self._analyse_ambient(utt, outcome) if record.disposition == "ambient" else None
         fronted = front is not None and record.disposition == "request" and outcome.accepted is None
         body["front"] = fronted
         if fronted:
@@ -148,6 +155,34 @@ class VoiceConsumer(DeviceConsumer):
             await front.turn(realtime.FrontTurn(utt.id, decision.scope, transcript or ""), utt.samples)
         if outcome.accepted is not None and not outcome.accepted.duplicate:
             await self._start_run(outcome.accepted.run_id, outcome.accepted.entry.seq)
+        ambient.analysis.kick()
+
+    def _analyse_ambient(self, utt: Utterance, outcome: Any) -> dict[str, Any]:
+        """Ambient speech goes to the process's bounded analysis (devices/voice/ambient.py)
+        when the session has a server ASR engine; what ``voice.utterance`` says of it:
+        ``analysis`` ``queued`` (with ``chunks`` and ``dropped``), ``refused`` (with
+        ``code``), or ``off`` (no engine, or a guest device: nothing is transcribed)."""
+        session, device = self.session, self.device
+        assert session is not None and device is not None
+        if session.transcriber is None or device.is_guest:
+            return {"analysis": "off"}
+        record, decision = outcome.record, outcome.decision
+        source = AmbientSource(device.id, device.name, session.channel, record.id, decision.scope, decision.reason)
+        work = ambient.AmbientWork(session.transcriber, device.owner_id, source, utt.start_sample, utt.started_at)
+        try:
+            submitted = ambient.analysis.scheduler.submit(session.id, utt.start_sample, utt.samples, work)
+        except YimiError as exc:
+            return {"analysis": "refused", "code": exc.code}
+        return {"analysis": "queued", "chunks": len(submitted.queued), "dropped": len(submitted.dropped)}
+
+    def _end_analysis(self) -> None:
+        """The stream ended: its analysis slot is free, a call's hold is released."""
+        if self.session is not None:
+            scheduler = ambient.analysis.scheduler
+            scheduler.close_stream(self.session.id)
+            scheduler.release(f"call:{self.session.id}")
+            scheduler.release(f"ptt:{self.session.id}")
+            ambient.analysis.kick()  # another stream's chunks may go on now
 
     async def _start_run(self, run_id: Any, seq: int) -> None:
         assert self.device is not None
@@ -210,6 +245,7 @@ class VoiceConsumer(DeviceConsumer):
         if self.call is not None:
             await database_sync_to_async(identity.end_call)(self.call)
             self.call = None
+        self._end_analysis()
         self.session, self.enrollment = None, None
         await self._end_speech("session_end")
         await self._send({"type": "voice.stopped", "id": frame.get("id"), "session_id": session.id, "stream_ms": ms(session.position)})
@@ -225,12 +261,32 @@ class VoiceConsumer(DeviceConsumer):
             raise YimiError("invalid_frame", "playback state must be start or end")
         session.playback(frame["state"], self._position(frame))
 
+    async def _on_push_to_talk(self, frame: dict[str, Any]) -> None:
+        """``push_to_talk`` ``down``: speech from ``at_ms`` on is a request (a window of at
+        most ``PTT_HOLD_SECONDS``) and ambient analysis yields; ``up``: the window ends there
+        and analysis resumes."""
+        session = self._need_session()
+        state, at = frame.get("state"), self._position(frame)
+        key = f"ptt:{session.id}"
+        if state == "down":
+            window = session.open_request_window(at, ambient.PTT_HOLD_SECONDS, preroll=0.0)
+            ambient.analysis.scheduler.hold(key, ambient.PTT_HOLD_SECONDS)
+        elif state == "up":
+            window = session.end_request_window(at) or (at, at)
+            ambient.analysis.scheduler.release(key)
+            ambient.analysis.kick()
+        else:
+            raise YimiError("invalid_frame", "push_to_talk state must be down or up")
+        await self._send({"type": "push_to_talk.ack", "id": frame.get("id"), "state": state,
+                          "window_from_ms": ms(window[0]), "window_until_ms": ms(window[1])})
+
     async def _on_call_start(self, frame: dict[str, Any]) -> None:
         session = self._need_session()
         assert self.device is not None
         if self.call is not None:
             raise YimiError("call_in_progress", "a call is already open on this session; send call.end first")
         self.call = await database_sync_to_async(identity.start_call)(self.device, frame.get("call_id"), session.channel)
+        ambient.analysis.scheduler.hold(f"call:{session.id}")  # analysis yields while the owner is in a call
         await self._send({"type": "call.started", "id": frame.get("id"), "call_id": self.call.call_id})
 
     async def _on_call_end(self, frame: dict[str, Any]) -> None:
@@ -239,6 +295,8 @@ class VoiceConsumer(DeviceConsumer):
             raise YimiError("unknown_call", "there is no open call with this call_id on this session")
         call, self.call = self.call, None
         await database_sync_to_async(identity.end_call)(call)
+        ambient.analysis.scheduler.release(f"call:{self.session.id}" if self.session else "")
+        ambient.analysis.kick()
         await self._send({"type": "call.ended", "id": frame.get("id"), "call_id": call.call_id})
 
     async def _on_transcript(self, frame: dict[str, Any]) -> None:
@@ -393,6 +451,7 @@ class VoiceConsumer(DeviceConsumer):
         "voice.stop": _on_voice_stop,
         "wake": _on_wake,
         "playback": _on_playback,
+        "push_to_talk": _on_push_to_talk,
         "call.start": _on_call_start,
         "call.end": _on_call_end,
         "voice.transcript": _on_transcript,

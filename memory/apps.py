@@ -4,3 +4,8 @@ from django.apps import AppConfig
 class MemoryConfig(AppConfig):
     name = "memory"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from memory import ambient, copies
+
+        copies.register("memory", ambient.redact_payload)  # forgetting redacts the ambient log's copies too

@@ -36,6 +36,8 @@ class TimelineEntry(models.Model):
     reply_to = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="replies")
     notice_code = models.CharField(max_length=32, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    # Set when the owner erased the entry (``memory.erasure``): its text is empty from then on.
+    erased_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["owner", "seq"]
@@ -210,4 +212,5 @@ class HistoryLookup(models.Model):
         constraints = [models.UniqueConstraint(fields=["run_key", "call_key"], name="history_lookup_once_per_call")]
 
 
+from memory.ambient_models import AmbientRecord  # noqa: E402,F401  (registered with the memory app)
 from memory.image_models import ImageRecord  # noqa: E402,F401  (registered with the memory app)

@@ -26,7 +26,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from django.db import connections
 
 from accounts.models import User
-from memory import assertions, projections
+from memory import ambient, assertions, projections
 from memory.models import TimelineEntry
 from yimi_project.logs import log_event
 
@@ -63,7 +63,10 @@ def timeline_source(owner_id: int) -> str:
         .order_by("-seq")
         .values_list("kind", "text")[:RECENT_ENTRIES]
     )
-    return "\n".join(f"{'Yimi' if kind == 'reply' else 'Owner'}: {' '.join(text.split())[:200]}" for kind, text in reversed(rows))
+    said = "\n".join(f"{'Yimi' if kind == 'reply' else 'Owner'}: {' '.join(text.split())[:200]}" for kind, text in reversed(rows))
+    # Then what was overheard in the last 600 s, marked as such (memory.ambient): still six sources.
+    overheard = ambient.recent(owner_id).text
+    return f"{said}\n{overheard}" if said and overheard else said or overheard
 
 
 def time_zone_source(owner_id: int) -> str:

@@ -166,6 +166,14 @@ class VoiceSession:
         self._request_windows.append(window)
         return window
 
+    def end_request_window(self, at_sample: int) -> tuple[int, int] | None:
+        """Push-to-talk released: the window it opened (the latest one) ends at ``at_sample``."""
+        if not self._request_windows:
+            return None
+        start, end = self._request_windows[-1]
+        self._request_windows[-1] = (start, max(start, min(end, at_sample)))
+        return self._request_windows[-1]
+
     def in_request_window(self, utt: Utterance) -> bool:
         return any(start < utt.end_sample and utt.start_sample < end for start, end in self._request_windows)
 
