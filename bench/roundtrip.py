@@ -1,6 +1,6 @@
 """Round-trip benchmark: how much slower is a text through Yimi than through a bare websocket?
 
-    .venv/bin/python bench/roundtrip.py [--owners 1] [--devices-per-owner 50] [--messages 5] [--workers 4]
+    .venv/bin/python bench/roundtrip.py [--owners 1] [--devices-per-owner 50] [--messages 5] [--workers 1] [--runs 8]
 
 Starts an isolated platform (a fresh PostgreSQL database, a temporary data directory, a
 unique channel prefix on Redis, daphne and a Celery worker as subprocesses, the fake brain
@@ -33,8 +33,15 @@ sent) and with ``YIMI_BENCH_UNCHECKED_REPLIES=1`` (deltas forwarded as they come
 bench-only unchecked path). The same figures are then taken for a bare ``websockets``
 echo server (the floor), and the table shows the ratios to it. Under the table, the
 stage breakdown of each Yimi path: p50 and p99 of every stage of the measured runs' traces
-(``brain.trace``, read from the bench database after the phase). Run on demand; it is not
-part of the test suite.
+(``brain.trace``, read from the bench database after the phase).
+
+Workers. ``--workers`` Celery worker processes, started as ``./yimi up`` starts one (thread
+pool, ``--runs`` runs at once sharing the process's event loop: ``YIMI_WORKER_RUNS``);
+``--pool prefork`` starts them the old way (one run at a time per pool process, ``--runs``
+processes), for comparisons. The dispatch floor: after each Yimi phase, 50 no-op tasks
+(``brain.tasks.probe_dispatch``) are published one after the other on the same broker and
+queue; the row shows publish → a worker started it, which is what Celery dispatch alone
+costs a run. Run on demand; it is not part of the test suite.
 """
 
 from __future__ import annotations
@@ -285,7 +292,15 @@ async def echo_phase(devices: int, messages: int, limit: float) -> tuple[list[fl
     return latencies, wall
 
 
-def run_yimi(args: argparse.Namespace, data_dir: Path, *, unchecked: bool = False) -> tuple[list[float], float, Delivery]:
+def worker_commands(args: argparse.Namespace) -> list[tuple[str, list[str]]]:
+    """``--workers`` worker processes, each started as ``./yimi up`` starts one (``--pool threads``)."""
+    pool = ["--pool", "threads"] if args.pool == "threads" else ["--pool", "prefork"]
+    return [(f"celery{w}", [str(BIN / "celery"), "-A", "yimi_project", "worker", "--loglevel=WARNING", *pool,
+                            f"--concurrency={args.runs}", "-n", f"bench{w}@%h"]) for w in range(args.workers)]
+
+
+def run_yimi(args: argparse.Namespace, data_dir: Path, *,
+             unchecked: bool = False) -> tuple[list[float], float, Delivery, list[float]]:
     recreate_database(args.database_url)
     brain = FakeBrainServer(script=Script(rules=[Rule(reply=REPLY, chunk_chars=16, delay_ms=0)]))
     brain.start_in_thread()
@@ -300,6 +315,7 @@ def run_yimi(args: argparse.Namespace, data_dir: Path, *, unchecked: bool = Fals
         "YIMI_BRAIN_MODEL": "yimi-demo",  # brain.roles: a base URL needs a model name
         "PYTHONUNBUFFERED": "1",
         "YIMI_BENCH_UNCHECKED_REPLIES": "1" if unchecked else "0",
+        "YIMI_WORKER_RUNS": str(args.runs),
     }
     procs: list[subprocess.Popen[bytes]] = []
     try:
@@ -308,16 +324,16 @@ def run_yimi(args: argparse.Namespace, data_dir: Path, *, unchecked: bool = Fals
         port = free_port()
         for name, cmd in (
             ("daphne", [str(BIN / "daphne"), "-b", "127.0.0.1", "-p", str(port), "yimi_project.asgi:application"]),
-            ("celery", [str(BIN / "celery"), "-A", "yimi_project", "worker", "--loglevel=WARNING",
-                        f"--concurrency={args.workers}"]),
+            *worker_commands(args),
         ):
             with open(data_dir / f"{name}.log", "wb") as log:  # the child keeps its own descriptor
                 procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT))
         base = f"http://127.0.0.1:{port}"
         wait_healthy(base, procs)
-        return asyncio.run(yimi_phase(base, codes, args.messages, args.timeout, args.done_timeout))
+        latencies, wall, delivery = asyncio.run(yimi_phase(base, codes, args.messages, args.timeout, args.done_timeout))
+        return latencies, wall, delivery, dispatch_floor(args.redis_url, env["YIMI_CHANNEL_PREFIX"])
     except BaseException:
-        for name in ("daphne", "celery"):
+        for name in ("daphne", *(n for n, _ in worker_commands(args))):
             path = data_dir / f"{name}.log"
             if path.exists():
                 print(f"--- end of {name}.log ---\n{path.read_text(errors='replace')[-3000:]}", file=sys.stderr)
@@ -334,6 +350,32 @@ def run_yimi(args: argparse.Namespace, data_dir: Path, *, unchecked: bool = Fals
         brain.shutdown()
         brain.server_close()
         forget_redis_keys(args.redis_url, env["YIMI_CHANNEL_PREFIX"])
+
+
+def dispatch_floor(redis_url: str, prefix: str, count: int = 50) -> list[float]:
+    """Publish → pickup of ``count`` no-op tasks, one at a time, in seconds (the worker
+    writes the time it started the task to a Redis list the bench waits on)."""
+    from celery import Celery
+
+    app = Celery("yimi-bench", broker=redis_url)
+    app.conf.broker_connection_retry_on_startup = True
+    client = redis.Redis.from_url(redis_url, socket_timeout=30)
+    key = f"{prefix}:bench-probe"
+    out: list[float] = []
+    try:
+        for i in range(count + 3):  # the first three warm the publisher's connection: not counted
+            sent_ms = time.time() * 1000
+            app.send_task("brain.tasks.probe_dispatch", args=[key], queue=f"{prefix}-tasks")
+            popped = client.blpop([key], timeout=FRAME_TIMEOUT)
+            if popped is None:
+                raise RuntimeError("no worker picked up the no-op task")
+            if i >= 3:
+                out.append(max(0.0, float(popped[1]) - sent_ms) / 1000)
+    finally:
+        client.delete(key)
+        client.close()
+        app.close()
+    return out
 
 
 def figures(latencies: list[float], wall: float) -> tuple[float, float, float, float]:
@@ -380,7 +422,10 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=5, help="texts per device")
     parser.add_argument("--database-url", default="postgres://postgres@127.0.0.1:5432/yimi_bench")
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
-    parser.add_argument("--workers", type=int, default=4, help="Celery worker concurrency")
+    parser.add_argument("--workers", type=int, default=1, help="Celery worker processes")
+    parser.add_argument("--runs", type=int, default=8, help="runs at once per worker process (YIMI_WORKER_RUNS)")
+    parser.add_argument("--pool", choices=("threads", "prefork"), default="threads",
+                        help="threads: as ./yimi up starts a worker; prefork: the old way, --runs processes")
     parser.add_argument("--timeout", type=float, default=600.0, help="limit for each sending phase, seconds")
     parser.add_argument("--done-timeout", type=float, default=10.0,
                         help="seconds a device waits for reply.done after the reply began before it syncs")
@@ -391,20 +436,25 @@ def main() -> None:
         parser.error("need at least two texts in all (--owners x --devices-per-owner x --messages)")
 
     rows: list[tuple[str, tuple[float, float, float, float], Delivery | None]] = []
+    probes: list[float] = []
     with tempfile.TemporaryDirectory(prefix="yimi-bench-") as tmp:
-        latencies, wall, delivery = run_yimi(args, Path(tmp))
+        latencies, wall, delivery, probed = run_yimi(args, Path(tmp))
+        probes += probed
         rows.append(("yimi, checked (as shipped)", figures(latencies, wall), delivery))
         stages = [("yimi, checked (as shipped)", stage_breakdown(args.database_url, len(latencies)))]
     if not args.checked_only:
         with tempfile.TemporaryDirectory(prefix="yimi-bench-") as tmp:
-            latencies, wall, delivery = run_yimi(args, Path(tmp), unchecked=True)
+            latencies, wall, delivery, probed = run_yimi(args, Path(tmp), unchecked=True)
+            probes += probed
             rows.append(("yimi, unchecked (bench switch)", figures(latencies, wall), delivery))
             stages.append(("yimi, unchecked (bench switch)", stage_breakdown(args.database_url, len(latencies))))
     echo = figures(*asyncio.run(echo_phase(devices, args.messages, args.timeout)))
     rows.append(("bare websockets echo (floor)", echo, None))
+    dispatch = figures(probes, sum(probes))  # its rate: one task at a time, back to back
+    rows.append(("celery no-op task (dispatch floor)", dispatch, None))
 
     print(f"roundtrip: {args.owners} owners x {args.devices_per_owner} devices x {args.messages} texts "
-          f"(celery concurrency {args.workers}, fake brain answering instantly)")
+          f"({args.workers} worker(s), {args.pool} pool, {args.runs} runs at once each, fake brain answering instantly)")
     print(f"{'path':<34}{'p50 ms':>9}{'p95 ms':>9}{'p99 ms':>9}{'msgs/s':>10}{'done':>7}{'late':>6}{'synced':>8}{'gaps':>6}{'lost':>6}")
     for label, row, dl in rows:
         counts = "" if dl is None else f"{dl.done:>7}{dl.late:>6}{dl.synced:>8}{dl.gaps:>6}{dl.lost:>6}"
@@ -415,6 +465,9 @@ def main() -> None:
         ratios = [ratio(a / b) for a, b in zip(row, echo)]
         print(f"{'overhead ' + label.split(' (')[0].removeprefix('yimi, ') + ' / echo':<34}"
               + "".join(f"{r:>9}" for r in ratios[:3]) + f"{ratios[3]:>10}")
+        ratios = [ratio(a / b) for a, b in zip(row[:3], dispatch[:3])]
+        print(f"{'overhead ' + label.split(' (')[0].removeprefix('yimi, ') + ' / dispatch':<34}"
+              + "".join(f"{r:>9}" for r in ratios))
     for label, lines in stages:
         print(f"stage breakdown, {label} (from the runs' traces):")
         print("\n".join(lines))

@@ -146,23 +146,36 @@ async def run_roles(run_id: Any) -> roles.RunRoles:
     try:
         return await database_sync_to_async(roles.for_run)(run_id)
     except YimiError as exc:
-        log_event("model_settings_unusable", run_id=str(run_id), code=exc.code)
-        raise BrainError("brain_not_configured", f"the model settings cannot be used ({exc.code})") from None
+        raise roles_unusable(run_id, exc) from None
+
+
+def roles_unusable(run_id: Any, exc: YimiError) -> BrainError:
+    """The failed brain call that model settings which cannot be used amount to (logged)."""
+    log_event("model_settings_unusable", run_id=str(run_id), code=exc.code)
+    return BrainError("brain_not_configured", f"the model settings cannot be used ({exc.code})")
+
+
+def turn_context(run: Run) -> tuple[list[AgentTask], bool]:
+    """What a main turn reads besides its prompt (synchronous: the runner reads it in its
+    claim's database trip): the owner's background tasks and the turn's thinking switch."""
+    return agents.active_tasks_for_owner(run.owner_id), _turn_thinking(run)
 
 
 async def main_turn(
-    run: Run, messages: list[dict[str, Any]], on_text: Callable[[str], Awaitable[None]], *, run_models: roles.RunRoles | None = None
+    run: Run, messages: list[dict[str, Any]], on_text: Callable[[str], Awaitable[None]], *, run_models: roles.RunRoles | None = None,
+    active: list[AgentTask] | None = None, thinking: bool | None = None,
 ) -> tuple[str, list[AgentTask]]:
     """One main-agent turn with ``run_models.brain`` (the run's pinned roles; read here when
     not given): returns the reply text and the tasks it delegated, which the caller starts
-    once the reply is stored (raises BrainError on failure)."""
+    once the reply is stored (raises BrainError on failure). ``active`` and ``thinking``:
+    ``turn_context`` when the caller has read it already; read here when not given."""
     if run_models is None:
         run_models = await run_roles(run.id)
-    active = await database_sync_to_async(agents.active_tasks_for_owner)(run.owner_id)
+    if active is None or thinking is None:
+        active, thinking = await database_sync_to_async(turn_context)(run)
     if active and run.scope == "owner":
         listing = "\n".join(f"- {t.id}: {t.goal[:200]}" for t in active)
         messages = [*messages[:-1], {"role": "system", "content": f"Background tasks still working (use steer to add to one):\n{listing}"}, messages[-1]]
-    thinking = await database_sync_to_async(_turn_thinking)(run)
 
     async def first_token(delta: str) -> None:  # the trace's first_token (brain.trace)
         trace.mark(run, "first_token")

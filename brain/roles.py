@@ -17,17 +17,20 @@ The only code that writes ``ModelRole``, ``ModelRoleRevision`` and ``ModelSettin
 from __future__ import annotations
 
 import math
+import operator
 import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import reduce
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from brain import keyring
@@ -177,15 +180,31 @@ def _settings_of(row: ModelRole | ModelRoleRevision, asked: str) -> RoleSettings
     )
 
 
+def configured_rows(wanted: tuple[str, ...]) -> dict[str, ModelRole]:
+    """The row that answers for each role of ``wanted`` (its own, or its fallback's), read in
+    one query. Once this process has seen the first-start import done it does not ask
+    again (``ensure_imported``); a role found missing asks once more, in case the marker is
+    gone (a database restored or emptied) and the import is due again."""
+    for role in wanted:
+        _check_role(role)
+    for attempt in (1, 2):
+        ensure_imported()
+        names = {name for role in wanted for name in (role, FALLBACK.get(role, role))}
+        rows = {r.role: r for r in ModelRole.objects.filter(role__in=sorted(names))}
+        found = {role: rows.get(role) or rows.get(FALLBACK.get(role, "")) for role in wanted}
+        missing = [role for role, row in found.items() if row is None]
+        if not missing:
+            return found  # type: ignore[return-value]  # no None left
+        if attempt == 1 and _imported_seen:
+            _forget_import()
+            continue
+        raise YimiError("role_not_configured", f"the model role {missing[0]!r} is not configured")
+    raise AssertionError("unreachable")
+
+
 def configured_row(role: str) -> ModelRole:
     """The row that answers for ``role`` (its own, or its fallback's)."""
-    _check_role(role)
-    ensure_imported()
-    rows = {r.role: r for r in ModelRole.objects.filter(role__in=[role, FALLBACK.get(role, role)])}
-    row = rows.get(role) or rows.get(FALLBACK.get(role, ""))
-    if row is None:
-        raise YimiError("role_not_configured", f"the model role {role!r} is not configured")
-    return row
+    return configured_rows((role,))[role]
 
 
 def resolve(role: str) -> RoleSettings:
@@ -194,31 +213,41 @@ def resolve(role: str) -> RoleSettings:
     return _settings_of(configured_row(role), role)
 
 
-def for_run(run_id: Any) -> RunRoles:
+UNREAD: Any = object()  # ``for_run(pin=UNREAD)``: the caller has not read the run's pin
+
+
+def for_run(run_id: Any, *, pin: Any = UNREAD) -> RunRoles:
     """The settings of ``RUN_ROLES`` for one run's whole tree, the same from its first
-    request to its last report.
+    request to its last report. ``pin``: the run's ``model_roles`` when the caller has just
+    read the run (the runner's claim), which saves reading it again.
 
     Steps: 1. read the run's pin (``Run.model_roles``); 2. none yet (the run is starting):
-    resolve each role now and write the pin with a conditional UPDATE (``model_roles IS
-    NULL``); a lost race reads the winner's pin instead; 3. load the pinned versions from
-    ``ModelRoleRevision``. A pinned revision that no longer exists (settings restored
-    from a backup) falls back to the current settings, logged.
+    resolve both roles now (one query, ``configured_rows``) and write the pin with a
+    conditional UPDATE (``model_roles IS NULL``); a lost race reads the winner's pin
+    instead; 3. load the pinned versions from ``ModelRoleRevision`` (one query). A pinned
+    revision that no longer exists (settings restored from a backup) falls back to the
+    current settings, logged. A starting run: 2 queries with ``pin``, 3 without; a pinned
+    one: 1 and 2.
     """
-    pin = Run.objects.filter(id=run_id).values_list("model_roles", flat=True).first()
+    if pin is UNREAD:
+        pin = Run.objects.filter(id=run_id).values_list("model_roles", flat=True).first()
     if not pin:
-        rows = {role: configured_row(role) for role in RUN_ROLES}
+        rows = configured_rows(RUN_ROLES)
         wanted = {role: {"configured_as": row.role, "version": row.version} for role, row in rows.items()}
         if Run.objects.filter(id=run_id, model_roles__isnull=True).update(model_roles=wanted) == 1:
             return RunRoles(**{role: _settings_of(row, role) for role, row in rows.items()})
         pin = Run.objects.filter(id=run_id).values_list("model_roles", flat=True).first() or wanted
-    found: dict[str, RoleSettings] = {}
+    entries: dict[str, tuple[str, Any]] = {}
     for role in RUN_ROLES:
         entry: dict[str, Any] = pin.get(role) or {}
-        version = entry.get("version")
-        revision = (
-            ModelRoleRevision.objects.filter(role=str(entry.get("configured_as", "")), version=version).first()
-            if isinstance(version, int) else None
-        )
+        entries[role] = (str(entry.get("configured_as", "")), entry.get("version"))
+    pinned = [Q(role=name, version=version) for name, version in entries.values() if isinstance(version, int)]
+    revisions: dict[tuple[str, int], ModelRoleRevision] = {}
+    if pinned:
+        revisions = {(r.role, r.version): r for r in ModelRoleRevision.objects.filter(reduce(operator.or_, pinned))}
+    found: dict[str, RoleSettings] = {}
+    for role, key in entries.items():
+        revision = revisions.get(key) if isinstance(key[1], int) else None
         if revision is None:
             log_event("run_model_pin_missing", run_id=str(run_id), role=role)
             found[role] = resolve(role)
@@ -304,10 +333,26 @@ def import_marker() -> ModelSettingsImport | None:
     return ModelSettingsImport.objects.filter(id=1).first()
 
 
+# Whether this process has seen the first-start import done: the marker row is never
+# removed by the platform, so once seen it is not asked for again (a query saved per read of
+# the settings; ``configured_rows`` asks again if a role turns out missing).
+_imported_seen = False
+
+
+def _forget_import() -> None:
+    global _imported_seen
+    _imported_seen = False
+
+
 def ensure_imported() -> None:
-    """Run the first-start import if no process has yet (cheap once it has)."""
+    """Run the first-start import if no process has yet (no query once this process has
+    seen it done)."""
+    global _imported_seen
+    if _imported_seen:
+        return
     if not ModelSettingsImport.objects.filter(id=1).exists():
-        import_from_environment()
+        import_from_environment()  # done by now: by this call, or by a concurrent first start
+    _imported_seen = True
 
 
 def import_from_environment(environ: Mapping[str, str] | None = None, *, now: datetime | None = None) -> list[str] | None:

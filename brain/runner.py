@@ -23,13 +23,14 @@ import asyncio
 import contextlib
 import re
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from channels.db import database_sync_to_async
 from django.conf import settings
 
-from brain import agent_loop, reporting, services, trace, vision
-from brain.agent_loop import DELEGATED_ACK, main_turn, run_roles
+from brain import agent_loop, reporting, roles, services, trace, vision
+from brain.agent_loop import DELEGATED_ACK, main_turn
 from brain.client import BrainError
 from brain.dispatch import dispatch_task, keep_claim
 from brain.models import Run
@@ -39,6 +40,7 @@ from capabilities import truth
 from capabilities.models import ReceiptRecord
 from memory.models import TimelineEntry
 from yimi_project import push
+from yimi_project.errors import YimiError
 from yimi_project.leaks import redact_markers
 from yimi_project.logs import log_event
 
@@ -129,20 +131,33 @@ class CheckedStream:
         return self.text
 
 
-def _claim_and_prepare(run_id: Any, stages: dict[str, float] | None) -> tuple[Run, Any, Any, Any] | None:
-    """Steps 1-2 and the prompt, in one trip to the database thread (each trip costs a
-    thread hop and a pool checkout; the trace showed them): claim the run (None: not
-    ours); a stale run comes back with no messages; else its history and prompt, the
-    memory hook (issue 5: core profile + incremental L3 facts, ``brain.prompts.with_memory``)
-    and the report of its tree's receipts the checker needs (None on the bench's
-    unchecked path)."""
+@dataclass
+class _Turn:
+    """What the turn needs besides the prompt, read in the claim's trip: the run's model
+    roles (pinned now; or the ``YimiError`` that makes them unusable, raised in the turn as
+    a failed brain call), the image a vision request is about, and for the main turn the
+    owner's background tasks and the thinking switch."""
+
+    models: roles.RunRoles | YimiError
+    image: Any = None
+    active: list[Any] | None = None
+    thinking: bool | None = None
+
+
+def _claim_and_prepare(run_id: Any, stages: dict[str, float] | None) -> tuple[Run, Any, Any, Any, _Turn | None] | None:
+    """Steps 1-2 and everything the turn reads before the brain request, in one trip to the
+    database thread (each trip costs a thread hop and a pool checkout; the trace showed
+    them): claim the run (None: not ours); a stale run comes back with no messages; else
+    its history and prompt, the memory hook (issue 5: core profile + incremental L3 facts,
+    ``brain.prompts.with_memory``), the report of its tree's receipts the checker needs
+    (None on the bench's unchecked path) and the ``_Turn``."""
     run = services.claim_run(run_id)
     if run is None:
         return None
     run.trace = {**(run.trace or {}), **(stages or {})}
     trace.mark(run, "claimed")
     if services.is_stale(run):
-        return run, None, None, None
+        return run, None, None, None, None
     history = services.history_for(run)
     messages = build_messages(run.scope, run.inbound.text, history)
     trace.mark(run, "prompt_built")
@@ -150,7 +165,16 @@ def _claim_and_prepare(run_id: Any, stages: dict[str, float] | None) -> tuple[Ru
     messages = with_memory(messages, history, memory)
     trace.mark(run, "memory_prepared")
     report = None if settings.YIMI_BENCH_UNCHECKED_REPLIES else run_tree_report(run)
-    return run, messages, memory, report
+    try:
+        # The model roles of the whole tree, pinned now: a change applied mid-run waits for the next run.
+        turn = _Turn(models=roles.for_run(run.id, pin=run.model_roles))
+    except YimiError as exc:
+        turn = _Turn(models=exc)
+    # A request about an image the device sent goes to the vision role instead (brain.vision).
+    turn.image = vision.image_for_run(run)
+    if turn.image is None:
+        turn.active, turn.thinking = agent_loop.turn_context(run)
+    return run, messages, memory, report, turn
 
 
 async def execute_run(run_id: Any, *, stages: dict[str, float] | None = None) -> str:
@@ -160,8 +184,8 @@ async def execute_run(run_id: Any, *, stages: dict[str, float] | None = None) ->
     prepared = await database_sync_to_async(_claim_and_prepare)(run_id, stages)
     if prepared is None:
         return "skipped"
-    run, messages, memory, report = prepared
-    if messages is None:  # stale: said more than 3 minutes ago
+    run, messages, memory, report, turn = prepared
+    if messages is None or turn is None:  # stale: said more than 3 minutes ago
         expired = await database_sync_to_async(services.expire_claimed)(run)
         if expired is None:
             return "skipped"
@@ -185,16 +209,16 @@ async def execute_run(run_id: Any, *, stages: dict[str, float] | None = None) ->
     if report is not None:
         check = truth.ReplyCheck(receipts=report.receipts, delivered_fact_ids=report.delivered, facts=report.facts)
     forward = CheckedStream(send, check)
-    # A request about an image the device sent goes to the vision role instead (brain.vision).
-    image = await database_sync_to_async(vision.image_for_run)(run)
+    image = turn.image
     try:
-        # The model roles of the whole tree, pinned now: a change applied mid-run waits for the next run.
-        run_models = await run_roles(run.id)
+        if isinstance(turn.models, YimiError):
+            raise agent_loop.roles_unusable(run.id, turn.models)
         if image is not None:
             vision.admit_image_numbers(check, image)
             raw = await vision.vision_turn(run, messages, forward, image)
         else:
-            raw, delegated = await main_turn(run, messages, forward, run_models=run_models)
+            raw, delegated = await main_turn(run, messages, forward, run_models=turn.models, active=turn.active,
+                                             thinking=turn.thinking)
         text = await forward.close(fallback=DELEGATED_ACK if delegated else NOTHING_BACKED) if check else raw
     except BrainError as exc:
         state, kind, code = Run.State.FAILED, TimelineEntry.Kind.NOTICE, exc.code

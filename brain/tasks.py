@@ -2,9 +2,11 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
+from asgiref.sync import ThreadSensitiveContext
 from celery import shared_task
 from django.conf import settings
 
@@ -17,20 +19,37 @@ _loop_lock = threading.Lock()
 
 def on_worker_loop(coro: Coroutine[Any, Any, T]) -> T:
     """Run ``coro`` on this worker process's one long-lived event loop (a daemon thread,
-    started by the first task after the fork) and wait for its result.
+    started by the first task) and wait for its result.
 
     Why not ``asyncio.run`` per task: a new loop per task means new connections for
     everything bound to a loop — the channel layer's Redis connections first — on every
     run (7-14 ms measured on the dev machine, before the run did anything). The loop
-    keeps them warm between runs. The task still blocks its worker slot until the run
-    ends, so Celery's concurrency, acks and recovery are as before."""
+    keeps them warm between runs.
+
+    Runs overlap: the worker runs a thread pool (``--pool threads``, ``YIMI_WORKER_RUNS``
+    slots; README "Worker"), each task thread submits its coroutine here and blocks until
+    it ends, so up to that many runs share the loop at once, each waiting on the brain or
+    the database without holding the others up. Each task holds its Celery slot and its
+    late ack until its run ends, so acks and recovery (``brain.recovery``: heartbeat,
+    redelivery of what a killed worker never acknowledged) are as with one run at a time.
+
+    Each coroutine runs in a ``ThreadSensitiveContext`` of its own: its synchronous
+    (``database_sync_to_async``) calls go to a thread of its own, as a Django request's
+    do, instead of every run's database trips queueing for asgiref's one process-wide
+    thread. That thread borrows a connection from the process's pool for each call and
+    gives it back after it (``close_old_connections``, ``CONN_MAX_AGE`` 0)."""
     global _loop
     with _loop_lock:
         if _loop is None or _loop.is_closed():
             loop = asyncio.new_event_loop()
             threading.Thread(target=loop.run_forever, name="yimi-run-loop", daemon=True).start()
             _loop = loop
-    return asyncio.run_coroutine_threadsafe(coro, _loop).result()
+    return asyncio.run_coroutine_threadsafe(_in_own_context(coro), _loop).result()
+
+
+async def _in_own_context(coro: Coroutine[Any, Any, T]) -> T:
+    async with ThreadSensitiveContext():
+        return await coro
 
 
 @shared_task(name="brain.tasks.execute_run", acks_late=True)
@@ -41,18 +60,34 @@ def execute_run_task(run_id: str, stages: dict[str, float] | None = None) -> str
     return on_worker_loop(execute_run(run_id, stages=stages))
 
 
+@shared_task(name="brain.tasks.probe_dispatch")
+def probe_dispatch_task(reply_key: str) -> None:
+    """The dispatch floor (bench/roundtrip.py): does nothing but tell the publisher, on
+    Redis, when a worker started it (``time.time()`` in ms, taken first), so publish →
+    pickup is Celery's own cost on this broker, without any run work."""
+    started_ms = time.time() * 1000
+    import redis
+
+    client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=10)
+    try:
+        client.rpush(reply_key, repr(started_ms))
+        client.expire(reply_key, 300)
+    finally:
+        client.close()
+
+
 @shared_task(name="brain.tasks.execute_agent_task", acks_late=True)
 def execute_agent_task_task(task_id: str) -> str:
     from brain.agent_loop import execute_agent_task
 
-    return asyncio.run(execute_agent_task(task_id))
+    return on_worker_loop(execute_agent_task(task_id))
 
 
 @shared_task(name="brain.tasks.sweep_runs")
 def sweep_runs() -> tuple[int, int]:
     from brain.recovery import recover_runs
 
-    return asyncio.run(recover_runs())
+    return on_worker_loop(recover_runs())
 
 
 # Its name from before it moved here from devices/: messages already queued carry that name.

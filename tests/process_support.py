@@ -113,8 +113,8 @@ TASK_LINE = re.compile(r"Task (?P<name>[\w.]+)\[(?P<id>[0-9a-f-]{36})\] (?P<even
 
 
 class CeleryWorker:
-    """``celery -A yimi_project worker`` (prefork, acks late, as production runs it) in a
-    session of its own, so ``kill`` takes its pool children and pack processes with it.
+    """``celery -A yimi_project worker`` (the settings' thread pool, acks late, as production
+    runs it) in a session of its own, so ``kill`` takes its pack processes with it.
     Its INFO log (one file) says which task ran, when, and what it returned."""
 
     def __init__(self, env: dict[str, str], log: Path, *, concurrency: int = 2, name: str = "") -> None:

@@ -101,10 +101,12 @@ def test_acks_merge_into_the_stored_trace_with_one_update(owner: Any, make_devic
 
 # Upper bounds on the database round trips of one text (PostgreSQL or SQLite), so that a
 # change that adds queries to the path shows here. Raise them only with a reason. The run's
-# 27: claim (2), history (1), memory (4, and the ambient log 1), receipts report (1), the run's image (vision, 1),
-# model roles pinned (7), background tasks (1), thinking (1), usage (1), finish (7).
+# 23: claim (2), history (1), memory (3, the ambient log 1, and 1 to accept it), receipts report (1), model roles
+# pinned (2: both roles' rows in one read, the pin's conditional write; the run was just read
+# by the claim), the run's image (vision, 1), background tasks (1), thinking (1), usage (1),
+# finish (8).
 ADMISSION_QUERIES = 12
-RUN_QUERIES = 27
+RUN_QUERIES = 23
 
 
 async def test_admission_and_run_stay_within_their_query_budget(make_device: Any, brain: Any) -> None:
@@ -142,3 +144,34 @@ async def test_admission_and_run_stay_within_their_query_budget(make_device: Any
         counting = False
         connection_created.disconnect(watch)
     assert 0 < len(counted) <= RUN_QUERIES, f"{len(counted)} queries:\n" + "\n".join(counted)
+
+
+def test_a_runs_model_roles_are_pinned_and_read_with_few_queries(owner: Any, make_device: Any, brain: Any) -> None:
+    """``roles.for_run``: a starting run reads both roles' rows in one query and pins them
+    with one conditional write (one more to read the pin when the caller has not); a pinned
+    run reads its pinned revisions in one query. The first-start import is checked once
+    per process, not on every read."""
+    from brain import roles
+
+    sim = make_device()
+    runs = [accept_utterance(sim.device, new_client_id(), f"text {i}").run_id for i in range(3)]
+    roles.for_run(runs[0])  # the process has now seen the first-start import done
+
+    with CaptureQueriesContext(connection) as starting:
+        pinned = roles.for_run(runs[1])
+    assert len(starting) <= 3, [q["sql"] for q in starting.captured_queries]
+    with CaptureQueriesContext(connection) as claimed:
+        roles.for_run(runs[2], pin=None)  # the runner's claim read the run: no pin yet
+    assert len(claimed) <= 2, [q["sql"] for q in claimed.captured_queries]
+
+    # A change applied now is for the next run: the pinned run keeps its versions.
+    roles.apply("brain", provider="demo", base_url=brain.base_url, model="changed", options={}, source="console")
+    with CaptureQueriesContext(connection) as again:
+        later = roles.for_run(runs[1])
+    assert len(again) <= 2, [q["sql"] for q in again.captured_queries]
+    assert (later.brain.model, later.brain.version) == (pinned.brain.model, pinned.brain.version) != ("changed", later.brain.version)
+    assert later.delegation.version == pinned.delegation.version
+    with CaptureQueriesContext(connection) as given:
+        assert roles.for_run(runs[1], pin=Run.objects.get(id=runs[1]).model_roles).brain.model == pinned.brain.model
+    assert len(given) <= 2  # the pin read by the test, and the revisions
+    assert roles.for_run(accept_utterance(sim.device, new_client_id(), "next").run_id).brain.model == "changed"

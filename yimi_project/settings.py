@@ -198,6 +198,10 @@ CELERY_TASK_DEFAULT_QUEUE = f"{CHANNEL_PREFIX}-tasks"
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+# A worker is one process whose runs overlap: a thread pool of YIMI_WORKER_RUNS slots, every
+# run on the process's one event loop (brain.tasks.on_worker_loop; README "Worker").
+CELERY_WORKER_POOL = "threads"
+CELERY_WORKER_CONCURRENCY = env.int("YIMI_WORKER_RUNS", default=8)
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BROKER_TRANSPORT_OPTIONS = {
     # A task whose worker died (acks late) is delivered again once it has been unacknowledged
