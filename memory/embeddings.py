@@ -126,7 +126,7 @@ def index_timeline(owner_id: int, embedder: Embedder, *, limit: int = 500, batch
     (newest first); returns how many were stored. With ``recent``, only the newest
     ``recent`` entries are looked at (cheap enough to run before every search)."""
     if recent is not None:
-        newest = list(TimelineEntry.objects.filter(owner_id=owner_id).order_by("-seq").values_list("id", "text")[:recent])
+        newest = list(TimelineEntry.objects.filter(owner_id=owner_id, erased_at__isnull=True).order_by("-seq").values_list("id", "text")[:recent])
         have = set(
             TimelineEmbedding.objects.filter(model=embedder.name, entry_id__in=[i for i, _ in newest]).values_list("entry_id", flat=True)
         )
@@ -134,7 +134,7 @@ def index_timeline(owner_id: int, embedder: Embedder, *, limit: int = 500, batch
     else:
         done = TimelineEmbedding.objects.filter(owner_id=owner_id, model=embedder.name).values("entry_id")
         todo = list(
-            TimelineEntry.objects.filter(owner_id=owner_id).exclude(id__in=done).order_by("-seq").values_list("id", "text")[:limit]
+            TimelineEntry.objects.filter(owner_id=owner_id, erased_at__isnull=True).exclude(id__in=done).order_by("-seq").values_list("id", "text")[:limit]
         )
     stored = 0
     for i in range(0, len(todo), batch):

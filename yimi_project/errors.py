@@ -42,6 +42,11 @@ HTTP_STATUS = {
     "image_invalid": 400,
     "image_purged": 410,
     "storage_full": 507,
+    # erasing the timeline (memory.erasure; docs/protocol.md "Internal endpoints")
+    "erasure_changed": 409,
+    "erasure_too_large": 422,
+    "nothing_to_erase": 409,
+    "preview_expired": 410,
 }
 
 
