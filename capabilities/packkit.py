@@ -148,8 +148,10 @@ class _UnixHTTPConnection(http.client.HTTPConnection):
         self.sock = sock
 
 
-def platform_call(method: str, path: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
-    """One request to ``/internal/<path>``: (HTTP status, parsed JSON or None)."""
+def platform_call(method: str, path: str, body: dict[str, Any] | None = None, *, timeout: float | None = None) -> tuple[int, Any]:
+    """One request to ``/internal/<path>``: (HTTP status, parsed JSON or None). ``timeout``
+    (seconds) replaces ``YIMI_PLATFORM_TIMEOUT`` for a call the platform answers slowly on
+    purpose (the Mac relay waits for the Mac)."""
     socket_path = os.environ.get("YIMI_PLATFORM_SOCKET", "")
     if not socket_path:
         raise PlatformNotConfigured("YIMI_PLATFORM_SOCKET is not set (the pack declares no platform_api?)")
@@ -157,7 +159,7 @@ def platform_call(method: str, path: str, body: dict[str, Any] | None = None) ->
     if not capability:
         raise PlatformNotConfigured("this call carries no capability from the platform")
     data = json.dumps(body).encode("utf-8") if body is not None else None
-    timeout = float(os.environ.get("YIMI_PLATFORM_TIMEOUT", "10"))
+    timeout = float(os.environ.get("YIMI_PLATFORM_TIMEOUT", "10")) if timeout is None else timeout
     headers = {CAPABILITY_HEADER: capability, "Accept": "application/json", "Content-Type": "application/json"}
     connection = _UnixHTTPConnection(socket_path, timeout)
     try:

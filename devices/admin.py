@@ -7,7 +7,10 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from accounts.owner_admin import OwnerContentAdmin
-from devices import face_admin  # noqa: F401  (registers the faces page)
+from devices import (
+    face_admin,  # noqa: F401  (registers the faces page)
+    mac_admin,  # noqa: F401  (registers the Mac command log)
+)
 from devices.models import Delivery, Device, PairingCode, VoiceUtterance
 from devices.services import issue_pairing_code, revoke_device
 

@@ -33,7 +33,7 @@ from brain.dispatch import dispatch_card_execution, dispatch_payment, dispatch_r
 from brain.services import accept_utterance, add_trace_stages
 from brain.trace import now_ms
 from consent import services as consent
-from devices import hud
+from devices import hud, mac_relay
 from devices import images as device_images
 from devices import services as device_services
 from devices.models import Device
@@ -486,6 +486,10 @@ class DeviceConsumer(AsyncWebsocketConsumer):
         "payment.voice_confirm": _on_payment_voice_confirm,
         "payment.undo": _on_payment_undo,
         "device.unlock": _on_unlock,
+        # the Mac relay (devices/mac_relay.py)
+        "mac.hello": mac_relay.on_hello,
+        "mac.pause": mac_relay.on_pause,
+        "mac.result": mac_relay.on_result,
     }
 
     # --- messages from the channel layer ------------------------------------------------
@@ -529,6 +533,10 @@ class DeviceConsumer(AsyncWebsocketConsumer):
     async def timeline_new(self, event: dict[str, Any]) -> None:
         if self.device is not None and not self.device.is_guest:
             await self._send(dict(event))
+
+    # an operation for this Mac, and the owner's pause, from the Mac relay (devices/mac_relay.py)
+    mac_op = mac_relay.deliver_op
+    mac_paused = mac_relay.deliver_paused
 
     async def device_revoked(self, event: dict[str, Any]) -> None:
         await self._close_revoked()

@@ -156,3 +156,4 @@ class VoiceUtterance(models.Model):
 
 
 from devices.hud_models import DeviceState  # noqa: E402,F401  (registered with the devices app)
+from devices.mac_models import MacKey, MacOperation, MacPause  # noqa: E402,F401  (registered with the devices app)

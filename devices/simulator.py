@@ -170,6 +170,7 @@ class DeviceConnection:
         self.identity = identity
         self.ws: Any = None
         self.ready: dict[str, Any] = {}
+        self.nonce = ""
         self.frames: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self.closed: asyncio.Future[tuple[int | None, str]] | None = None
         self._reader: asyncio.Task | None = None
@@ -202,6 +203,7 @@ class DeviceConnection:
         if ready.get("type") != "ready":
             raise SimulatorError(f"authentication refused: {ready}")
         self.ready = ready
+        self.nonce = challenge["nonce"]  # what connection-bound signatures sign (ride.permission, mac.pause)
         self.closed = asyncio.get_running_loop().create_future()
         self._reader = asyncio.ensure_future(self._read())
         return ready

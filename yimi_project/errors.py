@@ -42,6 +42,10 @@ HTTP_STATUS = {
     "image_invalid": 400,
     "image_purged": 410,
     "storage_full": 507,
+    # the Mac relay (docs/protocol.md "The Mac relay")
+    "paused": 409,
+    "mac_offline": 503,
+    "mac_timeout": 504,
     # erasing the timeline (memory.erasure; docs/protocol.md "Internal endpoints")
     "erasure_changed": 409,
     "erasure_too_large": 422,

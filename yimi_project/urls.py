@@ -16,6 +16,7 @@ urlpatterns = [
     path("api/", include("memory.urls")),
     path("internal/gateway/", include("capabilities.urls")),
     path("internal/memory/", include("memory.internal_urls")),
+    path("internal/mac/", include("devices.mac_urls")),  # the owner-mac pack (devices/mac_internal.py)
     path("internal/erasure/", include("memory.erasure_urls")),  # the erasure pack (memory/erasure_views.py)
     path("internal/", include("brain.internal_urls")),
     path("", include("devices.home_urls")),  # the owner's home

@@ -8,6 +8,8 @@
     device_sim deny [CARD_ID] --key-file phone.json     # (say prints cards and their ids)
     device_sim confirm-draft DRAFT_ID --key-file phone.json  # confirm a model draft (Face ID, simulated)
     device_sim photo FILE [--ask "看看这是什么"] --key-file glasses.json  # upload a JPEG/PNG, announce it, ask about it
+    device_sim mac --sandbox DIR --key-file mac.json   # the Mac: stay connected, run Yimi's operations inside DIR only
+    device_sim pause-mac on|off --key-file phone.json  # pause/resume Yimi's Mac operations (phone, or the Mac's hotkey)
 
 ``--server`` defaults to ``http://YIMI_HOST:YIMI_PORT`` (where ``./yimi up`` serves). Every
 error is one line saying what to do (``CommandError``), never a traceback.
@@ -29,6 +31,10 @@ from django.core.management.base import BaseCommand, CommandError
 
 from brain.agent_loop import DELEGATED_ACK
 from devices.consumers import CLOSE_AUTH_FAILED, CLOSE_REVOKED
+from devices.mac_crypto import pause_message
+from devices.mac_sandbox import MacSandbox
+from devices.mac_sim import MacAgent
+from devices.mac_sim import serve as mac_serve
 from devices.simulator import (
     ConnectionLost,
     DeviceConnection,
@@ -77,6 +83,14 @@ class Command(BaseCommand):
         ph.add_argument("file", help="the image file")
         ph.add_argument("--ask", default="看看这是什么", help="what to ask about it (empty: only send the photo)")
         ph.add_argument("--key-file", required=True, help="where this device's identity and key are kept")
+
+        m = sub.add_parser("mac", help="be the owner's Mac: stay connected and run Yimi's operations inside a sandbox directory")
+        m.add_argument("--sandbox", required=True, help="the only directory operations may touch")
+        m.add_argument("--key-file", required=True, help="where this device's identity and key are kept (a paired mac)")
+        m.add_argument("--seconds", type=float, default=None, help="stop after this long (default: run until interrupted)")
+        pm = sub.add_parser("pause-mac", help="pause (on) or resume (off) Yimi's operations on the owner's Mac")
+        pm.add_argument("state", choices=["on", "off"])
+        pm.add_argument("--key-file", required=True, help="the owner's phone or Mac")
 
         c = sub.add_parser("confirm-draft", help="confirm a model-settings draft, as the phone does after Face ID")
         c.add_argument("draft_id", help="the draft's id (or its start), as the console shows it")
@@ -232,6 +246,32 @@ class Command(BaseCommand):
                               f"(key: {draft['key']}; probe: {probe['status']}{' ' + probe['error_code'] if probe['error_code'] else ''})")
             result = await conn.confirm_draft(draft)
             self.stdout.write(f"confirmed: {result['role']} is now version {result['version']}; it takes effect from the next run")
+
+    async def _mac(self, opts: dict[str, Any]) -> None:
+        """The simulated Mac (devices/mac_sim.py): operations run inside ``--sandbox`` only."""
+        identity = load_identity(Path(opts["key_file"]))
+        if identity.kind != "mac":
+            raise CommandError(f"{opts['key_file']} is a {identity.kind}: pair a device with --kind mac")
+        sandbox = MacSandbox(Path(opts["sandbox"]))
+        agent = MacAgent(identity.device_id, identity.key, identity.instance_public_key, sandbox)
+        async with DeviceConnection(identity) as conn:
+            self.stdout.write(f"connected as {identity.name}; operations run inside {sandbox.root} (Ctrl-C stops)")
+            await mac_serve(conn, agent, on_event=lambda text: self.stdout.write(text), seconds=opts["seconds"])
+
+    async def _pause_mac(self, opts: dict[str, Any]) -> None:
+        identity = load_identity(Path(opts["key_file"]))
+        paused = opts["state"] == "on"
+        async with DeviceConnection(identity) as conn:
+            request_id = uuid.uuid4().hex
+            await conn.send({"type": "mac.pause", "id": request_id, "paused": paused,
+                             "signature": identity.sign(pause_message(identity.device_id, conn.nonce, paused))})
+            while True:
+                frame = await conn.next_frame("mac.pause.ok", "error")
+                if frame.get("id") == request_id:
+                    break
+        if frame["type"] == "error":
+            raise CommandError(f"{frame['code']}: {frame['message']}")
+        self.stdout.write(f"Yimi's Mac operations are {'paused' if frame['paused'] else 'running'} (since {frame['changed_at']})")
 
     async def _utterance_of(self, conn: DeviceConnection) -> int | None:
         """The report of an approved card answers the utterance that asked for it: the

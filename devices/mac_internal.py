@@ -1,0 +1,73 @@
+"""``POST /internal/mac/op/``: the ``owner-mac`` pack's one way to the owner's Mac.
+
+Internal listener + a pack capability whose pack declared the ``mac`` platform API, exactly
+as memory's endpoints (yimi_project.internal.pack_call_claims). The body is
+``{"kind": "<op>", "payload": {...}}``; the answer ``{"result": {...}}`` is the Mac's
+decrypted result (devices/mac_relay.py). What the capability allows:
+
+- the operation is the call's own tool: a call of ``<pack>__read_file`` reads a file and
+  does nothing else;
+- reads (``read_file``, ``list_dir``, ``screenshot``) need a call decided as ``observe`` or
+  ``owner_data``; writes and commands (``write_file``, ``run_command``, ``operate_app``) a
+  call decided as ``owner_data`` (asked on a card when the owner did not request it);
+- the operation is on the call's target (its ``path``, ``app``) when the call named one.
+
+Errors are ``{"error": {"code", "message"}}``: ``forbidden`` (403), ``invalid_request``,
+``paused`` (409), ``mac_offline`` (503), ``mac_timeout`` (504); none changes anything on the
+Mac except ``mac_timeout``, whose outcome is unknown.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.http import HttpRequest, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
+
+from devices import mac_relay
+from yimi_project.errors import YimiError
+from yimi_project.internal import pack_call_claims
+
+API = "mac"
+TARGET_FIELDS = ("path", "app")
+
+
+def check_call(claims: dict[str, Any], kind: str, payload: dict[str, Any]) -> None:
+    """Refuse (``forbidden``) an operation the executing call does not allow."""
+    tool = str(claims.get("tool", ""))
+    if tool.partition("__")[2] != kind:
+        raise YimiError("forbidden", f"this call is {tool!r}; it may not do {kind}")
+    category = claims.get("category")
+    allowed = ("observe", "owner_data") if kind in mac_relay.READ_KINDS else ("owner_data",)
+    if category not in allowed:
+        raise YimiError("forbidden", f"this call was decided as {category!r}; {kind} needs {' or '.join(allowed)}")
+    named = claims.get("target") or {}
+    for field in TARGET_FIELDS:
+        if field in named and str(named[field]) != str(payload.get(field)):
+            raise YimiError("forbidden", f"this call is about {field} {named[field]!r}, not {payload.get(field)!r}")
+
+
+@csrf_exempt
+async def mac_op(request: HttpRequest) -> JsonResponse:
+    try:
+        claims = pack_call_claims(request, API)
+        if claims is None:
+            raise YimiError("forbidden", "this endpoint answers a pack only while it executes a call that declared the mac API")
+        if request.method != "POST":
+            raise YimiError("invalid_request", "use POST")
+        try:
+            body = json.loads(request.body or b"{}")
+        except ValueError:
+            raise YimiError("malformed_json", "the body is not valid JSON") from None
+        kind, payload = (body.get("kind"), body.get("payload")) if isinstance(body, dict) else (None, None)
+        if kind not in mac_relay.KINDS or not isinstance(payload, dict):
+            raise YimiError("invalid_request", f"expected {{kind: one of {', '.join(mac_relay.KINDS)}, payload: {{...}}}}")
+        owner = claims.get("owner")
+        if not isinstance(owner, int):
+            raise YimiError("no_owner", "this call has no owner on this instance (run manage.py yimi_init)")
+        check_call(claims, kind, payload)
+        result = await mac_relay.relay(owner, kind, payload, call_id=str(claims.get("call", "")), tool=str(claims.get("tool", "")))
+    except YimiError as exc:
+        return JsonResponse({"error": exc.payload()}, status=exc.http_status)
+    return JsonResponse({"result": result})
