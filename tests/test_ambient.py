@@ -231,3 +231,35 @@ async def test_ambient_analysis_waits_while_the_owner_is_in_a_call(
     await ambient.analysis.idle()
     assert len(remote_asr.requests) == 1 and await db_async(AmbientRecord.objects.count)() == 1
     await comm.disconnect()
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_push_to_talk_makes_speech_a_request_and_ambient_analysis_waits_while_held(
+    voice_catalog: dict[str, Any], remote_asr: TranscriptionServer, make_device: Any, brain: Any
+) -> None:
+    remote_asr.reply = "what time is it"
+    sim = await db_async(make_device)()
+    comm = await open_voice(sim)
+    started = await start(comm)
+    await comm.send_json_to({"type": "push_to_talk", "id": "p", "state": "down"})
+    down = await receive_until(comm, "push_to_talk.ack", "error")
+    assert (down["type"], down["state"], down["window_until_ms"] - down["window_from_ms"]) == ("push_to_talk.ack", "down", 120_000), down
+    assert ambient.analysis.scheduler.yielding
+    await stream(comm, voice_catalog["speech"].say(voice_support.SENTENCES[2]))
+    heard = await utterance(comm, timeout=30)
+    assert heard["disposition"] == "request" and heard["ambient"] is None and heard["run_id"], heard
+    await receive_until(comm, "reply.done", "notice", timeout=30)
+    await comm.send_json_to({"type": "push_to_talk", "state": "up"})
+    up = await receive_until(comm, "push_to_talk.ack", "error")
+    assert up["state"] == "up" and down["window_from_ms"] == up["window_from_ms"] < up["window_until_ms"] < down["window_until_ms"], up
+    assert not ambient.analysis.scheduler.yielding
+    await stream(comm, voice_catalog["speech"].say(voice_support.SENTENCES[3]), tail=1.0)
+    after = await utterance(comm, timeout=30)
+    assert after["disposition"] == "ambient", after  # the window ended where the key was released
+    await comm.send_json_to({"type": "push_to_talk", "state": "sideways"})
+    bad = await receive_until(comm, "error")
+    assert bad["code"] == "invalid_frame"
+    await ambient.analysis.idle()
+    assert started["session_id"] in ambient.analysis.scheduler.streams
+    await comm.disconnect()
+    assert ambient.analysis.scheduler.streams == []
