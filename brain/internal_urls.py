@@ -2,11 +2,12 @@
 
 from django.urls import path
 
-from brain.internal_views import CancelReminderView, ModelDraftsView, ModelSettingsView, RemindersView
+from brain.internal_views import CancelReminderView, ExecutorChatView, ModelDraftsView, ModelSettingsView, RemindersView
 
 urlpatterns = [
     path("reminders/", RemindersView.as_view()),
     path("reminders/<uuid:pk>/cancel/", CancelReminderView.as_view()),
     path("model-settings/", ModelSettingsView.as_view()),
     path("model-settings/drafts/", ModelDraftsView.as_view()),
+    path("executor/chat/", ExecutorChatView.as_view()),
 ]

@@ -22,6 +22,16 @@ capability for a call of that pack; drafting a call decided as ``owner_data`` on
 it carries no provider key (the owner sets keys in the console) and stays open until one
 of the owner's devices confirms it (``brain.role_drafts.confirm_draft``) — there is no
 endpoint that applies anything.
+
+    POST internal/executor/chat/                 → 200 {"text", "role"}
+         {"role"?: "executor_fast" | "executor_thorough", "messages": [{"role", "content"}, ...]}
+
+For packs that run a model loop without holding a model key (the ``phone`` pack's steps;
+``platform_api`` ``executor``): one Chat Completions turn with the role's model (default
+``executor_fast``), text only (no tools), at most 40 messages and 200,000 characters,
+counted in the call's run's usage. Any call of such a pack may ask; the capability's
+lifetime bounds how long (a ``long_running`` tool's covers its task). A failed model call
+is ``executor_model_failed`` (502); an unusable role ``role_not_configured``.
 """
 
 from __future__ import annotations
@@ -29,12 +39,15 @@ from __future__ import annotations
 from typing import Any
 from uuid import UUID
 
+from asgiref.sync import async_to_sync
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from accounts.models import User
-from brain import reminders, role_drafts
+from brain import reminders, role_drafts, roles
+from brain.client import BrainError, complete
+from brain.usage import CallContext
 from yimi_project.errors import YimiError
 from yimi_project.internal import PackCall, require_call
 
@@ -115,3 +128,41 @@ class ModelDraftsView(ModelSettingsInternalView):
         if created:
             role_drafts.dispatch_probe(draft.id)
         return Response({"draft": role_drafts.serialize_draft(draft), "created": created}, status=201 if created else 200)
+
+
+EXECUTOR_ROLES = ("executor_fast", "executor_thorough")
+EXECUTOR_MAX_MESSAGES, EXECUTOR_MAX_CHARS = 40, 200_000
+
+
+class ExecutorChatView(APIView):
+    authentication_classes: list = []
+    permission_classes = [PackCall]
+    platform_api = "executor"
+
+    def post(self, request: Request) -> Response:
+        data = request.data
+        if not isinstance(data, dict):
+            raise YimiError("invalid_request", "expected a JSON object")
+        role = data.get("role", "executor_fast")
+        if role not in EXECUTOR_ROLES:
+            raise YimiError("invalid_request", f"role must be one of {', '.join(EXECUTOR_ROLES)}")
+        messages = data.get("messages")
+        if (
+            not isinstance(messages, list) or not 0 < len(messages) <= EXECUTOR_MAX_MESSAGES
+            or not all(isinstance(m, dict) and m.get("role") in ("system", "user", "assistant") and isinstance(m.get("content"), str) for m in messages)
+        ):
+            raise YimiError("invalid_request", f"messages: 1 to {EXECUTOR_MAX_MESSAGES} of {{role: system|user|assistant, content: text}}")
+        if sum(len(m["content"]) for m in messages) > EXECUTOR_MAX_CHARS:
+            raise YimiError("payload_too_large", f"the messages are longer than {EXECUTOR_MAX_CHARS} characters")
+        role_settings = roles.resolve(role)
+        run_id = request.pack_call.get("run")  # type: ignore[attr-defined]
+        try:
+            run_id = UUID(str(run_id))
+        except ValueError:
+            run_id = None
+        clean = [{"role": m["role"], "content": m["content"]} for m in messages]
+        try:
+            completion = async_to_sync(complete)(clean, role_settings=role_settings, usage_for=CallContext(run_id))
+        except BrainError as exc:
+            raise YimiError("executor_model_failed", f"the {role} model did not answer ({exc.code})") from None
+        return Response({"text": completion.text, "role": role})

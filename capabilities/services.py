@@ -40,6 +40,10 @@ TRUSTED_FIELDS = (
 )
 OWNER_REQUESTED = "owner_requested"
 CAPABILITY_GRACE_SECONDS = 30.0  # from decide to the pack receiving the call
+# A ``long_running`` tool's call starts a task that outlives the call (the phone pack's
+# errand: lease, precheck, a model phase of at most 600 s, cleanup); its capability, which
+# the task presents for its model steps, lives this much longer.
+LONG_RUNNING_SECONDS = 900.0
 PAYMENT_BUDGET = "payment_budget"  # reserved: the owner's own spending limit for this request
 # The authority each category's gate belongs to; None means "scope check only".
 GATE_AUTHORITY: dict[str, str | None] = {
@@ -470,14 +474,15 @@ def recheck_approved(call_id: Any) -> Decision:
 def pack_capability(call: ToolCall, tool: ToolDecl, *, now: float | None = None, packs: PackSet | None = None) -> str:
     """The capability a pack gets with one call: the call, its run, its owner, pack, tool,
     decided category and target arguments, and the platform APIs its pack declared; valid
-    for the call's execution time (plus the time to reach the pack). The run lets the
+    for the call's execution time (plus the time to reach the pack; plus
+    ``LONG_RUNNING_SECONDS`` for a ``long_running`` tool, whose task outlives the call). The run lets the
     platform count per run (memory's history lookups, at most 3 a run)."""
     pack = (packs if packs is not None else load_packs()).packs[tool.pack]
     claims = {
         "call": str(call.id), "run": str(call.run_id), "owner": call.owner_id, "pack": tool.pack, "tool": call.tool, "category": call.category,
         "target": tool.target_arguments(call.arguments), "apis": pack.platform_api,
     }
-    ttl = float(settings.PACK_CALL_TIMEOUT_SECONDS) + CAPABILITY_GRACE_SECONDS
+    ttl = float(settings.PACK_CALL_TIMEOUT_SECONDS) + CAPABILITY_GRACE_SECONDS + (LONG_RUNNING_SECONDS if tool.long_running else 0.0)
     return call_capability.mint(call_capability.PACK, claims, ttl_seconds=ttl, now=now)
 
 

@@ -15,9 +15,9 @@ def with_tools(tools: dict[str, Any], **overrides: Any) -> dict[str, Any]:
     return data
 
 
-SHIPPED_PACKS = ("workspace", "messaging", "schedule", "shop", "memory", "parcels", "model_settings", "mijia")
+SHIPPED_PACKS = ("workspace", "messaging", "schedule", "shop", "memory", "parcels", "model_settings", "mijia", "phone")
 # Shipped packs whose manifest says ``enabled_by_default: false`` (on with YIMI_PACKS_ENABLE).
-OFF_BY_DEFAULT: tuple[str, ...] = ("mijia",)
+OFF_BY_DEFAULT: tuple[str, ...] = ("mijia", "phone")
 
 
 @pytest.mark.parametrize("name", SHIPPED_PACKS)

@@ -101,10 +101,16 @@ class Command(BaseCommand):
         return failed
 
 
+# Platform APIs that touch no owner data: the ``executor`` API only answers model steps
+# (the phone pack's loop), so a pack using only it runs its real contract.
+NO_OWNER_DATA_APIS = frozenset({"executor"})
+
+
 def acts_on_live_owner(pack_dir: Path) -> bool:
-    """Does this pack's real server act through the platform (a ``platform_api``), and so
-    on the live owner's data? A pack whose manifest does not load is run (and reported)."""
+    """Does this pack's real server act through the platform (a ``platform_api`` other than
+    ``NO_OWNER_DATA_APIS``), and so on the live owner's data? A pack whose manifest does not
+    load is run (and reported)."""
     try:
-        return bool(load_pack(pack_dir).platform_api)
+        return bool(set(load_pack(pack_dir).platform_api) - NO_OWNER_DATA_APIS)
     except ManifestError:
         return False
