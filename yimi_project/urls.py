@@ -18,6 +18,7 @@ urlpatterns = [
     path("internal/memory/", include("memory.internal_urls")),
     path("internal/mac/", include("devices.mac_urls")),  # the owner-mac pack (devices/mac_internal.py)
     path("internal/erasure/", include("memory.erasure_urls")),  # the erasure pack (memory/erasure_views.py)
+    path("internal/profile/", include("memory.profile_urls")),  # the personal pack (memory/profile_views.py)
     path("internal/", include("brain.internal_urls")),
     path("", include("devices.home_urls")),  # the owner's home
 ]

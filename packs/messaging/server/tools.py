@@ -163,7 +163,8 @@ def send(args: dict[str, Any]) -> dict[str, Any]:
         return refuse("invalid_request", "action must be send or draft")
     address = valid_recipient(args.get("to"))
     if address is None:
-        return refuse("invalid_recipient", f"{args.get('to')!r} is not one email address")
+        return refuse("invalid_recipient", f"{args.get('to')!r} is not one email address (a person the owner named is "
+                      "resolved to one first: personal__resolve_recipient; ambiguous or unknown: ask the owner)")
     if not isinstance(subject, str) or len(subject) > 200 or "\r" in subject or "\n" in subject:
         return refuse("invalid_request", "subject must be one line of at most 200 characters")
     if not isinstance(body, str) or len(body) > MAX_BODY:

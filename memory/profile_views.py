@@ -1,0 +1,29 @@
+"""The owner's profile for the ``personal`` pack (``platform_api`` ``profile``): ``GET
+/internal/profile/`` answers the body of memory's ``USER.md`` projection
+(``memory.projections.core_profile``) and its sections, for the owner of the call being
+executed, to any call of a pack that declared ``profile``. Read only: the profile changes
+through memory (``memory__commit`` of ``core_profile.entry`` with ``doc: user``)."""
+
+from __future__ import annotations
+
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from memory import projections
+from yimi_project.errors import YimiError
+from yimi_project.internal import PackCall
+
+
+class ProfileView(APIView):
+    authentication_classes: list = []
+    permission_classes = [PackCall]
+    platform_api = "profile"
+
+    def get(self, request: Request) -> Response:
+        owner = request.pack_call.get("owner")  # type: ignore[attr-defined]
+        if not isinstance(owner, int):
+            raise YimiError("no_owner", "this call has no owner on this instance (run manage.py yimi_init)")
+        text = projections.body(projections.core_profile(owner).user)
+        sections = [s.strip() for s in text.split(f"\n{projections.SECTION}\n") if s.strip()]
+        return Response({"text": text, "sections": sections})
