@@ -110,9 +110,6 @@ class Script:
         raw = json.loads(Path(path).read_text(encoding="utf-8"))
         return cls(rules=[Rule(**r) for r in raw])
 
-    def rule_for(self, body: dict[str, Any]) -> Rule:
-        return self.scripted_rule(body) or Rule(when="any")
-
     def scripted_rule(self, body: dict[str, Any]) -> Rule | None:
         return next((r for r in self.rules if r.applies(body)), None)
 

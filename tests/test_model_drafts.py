@@ -200,9 +200,9 @@ class CallbackScript(Script):
         super().__init__(rules=rules)
         self.on_request = on_request
 
-    def rule_for(self, body: dict[str, Any]) -> Rule:
+    def scripted_rule(self, body: dict[str, Any]) -> Rule | None:
         self.on_request(len(self.requests))
-        return super().rule_for(body)
+        return super().scripted_rule(body)
 
 
 @pytest.mark.django_db(transaction=True)
