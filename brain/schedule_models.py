@@ -58,6 +58,9 @@ class Watch(models.Model):
     next_run_at = models.DateTimeField(db_index=True)
     active = models.BooleanField(default=True, db_index=True)
     last_state = models.CharField(max_length=64, blank=True)
+    # A one-time watch notifies at most once and ends (inactive) when a device ACKs that
+    # notice; a repeating one notifies each time the state moves to ``s_to`` again.
+    once = models.BooleanField(default=False)
     last_checked_at = models.DateTimeField(null=True, blank=True)
     last_run = models.ForeignKey("brain.Run", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     created_at = models.DateTimeField(auto_now_add=True)

@@ -57,8 +57,12 @@ class WatchCheck:
 def create_watch(
     owner: Any, device: Any, *, label: str, tool: str, arguments: dict[str, Any], s_from: str, s_to: str,
     state_path: str = "content.state", interval_seconds: int = 600, now: datetime | None = None,
+    once: bool = False, last_state: str = "",
 ) -> Watch:
-    """Store a watch for ``owner``, first checked one interval from ``now``."""
+    """Store a watch for ``owner``, first checked one interval from ``now``. ``once``: it
+    notifies at most once (``_record``); ``last_state``: the state already known (a
+    geofence created while the owner is already inside does not notify until they leave
+    and come back)."""
     now = now or timezone.now()
     if device.owner_id != owner.pk:
         raise YimiError("forbidden", "a watch runs on one of the owner's own devices")
@@ -69,6 +73,7 @@ def create_watch(
     return Watch.objects.create(
         owner=owner, device=device, label=label[:200], tool=tool, arguments=arguments, state_path=state_path.strip(),
         s_from=s_from, s_to=s_to, interval_seconds=interval_seconds, next_run_at=now + timedelta(seconds=interval_seconds),
+        once=once, last_state=last_state[:64],
     )
 
 
@@ -142,10 +147,27 @@ def check_watch(watch_id: Any, *, now: datetime | None = None) -> WatchCheck:
     return WatchCheck(state, "ok", notice=notice, resent=resent)
 
 
+def observe_state(watch_id: Any, state: str, *, now: datetime | None = None) -> WatchNotice | None:
+    """A state the platform observed itself for an active watch (a geofence's inside or
+    outside on each location report, ``brain.geofences``), without calling the tool:
+    recorded by the same rule as a check (``_record``, under the watch's row lock, so two
+    reports at once notify once), and a new notice is sent. Returns the notice, if any."""
+    now = now or timezone.now()
+    if not Watch.objects.filter(id=watch_id, active=True).exists():
+        return None
+    notice = _record(watch_id, state, now)
+    if notice is not None:
+        send_notice(notice.id)
+    log_event("watch_observed", watch_id=str(watch_id), state=state, notified=notice is not None)
+    return notice
+
+
 @transaction.atomic
 def _record(watch_id: Any, state: str, now: datetime) -> WatchNotice | None:
     watch = Watch.objects.select_for_update().get(id=watch_id)
     notify = watch.last_state in ("", watch.s_from) and state == watch.s_to
+    if notify and watch.once and WatchNotice.objects.filter(watch=watch).exists():
+        notify = False  # a one-time watch has notified already
     notice = None
     if notify:
         entry = append_entry(
@@ -179,6 +201,9 @@ def send_notice(notice_id: Any) -> bool:
 def acknowledge_entry(entry_id: Any) -> int:
     """A device ACKed the timeline entry ``entry_id``: its pending notice is delivered
     (conditional UPDATE; called by ``devices.services.record_delivery``)."""
-    return WatchNotice.objects.filter(entry_id=entry_id, state=WatchNotice.State.PENDING).update(
+    delivered = WatchNotice.objects.filter(entry_id=entry_id, state=WatchNotice.State.PENDING).update(
         state=WatchNotice.State.DELIVERED, delivered_at=timezone.now()
     )
+    if delivered:  # a one-time watch has done its job once its notice is delivered
+        Watch.objects.filter(once=True, active=True, notices__entry_id=entry_id).update(active=False)
+    return delivered

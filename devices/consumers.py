@@ -28,7 +28,7 @@ from redis.exceptions import RedisError
 from accounts.identity import instance_public_key_b64, sign_as_instance
 from accounts.models import Scope
 from accounts.services import device_scope_limit
-from brain import catalog, model_settings, role_drafts
+from brain import catalog, geofences, model_settings, role_drafts
 from brain.dispatch import dispatch_card_execution, dispatch_payment, dispatch_run, ensure_embedded_sweeper
 from brain.services import accept_utterance, add_trace_stages
 from brain.trace import now_ms
@@ -38,6 +38,7 @@ from devices import images as device_images
 from devices import services as device_services
 from devices.models import Device
 from devices.signatures import challenge_message
+from memory import health, location
 from memory import services as timeline
 from payments import services as payments
 from yimi_project import push
@@ -468,6 +469,31 @@ class DeviceConsumer(AsyncWebsocketConsumer):
         state = await database_sync_to_async(hud.report_state)(self.device, frame)
         await self._send({"type": "device.state.ok", "id": frame.get("id"), "riding": state.riding})
 
+    async def _on_location_report(self, frame: dict[str, Any]) -> None:
+        """A signed location report from the owner's phone (memory.location), then the
+        owner's geofences (brain.geofences): ``location.report.ok``."""
+        assert self.device is not None
+        device, nonce = self.device, self.nonce
+
+        def accept() -> tuple[Any, int]:
+            stored = location.record_report(device, nonce, frame)
+            notices = [] if stored.duplicate else geofences.on_location_report(stored.report)
+            return stored, len(notices)
+
+        stored, notices = await database_sync_to_async(accept)()
+        await self._send({
+            "type": "location.report.ok", "id": frame.get("id"), "report_id": str(stored.report.id),
+            "duplicate": stored.duplicate, "geofence_notices": notices,
+        })
+
+    async def _on_health_record(self, frame: dict[str, Any]) -> None:
+        """A health record from the owner's watch or phone (memory.health): ``health.record.ok``."""
+        assert self.device is not None
+        stored = await database_sync_to_async(health.record)(self.device, frame)
+        await self._send({
+            "type": "health.record.ok", "id": frame.get("id"), "record_id": str(stored.record.id), "duplicate": stored.duplicate,
+        })
+
     HANDLERS = {
         "text": _on_text,
         "image": _on_image,
@@ -490,6 +516,9 @@ class DeviceConsumer(AsyncWebsocketConsumer):
         "mac.hello": mac_relay.on_hello,
         "mac.pause": mac_relay.on_pause,
         "mac.result": mac_relay.on_result,
+        # location and health (memory.location, memory.health)
+        "location.report": _on_location_report,
+        "health.record": _on_health_record,
     }
 
     # --- messages from the channel layer ------------------------------------------------

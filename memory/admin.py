@@ -17,10 +17,10 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.dateparse import parse_datetime
 
-from accounts.owner_admin import OwnerContentAdmin, clip
+from accounts.owner_admin import OwnerContentAdmin, ReadOnlyOwnerAdmin, clip
 from accounts.services import is_owner
 from memory import assertions, preferences
-from memory.models import Assertion, TimelineEntry
+from memory.models import Assertion, HealthRecord, LocationReport, Place, TimelineEntry
 from yimi_project.errors import YimiError
 
 
@@ -268,3 +268,35 @@ class AssertionAdmin(OwnerContentAdmin):
             "versions": versions,
         }
         return TemplateResponse(request, "admin/memory/assertion/speaking.html", context)
+
+
+# --- where the owner is and their health (memory.location, memory.health): read-only pages ---------
+
+
+@admin.register(LocationReport)
+class LocationReportAdmin(ReadOnlyOwnerAdmin):
+    list_display = ("at", "lat", "lon", "accuracy_m", "device_label", "received_at")
+    list_filter = ("device_label",)
+    date_hierarchy = "at"
+    ordering = ("-at",)
+    readonly_fields = ("at", "lat", "lon", "accuracy_m", "device_label", "client_id", "received_at")
+    exclude = ("owner", "device")
+
+
+@admin.register(Place)
+class PlaceAdmin(ReadOnlyOwnerAdmin):
+    list_display = ("name", "lat", "lon", "radius_m", "updated_at")
+    search_fields = ("name",)
+    ordering = ("name",)
+    readonly_fields = ("name", "lat", "lon", "radius_m", "created_at", "updated_at")
+    exclude = ("owner",)
+
+
+@admin.register(HealthRecord)
+class HealthRecordAdmin(ReadOnlyOwnerAdmin):
+    list_display = ("start", "kind", "end", "device_label", "received_at")
+    list_filter = ("kind", "device_kind")
+    date_hierarchy = "start"
+    ordering = ("-start",)
+    readonly_fields = ("kind", "start", "end", "metrics", "device_label", "device_kind", "client_id", "received_at")
+    exclude = ("owner", "device")

@@ -26,7 +26,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from django.db import connections
 
 from accounts.models import User
-from memory import ambient, assertions, projections
+from memory import ambient, assertions, health, projections
 from memory.models import TimelineEntry
 from yimi_project.logs import log_event
 
@@ -79,9 +79,13 @@ def time_zone_source(owner_id: int) -> str:
 
 
 def health_source(owner_id: int) -> str:
-    """Health facts are L3 assertions with predicates ``health.*`` (written by a health pack)."""
+    """The stored health records (``memory.health``: the latest daily summary and today's
+    activities, at most 600 characters), then health facts the owner confirmed as L3
+    assertions with predicates ``health.*``."""
+    records = health.short_context(owner_id)
     rows = assertions.query(owner_id, prefix="health.", limit=10)
-    return "\n".join(f"- {r['predicate'][7:]}: {assertions.payload_text(r['payload'])}" for r in rows)
+    facts = "\n".join(f"- {r['predicate'][7:]}: {assertions.payload_text(r['payload'])}" for r in rows)
+    return f"{records}\n{facts}" if records and facts else records or facts
 
 
 # Priority order: what is kept first when the 2,400 characters run out.

@@ -53,6 +53,10 @@ HTTP_STATUS = {
     "erasure_too_large": 422,
     "nothing_to_erase": 409,
     "preview_expired": 410,
+    # location (docs/protocol.md "Location and health")
+    "no_location": 409,
+    "too_many_places": 409,
+    "too_many_geofences": 409,
 }
 
 

@@ -19,6 +19,8 @@ urlpatterns = [
     path("internal/mac/", include("devices.mac_urls")),  # the owner-mac pack (devices/mac_internal.py)
     path("internal/erasure/", include("memory.erasure_urls")),  # the erasure pack (memory/erasure_views.py)
     path("internal/profile/", include("memory.profile_urls")),  # the personal pack (memory/profile_views.py)
+    path("internal/location/", include("brain.location_urls")),  # the location pack (brain/location_views.py)
+    path("internal/health/", include("memory.health_urls")),  # the health pack (memory/health_views.py)
     path("internal/", include("brain.internal_urls")),
     path("", include("devices.home_urls")),  # the owner's home
 ]

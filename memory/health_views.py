@@ -1,0 +1,35 @@
+"""Internal endpoint for the ``health`` pack (``platform_api`` ``health``), on the internal
+listener with the pack capability of the call being executed (``yimi_project.internal``):
+
+- ``POST read/`` (``after``?, ``before``?, ``kind``?, ``limit``? ≤ 100) — the owner's
+  health records starting in [after, before), newest first (``memory.health.read``).
+
+Reading only: records are written by the owner's devices (``health.record`` frames), never
+by a pack. Errors are ``{"error": {"code", "message"}}``.
+"""
+
+from __future__ import annotations
+
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from memory import health
+from yimi_project.errors import YimiError
+from yimi_project.internal import PackCall
+
+
+class ReadView(APIView):
+    authentication_classes: list = []
+    permission_classes = [PackCall]
+    platform_api = "health"
+
+    def post(self, request: Request) -> Response:
+        owner = request.pack_call.get("owner")  # type: ignore[attr-defined]
+        if not isinstance(owner, int):
+            raise YimiError("no_owner", "this call has no owner on this instance (run manage.py yimi_init)")
+        body = request.data if isinstance(request.data, dict) else None
+        if body is None:
+            raise YimiError("invalid_request", "expected a JSON object")
+        rows = health.read(owner, after=body.get("after"), before=body.get("before"), kind=body.get("kind"), limit=body.get("limit", 50))
+        return Response({"records": [health.record_payload(r) for r in rows], "count": len(rows)})
