@@ -104,7 +104,7 @@ async def pair(
     async with httpx.AsyncClient(timeout=10) as client:
         response = await client.post(server.rstrip("/") + "/api/pair/", json=body)
     if response.status_code != 201:
-        raise SimulatorError(f"pairing refused: HTTP {response.status_code} {response.text}")
+        raise SimulatorError(refusal("pairing", response))
     data = response.json()
     return DeviceIdentity(
         server=server.rstrip("/"),
@@ -147,7 +147,7 @@ async def read_timeline(identity: DeviceIdentity, after: int = 0, limit: int = 5
     async with httpx.AsyncClient(timeout=10) as client:
         response = await client.get(identity.server + path, headers=headers)
     if response.status_code != 200:
-        raise SimulatorError(f"timeline refused: HTTP {response.status_code} {response.text}")
+        raise SimulatorError(refusal("timeline", response))
     return response.json()
 
 
@@ -159,8 +159,19 @@ async def upload_image(identity: DeviceIdentity, data: bytes, content_type: str)
     async with httpx.AsyncClient(timeout=30) as client:
         response = await client.post(identity.server + path, content=data, headers={**headers, "Content-Type": content_type})
     if response.status_code != 201:
-        raise SimulatorError(f"image refused: HTTP {response.status_code} {response.text}")
+        raise SimulatorError(refusal("image", response))
     return response.json()
+
+
+def refusal(what: str, response: httpx.Response) -> str:
+    """One line for a refused request: the server's error message and code when it sent the
+    platform's error body (``{"error": {"code", "message"}}``), else its status and text."""
+    try:
+        error = response.json()["error"]
+        return f"{what} refused: {error['message']} ({error['code']}, HTTP {response.status_code})"
+    except (ValueError, KeyError, TypeError):
+        text = " ".join(response.text.split())[:200]
+        return f"{what} refused: HTTP {response.status_code} {text}".rstrip()
 
 
 class DeviceConnection:

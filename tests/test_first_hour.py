@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import websockets
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -28,7 +29,7 @@ from devices.consumers import CLOSE_REVOKED
 from devices.management.commands.device_sim import Command as DeviceSim
 from devices.models import PairingCode
 from devices.signatures import challenge_message
-from devices.simulator import DeviceIdentity, _raw_private, new_key
+from devices.simulator import DeviceIdentity, _raw_private, new_key, refusal
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -89,7 +90,8 @@ class RevokingServer:
     """A websocket peer speaking the device protocol's handshake, which then answers the
     first text frame the way DeviceConsumer answers a revoked device: an error, close 4403."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, at_once: bool = False) -> None:
+        self.at_once = at_once  # revoke right after ready, before the device says anything
         self.key = Ed25519PrivateKey.generate()
         self.loop = asyncio.new_event_loop()
         self.port = 0
@@ -102,7 +104,8 @@ class RevokingServer:
         await ws.send(json.dumps({"type": "challenge", "nonce": nonce, "server_signature": signature}))
         await ws.recv()
         await ws.send(json.dumps({"type": "ready"}))
-        await ws.recv()
+        if not self.at_once:
+            await ws.recv()
         await ws.send(json.dumps({"type": "error", "code": "device_revoked", "message": "revoked"}))
         await ws.close(code=CLOSE_REVOKED)
 
@@ -134,6 +137,41 @@ def test_chat_survives_a_revoke_with_a_message(tmp_path: Path, monkeypatch: pyte
         monkeypatch.setattr(sys, "stdin", io.StringIO("hello\n"))
         with pytest.raises(CommandError, match="revoked by its owner"):
             call_command("device_sim", "chat", "--key-file", str(tmp_path / "phone.json"), stdout=io.StringIO())
+
+
+def test_chat_ends_at_once_when_revoked_while_waiting_for_a_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The owner revokes the device while nothing is typed: chat says so and ends without
+    waiting for the next line (stdin here never gives one, nor its end)."""
+    read_end, write_end = os.pipe()
+    with RevokingServer(at_once=True) as server, open(read_end) as silent_stdin:
+        key, _ = new_key()
+        public = base64.b64encode(
+            server.key.public_key().public_bytes_raw()  # type: ignore[attr-defined]
+        ).decode()
+        identity = DeviceIdentity(f"http://127.0.0.1:{server.port}", "d1", _raw_private(key), public, "phone", "p")
+        identity.save(tmp_path / "phone.json")
+        monkeypatch.setattr(sys, "stdin", silent_stdin)
+        try:
+            with pytest.raises(CommandError, match="revoked by its owner"):
+                call_command("device_sim", "chat", "--key-file", str(tmp_path / "phone.json"), stdout=io.StringIO())
+        finally:
+            os.close(write_end)  # the stdin thread's readline ends
+
+
+def test_photo_that_is_not_there_says_so_in_one_line(tmp_path: Path) -> None:
+    _, public = new_key()
+    identity = DeviceIdentity("http://127.0.0.1:9", "d1", base64.b64encode(b"\0" * 32).decode(), public, "phone", "p")
+    identity.save(tmp_path / "phone.json")
+    with pytest.raises(CommandError) as error:
+        call_command("device_sim", "photo", str(tmp_path / "cup.jpg"), "--key-file", str(tmp_path / "phone.json"))
+    assert str(error.value) == f"cannot read the photo {tmp_path / 'cup.jpg'}: No such file or directory (give a JPEG or PNG file)"
+
+
+def test_a_refused_pairing_shows_the_servers_message_not_its_json() -> None:
+    body = {"error": {"code": "invalid_code", "message": "this pairing code is not valid"}}
+    response = httpx.Response(400, json=body)
+    assert refusal("pairing", response) == "pairing refused: this pairing code is not valid (invalid_code, HTTP 400)"
+    assert refusal("image", httpx.Response(502, text="<html>\n bad gateway </html>")) == "image refused: HTTP 502 <html> bad gateway </html>"
 
 
 def test_pairing_code_before_yimi_init_says_to_set_up_first(tmp_path: Path) -> None:

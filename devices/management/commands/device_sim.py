@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import threading
 import uuid
 from pathlib import Path
 from typing import Any
@@ -135,7 +136,10 @@ class Command(BaseCommand):
         """Upload the file, announce it with an ``image`` frame linked (``about``) to the
         question that follows, then ask and print the reply."""
         path = Path(opts["file"])
-        data = path.read_bytes()
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise CommandError(f"cannot read the photo {path}: {exc.strerror or exc} (give a JPEG or PNG file)") from None
         content_type = "image/png" if data.startswith(b"\x89PNG") else "image/jpeg"
         identity = load_identity(Path(opts["key_file"]))
         uploaded = await upload_image(identity, data, content_type)
@@ -193,13 +197,21 @@ class Command(BaseCommand):
     async def _follow(self, conn: DeviceConnection, seq: int, seconds: float, *, until_card: bool = False) -> None:
         """Print what follows an utterance (activity, cards, the report) until its report
         arrives, a card asks for an answer (``until_card``), or ``seconds`` pass quietly."""
+        last_activity: tuple[Any, ...] = ()
         while True:
             try:
                 frame = await conn.next_frame("activity", "consent.card", "payment.card", "reply.done", "notice", timeout=seconds)
             except SimulatorError:
                 return
             if frame["type"] == "activity":
-                self.stdout.write(f"[activity] {frame['title']}: {frame['status']}")
+                # A task's card is updated per receipt and once more when the task ends (often
+                # with the same receipt): print each new state of it once, with what it did.
+                facts = list(frame.get("facts") or [])
+                shown = (frame.get("task_id"), frame["status"], tuple(facts))
+                if shown != last_activity:
+                    last_activity = shown
+                    detail = f" — {facts[1]}" if len(facts) > 1 else ""
+                    self.stdout.write(f"[activity] {frame['title']}: {frame['status']}{detail}")
             elif frame["type"] in ("consent.card", "payment.card"):
                 self._show_card(frame)
                 if until_card:
@@ -220,8 +232,10 @@ class Command(BaseCommand):
             cards = await conn.open_cards()
             wanted = opts["card_id"]
             matching = [c for c in cards if not wanted or card_id(c).startswith(wanted)]
+            if not cards:
+                raise CommandError("no open card to answer (a consent or payment card opens when Yimi asks)")
             if len(matching) != 1:
-                listed = ", ".join(card_id(c) for c in cards) or "none"
+                listed = ", ".join(card_id(c) for c in cards)
                 which = f"no open card {wanted}" if wanted and not matching else "more than one open card: name one"
                 raise CommandError(f"{which} (open cards: {listed})")
             card = matching[0]
@@ -290,9 +304,28 @@ class Command(BaseCommand):
     async def _chat(self, opts: dict[str, Any]) -> None:
         async with DeviceConnection(load_identity(Path(opts["key_file"]))) as conn:
             self.stdout.write(f"connected as {conn.identity.name}; type a line, Ctrl-D to quit")
+            # stdin is read by a daemon thread, so a connection the server closes (the device
+            # revoked, the server stopped) ends the chat at once, not at the next line typed.
             loop = asyncio.get_running_loop()
+            lines: asyncio.Queue[str] = asyncio.Queue()
+
+            def read_stdin() -> None:
+                try:
+                    for line in iter(sys.stdin.readline, ""):
+                        loop.call_soon_threadsafe(lines.put_nowait, line)
+                    loop.call_soon_threadsafe(lines.put_nowait, "")
+                except RuntimeError:  # the chat ended (its loop closed) while a line was read
+                    return
+
+            threading.Thread(target=read_stdin, name="device-sim-stdin", daemon=True).start()
+            assert conn.closed is not None
             while True:
-                line = await loop.run_in_executor(None, sys.stdin.readline)
+                next_line = asyncio.ensure_future(lines.get())
+                await asyncio.wait({next_line, conn.closed}, return_when=asyncio.FIRST_COMPLETED)
+                if not next_line.done():
+                    next_line.cancel()
+                    raise ConnectionLost(*conn.closed.result())
+                line = next_line.result()
                 if not line:
                     return
                 if line.strip():
