@@ -137,7 +137,8 @@ class HostManager:
         self.hosts: dict[str, HostProcess] = {}
         self.tools_version = 0
         self._on_tools_changed = on_tools_changed
-        self._lock = asyncio.Lock()
+        self._lock = asyncio.Lock()  # reclaiming and closing
+        self._starting: dict[str, asyncio.Lock] = {}  # per host: one start at a time
 
     def packs(self) -> PackSet:
         return load_packs(self.packs_dir)
@@ -173,8 +174,9 @@ class HostManager:
             self._on_tools_changed(key)
 
     async def host(self, key: str) -> HostProcess:
-        """The running host for ``key``, started now if it is not (lazy start)."""
-        async with self._lock:
+        """The running host for ``key``, started now if it is not (lazy start). Hosts of
+        different packs start at the same time (each takes seconds in its sandbox)."""
+        async with self._starting.setdefault(key, asyncio.Lock()):
             current = self.hosts.get(key)
             if current is not None and current.alive:
                 return current
@@ -188,8 +190,7 @@ class HostManager:
         packs = self.packs()
         keys = sorted({self.host_key(packs.packs[n]) for n in pack_names if n in packs.packs})
         tools: dict[str, types.Tool] = {}
-        for key in keys:
-            host = await self.host(key)
+        for host in await asyncio.gather(*(self.host(key) for key in keys)):
             host.last_used = time.monotonic()
             tools.update({n: t for n, t in host.tools.items() if n.split("__", 1)[0] in pack_names})
         return tools
