@@ -445,3 +445,11 @@ def test_the_checker_makes_no_model_or_network_calls(monkeypatch: pytest.MonkeyP
         source = module.read_text(encoding="utf-8")
         for forbidden in ("import brain", "from brain", "import django", "from django", "import requests", "import httpx"):
             assert forbidden not in source, f"{module.name}: {forbidden}"
+
+
+def test_facts_after_a_draft_ending_in_a_colon_follow_it_without_a_full_stop() -> None:
+    r = write_receipt(12)
+    facts = render_facts(r, tool_label="写文件", key="call-0")
+    assert check("这是写下的：", [r], facts=facts).text == "这是写下的：" + "".join(f.text for f in facts)
+    assert check("Here is what the file says:", [r], facts=facts, lang="en").text.startswith("Here is what the file says: 「写文件」")
+    assert check("写好了", [r], facts=facts).text.startswith("写好了。已写入 notes.md")  # other ends still get one

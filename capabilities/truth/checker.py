@@ -315,7 +315,7 @@ class ReplyCheck:
         sep = "" if self.lang.startswith("zh") or self.lang == "voice" else " "
         tail = ""
         if pieces:
-            if kept_text and not re.search(r"[。！？!?；;.…」”)）]$", kept_text):
+            if kept_text and not re.search(r"[。！？!?；;：:.…」”)）]$", kept_text):  # a colon introduces the facts
                 tail += "。" if sep == "" else "."
             tail += (sep if kept_text else "") + sep.join(pieces)
         self.sent += tail
