@@ -2,6 +2,7 @@
 
 from django.urls import path
 
+from brain.delivery_views import ParcelsView
 from brain.internal_views import CancelReminderView, ExecutorChatView, ModelDraftsView, ModelSettingsView, RemindersView
 
 urlpatterns = [
@@ -10,4 +11,5 @@ urlpatterns = [
     path("model-settings/", ModelSettingsView.as_view()),
     path("model-settings/drafts/", ModelDraftsView.as_view()),
     path("executor/chat/", ExecutorChatView.as_view()),
+    path("watches/parcels/", ParcelsView.as_view()),  # the delivery pack (brain/delivery_views.py)
 ]

@@ -1,14 +1,13 @@
 """Scheduled runs and watches ("快递到了告诉我"): schedules fired by beat into real runs
 with ``origin=scheduled``, watches that call a pack tool through the gateway and notify
 once when its state moves, pending notices cleared only by a device's ACK, and the
-``parcels`` pack against a local fake carrier speaking real HTTP."""
+``delivery`` pack against a local fake carrier speaking real HTTP."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-from capabilities.contract import run_contract
 from capabilities.manifest import load_pack
 from capabilities.mcp_host.sandbox import PlatformPaths, grant_for
 from tests.parcel_service import ParcelService
@@ -31,31 +30,21 @@ def secrets_with_url(root: Path, url: str) -> Path:
     return secrets
 
 
-# --- the parcels pack -----------------------------------------------------------------------
+# --- the delivery pack (track) -----------------------------------------------------------------------
 
 
-def test_parcels_manifest_declares_its_secret_and_egress(tmp_path: Path) -> None:
-    pack = load_pack(PACKS / "parcels")
+def test_the_delivery_manifest_declares_its_secret_and_egress(tmp_path: Path) -> None:
+    pack = load_pack(PACKS / "delivery")
     assert (pack.secrets, pack.host, pack.tools["track"].resolve_category({})) == (["PARCELS_API_URL"], "dedicated", "observe")
+    assert pack.platform_api == ["watches"]
     assert pack.egress  # declared, so the sandbox shares the network
     paths = PlatformPaths(tmp_path, tmp_path / "w", tmp_path / "m", secrets_with_url(tmp_path, "http://carrier.test"), None)
     grant = grant_for([pack], paths)
     assert grant.network and grant.env == {"PARCELS_API_URL": "http://carrier.test"}
 
 
-def test_parcels_contract_real_against_a_fake_carrier(tmp_path: Path) -> None:
-    with ParcelService() as carrier:
-        paths = PlatformPaths(tmp_path / "data", tmp_path / "w", tmp_path / "m", secrets_with_url(tmp_path, carrier.url), None)
-        report = run_contract(PACKS / "parcels", fake=False, paths=paths)
-        assert report.passed, report_text(report)
-        assert len(report.cases) == 4 and not report.skipped
-        assert carrier.hits["CONTRACT-1"] == 1 and carrier.hits["NO-SUCH-PARCEL"] == 1  # it really asked the carrier
-
-
-def test_parcels_contract_fake() -> None:
-    report = run_contract(PACKS / "parcels", fake=True)
-    assert report.passed, report_text(report)
-    assert report.skipped == ["an unreachable carrier is DISCONNECTED, never a state"]
+# The delivery pack's contracts (real against a fake carrier and the platform, and fake),
+# follow, list and the gateway's card: tests/test_delivery_pack.py.
 
 
 # --- schedules and watches --------------------------------------------------------------------
@@ -78,10 +67,10 @@ from tests.gateway_support import copy_repo_pack  # noqa: E402
 
 @pytest.fixture
 def carrier(tmp_path: Path, settings: Any) -> Iterator[ParcelService]:
-    """The repo's parcels and messaging packs, the carrier's URL as the declared secret."""
+    """The repo's delivery and messaging packs, the carrier's URL as the declared secret."""
     packs = tmp_path / "packs"
     packs.mkdir()
-    copy_repo_pack(packs, "parcels")
+    copy_repo_pack(packs, "delivery")
     copy_repo_pack(packs, "messaging")
     with ParcelService() as service:
         settings.YIMI_PACKS_DIR = packs
@@ -94,7 +83,7 @@ def carrier(tmp_path: Path, settings: Any) -> Iterator[ParcelService]:
 
 def parcel_watch(owner: Any, device: Any, now: Any) -> Any:
     return watches.create_watch(
-        owner, device, label="快递 YT1", tool="parcels__track", arguments={"tracking_number": "YT1"},
+        owner, device, label="快递 YT1", tool="delivery__track", arguments={"tracking_number": "YT1"},
         s_from="in_transit", s_to="delivered", interval_seconds=600, now=now,
     )
 
@@ -186,7 +175,7 @@ def test_a_scheduled_run_that_would_need_a_card_is_blocked(owner: Any, make_devi
     blocked = decide(CallRequest(str(run_id), "messaging__send", args))
     assert (blocked.decision, blocked.code) == ("block", "needs_confirmation_in_scheduled_task")
     assert ConsentCard.objects.count() == 0
-    assert decide(CallRequest(str(run_id), "parcels__track", {"tracking_number": "YT1"})).decision == "allow"  # reads still run
+    assert decide(CallRequest(str(run_id), "delivery__track", {"tracking_number": "YT1"})).decision == "allow"  # reads still run
 
 
 def test_the_beat_tasks_are_registered_under_their_schedule_names(settings: Any) -> None:
