@@ -164,8 +164,11 @@ def asr_speed(work: Path, rounds: int) -> None:
     extra; ``brain/catalogs/voice-default.json``), on one core with one thread, greedy, as
     the voice socket runs it (``devices.voice.probe.whisper_transcribe``): each espeak-ng
     sentence is one utterance. Printed as audio seconds per wall second (above 1: faster
-    than real time) and as RTF (wall / audio). The floor, in the same run: reading the WAV
-    files and converting them to float samples, the part every engine needs."""
+    than real time) and as RTF (wall / audio), for the server's short encoder window and,
+    interleaved in the same run, for faster-whisper's standard 30-s window
+    (``min_window_seconds: 30``), each with the words of the sentences it found. The floor,
+    in the same run: reading the WAV files and converting them to float samples, the part
+    every engine needs."""
     from brain.catalog import check_entry, parse_catalog
     from devices.voice.probe import build, whisper_transcribe
 
@@ -190,27 +193,33 @@ def asr_speed(work: Path, rounds: int) -> None:
         with wave.open(str(path)) as w:
             return np.frombuffer(w.readframes(w.getnframes()), dtype="<i2").astype(np.float32) / 32768.0
 
-    whisper_transcribe(model, read(paths[0]), entry.metadata)  # warm up
-    audio_s = wall_asr = wall_floor = 0.0
-    heard = total = 0
+    windows = {"short window (the server's)": entry.metadata, "standard 30-s window": {**entry.metadata, "min_window_seconds": 30}}
+    for metadata in windows.values():
+        whisper_transcribe(model, read(paths[0]), metadata)  # warm up
+    audio_s = wall_floor = 0.0
+    wall = dict.fromkeys(windows, 0.0)
+    heard = dict.fromkeys(windows, 0)
+    total = 0
     for _ in range(rounds):
         for path, text in zip(paths, SENTENCES, strict=True):
-            t0 = time.perf_counter()
-            samples = read(path)
-            t1 = time.perf_counter()
-            got = whisper_transcribe(model, samples, entry.metadata)
-            t2 = time.perf_counter()
-            wall_floor += t1 - t0
-            wall_asr += t2 - t0
-            audio_s += samples.size / 16000
             said = {w.strip(".,?!").lower() for w in text.split()}
-            heard += len(said & {w.strip(".,?!").lower() for w in got.split()})
             total += len(said)
+            for name, metadata in windows.items():
+                t0 = time.perf_counter()
+                samples = read(path)
+                t1 = time.perf_counter()
+                got = whisper_transcribe(model, samples, metadata)
+                t2 = time.perf_counter()
+                wall_floor += t1 - t0
+                wall[name] += t2 - t0
+                heard[name] += len(said & {w.strip(".,?!").lower() for w in got.split()})
+            audio_s += samples.size / 16000
     print(f"\nASR: faster-whisper {entry.key} (int8, 1 CPU, 1 thread, greedy), {len(SENTENCES)} sentences × {rounds} = {audio_s:.1f} s of speech; model load {loaded:.2f} s")
-    print(f"{'':<28} {'audio s / wall s':>17} {'RTF':>8}")
-    print(f"{'read WAV + transcribe':<28} {audio_s / wall_asr:>17.2f} {wall_asr / audio_s:>8.4f}")
-    print(f"{'floor: read WAV':<28} {audio_s / wall_floor:>17.0f} {wall_floor / audio_s:>8.5f}")
-    print(f"words of the sentences found in the transcripts: {heard}/{total}")
+    print(f"{'read WAV + transcribe':<38} {'audio s / wall s':>17} {'RTF':>8} {'ms/utt':>7} {'words found':>12}")
+    for name in windows:
+        print(f"{name:<38} {audio_s / wall[name]:>17.2f} {wall[name] / audio_s:>8.4f} {1000 * wall[name] / (rounds * len(SENTENCES)):>7.0f} {heard[name]:>6}/{total}")
+    floor = wall_floor / len(windows)
+    print(f"{'floor: read WAV':<38} {audio_s / floor:>17.0f} {floor / audio_s:>8.5f} {1000 * floor / (rounds * len(SENTENCES)):>7.2f}")
 
 
 def reply_latency(work: Path, rounds: int) -> None:
