@@ -1,4 +1,4 @@
-"""``POST /internal/mac/op/``: the ``owner-mac`` pack's one way to the owner's Mac.
+"""``POST /internal/mac/op/``: the ``owner-mac`` and ``desktop`` packs' one way to the owner's Mac.
 
 Internal listener + a pack capability whose pack declared the ``mac`` platform API, exactly
 as memory's endpoints (yimi_project.internal.pack_call_claims). The body is
@@ -6,11 +6,15 @@ as memory's endpoints (yimi_project.internal.pack_call_claims). The body is
 decrypted result (devices/mac_relay.py). What the capability allows:
 
 - the operation is the call's own tool: a call of ``<pack>__read_file`` reads a file and
-  does nothing else;
-- reads (``read_file``, ``list_dir``, ``screenshot``) need a call decided as ``observe`` or
-  ``owner_data``; writes and commands (``write_file``, ``run_command``, ``operate_app``) a
-  call decided as ``owner_data`` (asked on a card when the owner did not request it);
-- the operation is on the call's target (its ``path``, ``app``) when the call named one.
+  does nothing else; and it is one of that pack's operations (``mac_relay.PACK_KINDS``:
+  owner-mac's six file/command/app kinds, desktop's sixteen desktop kinds; any other pack
+  that declared the API gets none);
+- reads (``read_file``, ``list_dir``, ``screenshot``, desktop's ``list_windows``,
+  ``read_clipboard``...) need a call decided as ``observe`` or ``owner_data``; writes,
+  commands and desktop acts (``write_file``, ``run_command``, ``operate_app``,
+  ``type_text``, ``click``...) a call decided as ``owner_data`` (asked on a card when the
+  owner did not request it);
+- the operation is on the call's target (its ``path``, ``app``, ``url``) when the call named one.
 
 Errors are ``{"error": {"code", "message"}}``: ``forbidden`` (403), ``invalid_request``,
 ``paused`` (409), ``mac_offline`` (503), ``mac_timeout`` (504); none changes anything on the
@@ -30,14 +34,17 @@ from yimi_project.errors import YimiError
 from yimi_project.internal import pack_call_claims
 
 API = "mac"
-TARGET_FIELDS = ("path", "app")
+TARGET_FIELDS = ("path", "app", "url")
 
 
 def check_call(claims: dict[str, Any], kind: str, payload: dict[str, Any]) -> None:
     """Refuse (``forbidden``) an operation the executing call does not allow."""
     tool = str(claims.get("tool", ""))
-    if tool.partition("__")[2] != kind:
+    pack, _, tool_name = tool.partition("__")
+    if tool_name != kind or pack != claims.get("pack"):
         raise YimiError("forbidden", f"this call is {tool!r}; it may not do {kind}")
+    if kind not in mac_relay.PACK_KINDS.get(pack, ()):
+        raise YimiError("forbidden", f"the {pack!r} pack does not do {kind} on the Mac")
     category = claims.get("category")
     allowed = ("observe", "owner_data") if kind in mac_relay.READ_KINDS else ("owner_data",)
     if category not in allowed:

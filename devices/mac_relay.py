@@ -39,15 +39,21 @@ from django.utils import timezone
 from accounts.identity import sign_as_instance
 from accounts.services import device_scope_limit
 from devices import mac_crypto
+from devices.mac_desktop import DESKTOP_KINDS, DESKTOP_READ_KINDS, DESKTOP_WRITE_KINDS
 from devices.mac_models import MacKey, MacOperation, MacPause
 from devices.models import Device
 from yimi_project import push
 from yimi_project.errors import YimiError
 from yimi_project.logs import log_event
 
-READ_KINDS = ("read_file", "list_dir", "screenshot")
-WRITE_KINDS = ("write_file", "run_command", "operate_app")
+OWNER_MAC_READ_KINDS = ("read_file", "list_dir", "screenshot")
+OWNER_MAC_WRITE_KINDS = ("write_file", "run_command", "operate_app")
+READ_KINDS = OWNER_MAC_READ_KINDS + DESKTOP_READ_KINDS  # an observe (or owner_data) decision
+WRITE_KINDS = OWNER_MAC_WRITE_KINDS + DESKTOP_WRITE_KINDS  # an owner_data decision
 KINDS = READ_KINDS + WRITE_KINDS
+# The packs that may use the relay and the operations each may ask for (each operation is
+# also the name of that pack's tool that does it; devices/mac_internal.py checks both).
+PACK_KINDS = {"owner-mac": OWNER_MAC_READ_KINDS + OWNER_MAC_WRITE_KINDS, "desktop": DESKTOP_KINDS}
 PAUSE_KINDS = ("phone", "mac")  # the devices the owner pauses from: the phone, the Mac's hotkey
 OPS_REMEMBERED = 64  # per socket: ops sent and not answered
 
@@ -111,6 +117,24 @@ def describe_target(kind: str, payload: dict[str, Any]) -> str:
         return " ".join(str(a) for a in argv)[:1024] if isinstance(argv, list) else ""
     if kind == "operate_app":
         return f"{payload.get('action', '')} {payload.get('app', '')}"[:1024]
+    # the desktop pack's: the app, url, path, keys, point or settings acted on -- never a text typed or copied
+    if kind in ("activate_app", "type_text", "scroll"):
+        return str(payload.get("app", ""))[:1024]
+    if kind == "press_keys":
+        return f"{payload.get('keys', '')} in {payload.get('app', '')}"[:1024]
+    if kind == "click":
+        where = payload.get("element") if "element" in payload else f"({payload.get('x')}, {payload.get('y')})"
+        return f"{payload.get('app') or ''} {where}".strip()[:1024]
+    if kind == "open_url":
+        return str(payload.get("url", ""))[:1024]
+    if kind == "open_file":
+        return str(payload.get("path", ""))[:1024]
+    if kind == "find_files":
+        return f"{payload.get('name', '')} in {payload.get('under', '.')}"[:1024]
+    if kind == "capture_region":
+        return f"{payload.get('x')},{payload.get('y')} {payload.get('width')}x{payload.get('height')}"[:1024]
+    if kind == "set_system_state":
+        return " ".join(f"{k}={payload[k]}" for k in ("volume", "muted", "dark_mode") if k in payload)[:1024]
     return ""
 
 

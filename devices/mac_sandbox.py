@@ -14,7 +14,9 @@ Rules of the sandbox:
   path checked like the paths above, at most ``COMMAND_SECONDS`` seconds; a real Mac client
   runs what the owner allowed it to, the simulator stays in its directory;
 - ``operate_app`` and ``screenshot`` are simulated: applications are names in a state file
-  (``.yimi-apps.json``) in the sandbox, a screenshot is a small PNG made here.
+  (``.yimi-apps.json``) in the sandbox, a screenshot is a small PNG made here;
+- the ``desktop`` pack's operations (windows, clipboard, keys, clicks, system settings) act
+  on a simulated desktop kept in ``.yimi-desktop.json`` (devices/mac_desktop.py).
 
 Sizes are kept under the websocket's 64 KiB frame once sealed: a read returns at most
 ``MAX_READ_BYTES`` (and says ``truncated``), command output keeps its last ``MAX_OUTPUT_BYTES``.
@@ -32,6 +34,8 @@ import zlib
 from pathlib import Path
 from typing import Any
 
+from devices.mac_desktop import DESKTOP_KINDS, DESKTOP_STATE, DesktopOps, DesktopRefused
+
 MAX_READ_BYTES = 24 * 1024
 MAX_WRITE_BYTES = 24 * 1024
 MAX_OUTPUT_BYTES = 8 * 1024
@@ -40,7 +44,8 @@ COMMAND_SECONDS = 20
 ALLOWED_PROGRAMS = frozenset({"echo", "ls", "cat", "wc", "pwd", "true", "false", "sha256sum", "head", "tail", "date"})
 APP_STATE = ".yimi-apps.json"
 APP_ACTIONS = ("open", "activate", "quit")
-KINDS = ("read_file", "write_file", "list_dir", "run_command", "operate_app", "screenshot")
+FILE_KINDS = ("read_file", "write_file", "list_dir", "run_command", "operate_app", "screenshot")  # the owner-mac pack's
+KINDS = FILE_KINDS + DESKTOP_KINDS  # and the desktop pack's (devices/mac_desktop.py)
 
 
 class Refused(Exception):
@@ -53,7 +58,7 @@ def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-class MacSandbox:
+class MacSandbox(DesktopOps):
     def __init__(self, root: Path) -> None:
         self.root = Path(root).resolve()
         self.root.mkdir(parents=True, exist_ok=True)
@@ -83,7 +88,7 @@ class MacSandbox:
             if handler is None:
                 raise Refused("unknown_op", f"unknown operation {kind[:32]!r}")
             return {"status": "ok", **handler(payload)}
-        except Refused as exc:
+        except (Refused, DesktopRefused) as exc:
             return {"status": "error", "code": exc.code, "message": exc.message}
         except OSError as exc:
             return {"status": "error", "code": "os_error", "message": f"{type(exc).__name__}: {exc.strerror or exc}"}
@@ -124,7 +129,7 @@ class MacSandbox:
         target = self.resolve(payload.get("path", "."), allow_root=True)
         if not target.is_dir():
             raise Refused("not_found", "no such directory")
-        children = sorted(p for p in target.iterdir() if p.name != APP_STATE and not p.name.endswith(".yimi-tmp"))
+        children = sorted(p for p in target.iterdir() if p.name not in (APP_STATE, DESKTOP_STATE) and not p.name.endswith(".yimi-tmp"))
         entries = []
         for child in children[:MAX_ENTRIES]:
             kind = "dir" if child.is_dir() else "file" if child.is_file() else "other"

@@ -48,10 +48,11 @@ REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 CAPABILITIES_DIR = REPO_ROOT / "capabilities"
 # Platform code (no data, no settings) that packs may import besides capabilities/: the
 # speaking-preference rules the memory pack's fake applies exactly as the platform does, and
-# the simulated Mac's sandbox executor the owner-mac pack's fake runs (as device_sim mac does).
+# the simulated Mac's sandbox executor (and its simulated desktop) the owner-mac and desktop
+# packs' fakes run (as device_sim mac does).
 SHARED_MODULES = (
     REPO_ROOT / "memory" / "__init__.py", REPO_ROOT / "memory" / "speaking_rules.py",
-    REPO_ROOT / "devices" / "__init__.py", REPO_ROOT / "devices" / "mac_sandbox.py",
+    REPO_ROOT / "devices" / "__init__.py", REPO_ROOT / "devices" / "mac_sandbox.py", REPO_ROOT / "devices" / "mac_desktop.py",
 )
 SANDBOX_UID = 65534
 PLATFORM_SOCKET_IN_SANDBOX = Path("/run/yimi")
