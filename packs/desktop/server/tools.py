@@ -14,6 +14,15 @@ Refusals as owner-mac's: ``paused``, ``mac_offline`` and the Mac's own (``not_fr
 ``no_window``, ``wrong_app``, ``no_such_element``, ``path_outside_sandbox``, ...) are
 ``failed``; ``mac_timeout`` and a lost platform connection are ``unknown``.
 The fake (``fake/tools.py``) runs these same handlers against a simulated Mac of its own.
+
+Why these sixteen (the product's list has 16 desktop tools, observe and owner_data): the
+frontmost app and the running apps are not tools of their own — ``list_windows`` answers both
+in the same read; clicking an element and clicking a point are one act (``click``) aimed two
+ways; ``open_url`` and ``open_file`` stay apart because their targets differ (a link, a file)
+and a consent card must say which; volume, mute and dark mode are one settings act
+(``set_system_state``) mirroring one read (``get_system_state``). Every act that touches an
+application names it (``app``), so a card and the command log say where it acted, and
+typing, keys and scrolling refuse (``not_frontmost``) when another app came forward.
 """
 
 from __future__ import annotations
