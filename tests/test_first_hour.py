@@ -205,6 +205,28 @@ def test_yimi_init_checks_the_demo_brain_port_too(owner: Any, taken_port: int) -
         call_command("yimi_init", "--check-ports", "--demo-brain", stdout=io.StringIO())
 
 
+@pytest.mark.django_db
+def test_yimi_init_refuses_a_data_directory_another_yimi_serves(owner: Any, tmp_path: Path) -> None:
+    """A second `./yimi up` on another port but the same data directory must not remove the
+    first one's internal socket nor issue a pairing code; a stale socket file is no obstacle."""
+    path = tmp_path / "internal.sock"
+    before = PairingCode.objects.count()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
+        listener.bind(str(path))
+        listener.listen()
+        with (
+            override_settings(YIMI_PORT=free_port(), YIMI_INTERNAL_SOCKET=path),
+            pytest.raises(CommandError, match="another Yimi is running on this data directory") as error,
+        ):
+            call_command("yimi_init", "--check-ports", stdout=io.StringIO())
+    assert "YIMI_DATA_DIR" in str(error.value) and "\n" not in str(error.value)
+    assert PairingCode.objects.count() == before
+    assert path.is_socket()  # closed, not removed: left behind
+    with override_settings(YIMI_PORT=free_port(), YIMI_INTERNAL_SOCKET=path):
+        call_command("yimi_init", "--check-ports", stdout=io.StringIO())
+    assert PairingCode.objects.count() == before + 1
+
+
 def test_fake_brain_on_a_port_in_use_says_so(taken_port: int) -> None:
     with pytest.raises(CommandError, match="YIMI_FAKE_BRAIN_PORT") as error:
         call_command("fake_brain", "--port", str(taken_port), stdout=io.StringIO())

@@ -37,7 +37,7 @@ class Command(BaseCommand):
         parser.add_argument(
             "--check-ports",
             action="store_true",
-            help="first check that YIMI_HOST:YIMI_PORT (and, with --demo-brain, YIMI_FAKE_BRAIN_PORT) are free (./yimi up)",
+            help="first check that YIMI_HOST:YIMI_PORT (and, with --demo-brain, YIMI_FAKE_BRAIN_PORT) are free and no Yimi answers on YIMI_INTERNAL_SOCKET (./yimi up)",
         )
         parser.add_argument("--demo-brain", action="store_true", help="with --check-ports: the demo brain will start too")
 
@@ -47,6 +47,9 @@ class Command(BaseCommand):
             check_port_free(settings.YIMI_HOST, settings.YIMI_PORT, "YIMI_PORT", "Yimi")
             if opts["demo_brain"]:
                 check_port_free("127.0.0.1", settings.FAKE_BRAIN_PORT, "YIMI_FAKE_BRAIN_PORT", "the demo brain")
+            # Another Yimi on another port but this data directory: `./yimi up` would remove its
+            # internal listener's socket (and both would share one SQLite file).
+            check_internal_socket_free(Path(settings.YIMI_INTERNAL_SOCKET))
         call_command("migrate", interactive=False, verbosity=0)
         self.stdout.write(f"database: migrated ({settings.DATABASES['default']['ENGINE'].rsplit('.', 1)[-1]})")
 
@@ -102,3 +105,20 @@ def check_port_free(host: str, port: int, variable: str, what: str) -> None:
                     f"Stop it (Ctrl-C in its terminal) or set {variable} to a free port"
                 ) from None
             raise CommandError(f"cannot listen on {host}:{port} ({what}): {exc.strerror}; set {variable}") from None
+
+
+def check_internal_socket_free(path: Path) -> None:
+    """Raise a one-line ``CommandError`` if a running Yimi answers on the internal listener's
+    Unix socket ``path``; a socket left behind by one that stopped is not in use."""
+    if not path.is_socket():
+        return
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(2)
+        try:
+            sock.connect(str(path))
+        except OSError:
+            return  # nothing accepts there: left behind, `./yimi up` replaces it
+    raise CommandError(
+        f"the internal listener {path} answers: another Yimi is running on this data directory "
+        f"({settings.DATA_DIR}). Stop it (Ctrl-C in its terminal) or set YIMI_DATA_DIR to another directory"
+    )
