@@ -8,8 +8,8 @@ one owner, one device, one run, and the test pack ``demo``. Each call is a ``dec
 an observe tool with distinct arguments followed by a ``receipt`` for it, so every call
 writes a ToolCall and a ReceiptRecord. In process it calls the services directly; over
 HTTP it posts to daphne's internal Unix socket with one keep-alive client, and then the same
-through the platform's own client (``capabilities.client.HttpTransport``: a connection per
-operation, as a sub-agent with ``YIMI_GATEWAY_OVER_HTTP`` does).
+through the platform's own client (``capabilities.client.HttpTransport``: its event loop's
+keep-alive client, as a sub-agent with ``YIMI_GATEWAY_OVER_HTTP`` uses it).
 
 The floor is measured in the same run, on the same connection, as raw SQL: ``SELECT 1``,
 one INSERT with its commit, and the minimum SQL for decide + receipt — the run lookup that
@@ -144,7 +144,7 @@ def main() -> None:
         rows.append(("decide + receipt, HTTP (daphne)", over_http))
 
         # The same through the platform's own client (what a sub-agent uses with
-        # YIMI_GATEWAY_OVER_HTTP): a new connection per operation, on an event loop.
+        # YIMI_GATEWAY_OVER_HTTP): the loop's keep-alive client, on an event loop.
         import asyncio
 
         from capabilities.client import HttpTransport

@@ -12,9 +12,12 @@ cannot be recorded after execution, the model is told "result not yet verified".
 from __future__ import annotations
 
 import asyncio
+import atexit
 import json
 import ssl
+import threading
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,26 +72,115 @@ class InProcessTransport(GatewayTransport):
 
 # The internal listener speaks plain HTTP on a Unix socket, so TLS is never used; but httpx
 # builds a TLS context for every transport it makes, loading the CA bundle each time (tens of
-# milliseconds, three times per tool call). One unused context, made once, instead.
+# milliseconds). One unused context, made once, instead.
 _UNUSED_TLS = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
 
 
+class LoopClients:
+    """One keep-alive ``httpx.AsyncClient`` per (running event loop, socket path).
+
+    A client's connections belong to the loop that opened them, so a client is never shared
+    between loops: each loop gets its own, and a client whose loop has closed is discarded,
+    never used or closed from another loop (that is what raises "Event loop is closed").
+    A loop that ends through ``asyncio.run`` (or a ``Runner``) closes its clients itself: an
+    async generator parked on the loop closes them when the loop shuts its async generators
+    down. A loop closed without that (``loop.close()`` alone) leaves its clients to be
+    dropped by the next lookup; at process end, the clients of loops still open are closed
+    on them."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_loop: dict[asyncio.AbstractEventLoop, dict[str, httpx.AsyncClient]] = {}
+        self._closers: dict[asyncio.AbstractEventLoop, AsyncIterator[None]] = {}
+
+    async def get(self, socket_path: str) -> httpx.AsyncClient:
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            clients = self._by_loop.get(loop)
+            fresh_loop = clients is None
+            if clients is None:
+                self._discard_closed_loops()
+                clients = self._by_loop[loop] = {}
+            client = clients.get(socket_path)
+            if client is None or client.is_closed:
+                client = clients[socket_path] = _new_client(socket_path)
+        if fresh_loop:
+            closer = self._close_at_loop_end(loop, clients)
+            self._closers[loop] = closer  # the loop's own set of async generators is weak
+            await closer.__anext__()
+        return client
+
+    def _discard_closed_loops(self) -> None:
+        for dead in [loop for loop in self._by_loop if loop.is_closed()]:
+            del self._by_loop[dead]
+            self._closers.pop(dead, None)
+
+    async def _close_at_loop_end(self, loop: asyncio.AbstractEventLoop, clients: dict[str, httpx.AsyncClient]) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            with self._lock:
+                if self._by_loop.get(loop) is clients:
+                    del self._by_loop[loop]
+                self._closers.pop(loop, None)
+            for client in list(clients.values()):
+                await client.aclose()
+
+    def close_all(self) -> None:
+        """Close the clients of loops still open (at process end)."""
+        with self._lock:
+            entries = list(self._by_loop.items())
+            self._by_loop.clear()
+            self._closers.clear()
+        for loop, clients in entries:
+            if loop.is_closed() or not clients:
+                continue
+            closing = _close_clients(list(clients.values()))
+            try:
+                if loop.is_running():
+                    asyncio.run_coroutine_threadsafe(closing, loop).result(timeout=1)
+                else:
+                    loop.run_until_complete(closing)
+            except Exception:  # noqa: BLE001 - best effort at exit: the OS closes the sockets anyway
+                closing.close()
+
+    def count(self) -> int:
+        with self._lock:
+            return sum(len(clients) for clients in self._by_loop.values())
+
+
+async def _close_clients(clients: list[httpx.AsyncClient]) -> None:
+    for client in clients:
+        await client.aclose()
+
+
+def _new_client(socket_path: str) -> httpx.AsyncClient:
+    return httpx.AsyncClient(
+        transport=httpx.AsyncHTTPTransport(uds=socket_path, verify=_UNUSED_TLS),
+        trust_env=False,  # no proxy from the environment: this is a local socket
+    )
+
+
+http_clients = LoopClients()
+atexit.register(http_clients.close_all)
+
+
 class HttpTransport(GatewayTransport):
-    """The gateway's HTTP interface on the platform's internal listener (a Unix socket)."""
+    """The gateway's HTTP interface on the platform's internal listener (a Unix socket),
+    over the running loop's keep-alive client (``http_clients``)."""
 
     def __init__(self, socket_path: str) -> None:
         self.socket_path = socket_path
 
     async def _post(self, op: str, payload: dict[str, Any]) -> dict[str, Any]:
         try:
-            async with httpx.AsyncClient(
-                transport=httpx.AsyncHTTPTransport(uds=self.socket_path, verify=_UNUSED_TLS),
+            client = await http_clients.get(self.socket_path)
+            response = await client.post(
+                f"http://{settings.INTERNAL_HOST}/internal/gateway/{op}/",
+                json=payload,
+                headers={TOKEN_HEADER: settings.INTERNAL_TOKEN},
                 timeout=settings.GATEWAY_DECIDE_TIMEOUT_SECONDS,
-                trust_env=False,  # no proxy from the environment: this is a local socket
-            ) as client:
-                response = await client.post(
-                    f"http://{settings.INTERNAL_HOST}/internal/gateway/{op}/", json=payload, headers={TOKEN_HEADER: settings.INTERNAL_TOKEN}
-                )
+            )
         except httpx.HTTPError as exc:
             raise GatewayUnavailable(f"{op}: {type(exc).__name__}") from None
         if response.status_code >= 500 or response.status_code in (401, 403):

@@ -98,12 +98,16 @@ def value(name: str, val: Any, unit: str | None, source: str) -> dict[str, Any]:
 # handler and ``platform_call`` presents. It is good only for what the gateway decided for
 # that call. Standard library only. A failed or timed-out connection raises
 # ``PlatformLost`` with code DISCONNECTED or TIMEOUT: the platform may or may not have acted.
+# Connections are kept alive between calls (``_take_connection``); a failed one is never retried.
 
+import atexit  # noqa: E402
 import http.client  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
+import select  # noqa: E402
 import socket  # noqa: E402
 import threading  # noqa: E402
+import time  # noqa: E402
 
 CAPABILITY_META_KEY = "ai.yimi/call_capability"
 CAPABILITY_HEADER = "X-Yimi-Call-Capability"
@@ -136,6 +140,7 @@ class _UnixHTTPConnection(http.client.HTTPConnection):
     def __init__(self, path: str, timeout: float) -> None:
         super().__init__("yimi.internal", timeout=timeout)
         self.socket_path = path
+        self.idle_since = 0.0
 
     def connect(self) -> None:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -146,6 +151,65 @@ class _UnixHTTPConnection(http.client.HTTPConnection):
             sock.close()
             raise
         self.sock = sock
+
+    def reusable(self, now: float) -> bool:
+        """Still open, idle for less than ``_IDLE_SECONDS`` and nothing to read: a socket
+        the platform closed while it sat idle reads as end-of-file."""
+        if self.sock is None or now - self.idle_since > _IDLE_SECONDS:
+            return False
+        try:
+            readable, _, _ = select.select([self.sock], [], [], 0)
+        except (OSError, ValueError):
+            return False
+        return not readable
+
+
+# Keep-alive connections to the platform, shared by the pack process's handler threads: a
+# pack that calls back several times in one tool call (or in calls close together) reuses a
+# connection instead of opening one per request. A connection is taken out while in use, so
+# no two threads share one; one that failed, or whose response asked to close, is dropped.
+_IDLE_SECONDS = 20.0
+_MAX_IDLE = 4
+_idle: dict[str, list[_UnixHTTPConnection]] = {}
+_idle_lock = threading.Lock()
+
+
+def _take_connection(socket_path: str, timeout: float) -> _UnixHTTPConnection:
+    now = time.monotonic()
+    with _idle_lock:
+        pool = _idle.get(socket_path, [])
+        while pool:
+            connection = pool.pop()
+            if connection.reusable(now):
+                connection.timeout = timeout
+                if connection.sock is not None:
+                    connection.sock.settimeout(timeout)
+                return connection
+            connection.close()
+    return _UnixHTTPConnection(socket_path, timeout)
+
+
+def _give_back(connection: _UnixHTTPConnection) -> None:
+    connection.idle_since = time.monotonic()
+    with _idle_lock:
+        pool = _idle.setdefault(connection.socket_path, [])
+        if len(pool) < _MAX_IDLE:
+            pool.append(connection)
+            return
+    connection.close()
+
+
+def close_platform_connections() -> None:
+    """Close the idle keep-alive connections (at process end, or in tests)."""
+    with _idle_lock:
+        pools = list(_idle.values())
+        _idle.clear()
+    for pool in pools:
+        for connection in pool:
+            connection.close()
+
+
+atexit.register(close_platform_connections)
 
 
 def platform_call(method: str, path: str, body: dict[str, Any] | None = None, *, timeout: float | None = None) -> tuple[int, Any]:
@@ -161,17 +225,24 @@ def platform_call(method: str, path: str, body: dict[str, Any] | None = None, *,
     data = json.dumps(body).encode("utf-8") if body is not None else None
     timeout = float(os.environ.get("YIMI_PLATFORM_TIMEOUT", "10")) if timeout is None else timeout
     headers = {CAPABILITY_HEADER: capability, "Accept": "application/json", "Content-Type": "application/json"}
-    connection = _UnixHTTPConnection(socket_path, timeout)
+    connection = _take_connection(socket_path, timeout)
     try:
         connection.request(method, "/internal/" + path, body=data, headers=headers)
         response = connection.getresponse()
         status, raw = response.status, response.read()
     except TimeoutError:
+        connection.close()
         raise PlatformLost("TIMEOUT", f"the platform did not answer within {timeout:g} s") from None
     except (OSError, http.client.HTTPException) as exc:
-        raise PlatformLost("DISCONNECTED", f"could not reach the platform ({type(exc).__name__})") from None
-    finally:
         connection.close()
+        raise PlatformLost("DISCONNECTED", f"could not reach the platform ({type(exc).__name__})") from None
+    except BaseException:
+        connection.close()
+        raise
+    if response.will_close:
+        connection.close()
+    else:
+        _give_back(connection)
     try:
         return status, json.loads(raw.decode("utf-8")) if raw else None
     except ValueError:
