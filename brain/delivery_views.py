@@ -14,8 +14,6 @@ card unless the owner requested it) on the call's own ``tracking_number``
 
 from __future__ import annotations
 
-from typing import Any
-
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -23,7 +21,7 @@ from rest_framework.views import APIView
 from accounts.models import User
 from brain import deliveries
 from yimi_project.errors import YimiError
-from yimi_project.internal import PackCall, require_call
+from yimi_project.internal import PackCall, json_object, pack_owner, require_call
 
 
 class ParcelsView(APIView):
@@ -32,12 +30,7 @@ class ParcelsView(APIView):
     platform_api = "watches"
 
     def post(self, request: Request) -> Response:
-        owner = request.pack_call.get("owner")  # type: ignore[attr-defined]
-        if not isinstance(owner, int):
-            raise YimiError("no_owner", "this call has no owner on this instance (run manage.py yimi_init)")
-        body: Any = request.data
-        if not isinstance(body, dict):
-            raise YimiError("invalid_request", "expected a JSON object")
+        owner, body = pack_owner(request), json_object(request)
         action = body.get("action", "list")
         if action == "list":
             return Response({"parcels": [deliveries.parcel_payload(w) for w in deliveries.followed(owner)]})

@@ -26,7 +26,7 @@ from accounts.models import User
 from brain import geofences
 from memory import location
 from yimi_project.errors import YimiError
-from yimi_project.internal import PackCall, require_call
+from yimi_project.internal import PackCall, json_object, pack_owner, require_call
 
 
 class LocationView(APIView):
@@ -34,22 +34,10 @@ class LocationView(APIView):
     permission_classes = [PackCall]
     platform_api = "location"
 
-    def owner_id(self, request: Request) -> int:
-        owner = request.pack_call.get("owner")  # type: ignore[attr-defined]
-        if not isinstance(owner, int):
-            raise YimiError("no_owner", "this call has no owner on this instance (run manage.py yimi_init)")
-        return owner
-
-    @staticmethod
-    def body(request: Request) -> dict[str, Any]:
-        if not isinstance(request.data, dict):
-            raise YimiError("invalid_request", "expected a JSON object")
-        return request.data
-
 
 class WhereView(LocationView):
     def post(self, request: Request) -> Response:
-        owner, body = self.owner_id(request), self.body(request)
+        owner, body = pack_owner(request), json_object(request)
         report = location.latest_report(owner)
         answer: dict[str, Any] = {
             "report": location.report_payload(report) if report else None,
@@ -66,7 +54,7 @@ class WhereView(LocationView):
 
 class PlacesView(LocationView):
     def post(self, request: Request) -> Response:
-        owner, body = self.owner_id(request), self.body(request)
+        owner, body = pack_owner(request), json_object(request)
         action = body.get("action", "list")
         if action == "list":
             return Response({"places": [location.place_payload(p) for p in location.list_places(owner)]})
@@ -87,13 +75,13 @@ class PlacesView(LocationView):
 
 class DistanceView(LocationView):
     def post(self, request: Request) -> Response:
-        body = self.body(request)
-        return Response(location.distance(self.owner_id(request), body.get("from"), body.get("to")))
+        body = json_object(request)
+        return Response(location.distance(pack_owner(request), body.get("from"), body.get("to")))
 
 
 class GeofencesView(LocationView):
     def post(self, request: Request) -> Response:
-        owner, body = self.owner_id(request), self.body(request)
+        owner, body = pack_owner(request), json_object(request)
         action = body.get("action", "list")
         if action == "list":
             return Response({"geofences": [geofences.geofence_payload(w) for w in geofences.active_geofences(owner)]})

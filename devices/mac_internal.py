@@ -31,7 +31,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from devices import mac_relay
 from yimi_project.errors import YimiError
-from yimi_project.internal import pack_call_claims
+from yimi_project.internal import call_owner, pack_call_claims
 
 API = "mac"
 TARGET_FIELDS = ("path", "app", "url")
@@ -70,9 +70,7 @@ async def mac_op(request: HttpRequest) -> JsonResponse:
         kind, payload = (body.get("kind"), body.get("payload")) if isinstance(body, dict) else (None, None)
         if kind not in mac_relay.KINDS or not isinstance(payload, dict):
             raise YimiError("invalid_request", f"expected {{kind: one of {', '.join(mac_relay.KINDS)}, payload: {{...}}}}")
-        owner = claims.get("owner")
-        if not isinstance(owner, int):
-            raise YimiError("no_owner", "this call has no owner on this instance (run manage.py yimi_init)")
+        owner = call_owner(claims)
         check_call(claims, kind, payload)
         result = await mac_relay.relay(owner, kind, payload, call_id=str(claims.get("call", "")), tool=str(claims.get("tool", "")))
     except YimiError as exc:

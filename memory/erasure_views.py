@@ -12,15 +12,12 @@ and changes nothing; errors are ``{"error": {"code", "message"}}``.
 
 from __future__ import annotations
 
-from typing import Any
-
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from memory import erasure
-from yimi_project.errors import YimiError
-from yimi_project.internal import PackCall, require_call
+from yimi_project.internal import PackCall, json_object, pack_owner, require_call
 
 
 class ErasureView(APIView):
@@ -28,32 +25,20 @@ class ErasureView(APIView):
     permission_classes = [PackCall]
     platform_api = "erasure"
 
-    def owner_id(self, request: Request) -> int:
-        owner = request.pack_call.get("owner")  # type: ignore[attr-defined]
-        if not isinstance(owner, int):
-            raise YimiError("no_owner", "this call has no owner on this instance (run manage.py yimi_init)")
-        return owner
-
-    @staticmethod
-    def body(request: Request) -> dict[str, Any]:
-        if not isinstance(request.data, dict):
-            raise YimiError("invalid_request", "expected a JSON object")
-        return request.data
-
 
 class PreviewView(ErasureView):
     def post(self, request: Request) -> Response:
-        return Response(erasure.preview(self.owner_id(request), self.body(request)).payload())
+        return Response(erasure.preview(pack_owner(request), json_object(request)).payload())
 
 
 class EraseView(ErasureView):
     def post(self, request: Request) -> Response:
-        body = self.body(request)
+        body = json_object(request)
         require_call(request, ("delete",), preview_token=body.get("preview_token"))
-        return Response(erasure.erase(self.owner_id(request), body.get("preview_token")))
+        return Response(erasure.erase(pack_owner(request), body.get("preview_token")))
 
 
 class ResultView(ErasureView):
     def post(self, request: Request) -> Response:
-        body = self.body(request)
-        return Response(erasure.result(self.owner_id(request), erasure=body.get("erasure_id"), token=body.get("preview_token")))
+        body = json_object(request)
+        return Response(erasure.result(pack_owner(request), erasure=body.get("erasure_id"), token=body.get("preview_token")))

@@ -15,8 +15,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from memory import health
-from yimi_project.errors import YimiError
-from yimi_project.internal import PackCall
+from yimi_project.internal import PackCall, json_object, pack_owner
 
 
 class ReadView(APIView):
@@ -25,11 +24,6 @@ class ReadView(APIView):
     platform_api = "health"
 
     def post(self, request: Request) -> Response:
-        owner = request.pack_call.get("owner")  # type: ignore[attr-defined]
-        if not isinstance(owner, int):
-            raise YimiError("no_owner", "this call has no owner on this instance (run manage.py yimi_init)")
-        body = request.data if isinstance(request.data, dict) else None
-        if body is None:
-            raise YimiError("invalid_request", "expected a JSON object")
+        owner, body = pack_owner(request), json_object(request)
         rows = health.read(owner, after=body.get("after"), before=body.get("before"), kind=body.get("kind"), limit=body.get("limit", 50))
         return Response({"records": [health.record_payload(r) for r in rows], "count": len(rows)})

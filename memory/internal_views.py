@@ -28,7 +28,7 @@ from rest_framework.response import Response
 
 from memory import history_search, views
 from yimi_project.errors import YimiError
-from yimi_project.internal import PackCall, require_call
+from yimi_project.internal import PackCall, pack_owner, require_call
 
 
 class InternalMemoryView(views.MemoryView):
@@ -38,10 +38,7 @@ class InternalMemoryView(views.MemoryView):
     actor = "agent"
 
     def owner_id(self, request: Request) -> int:
-        owner = request.pack_call.get("owner")  # type: ignore[attr-defined]
-        if not isinstance(owner, int):
-            raise YimiError("no_owner", "this call has no owner on this instance (run manage.py yimi_init)")
-        return owner
+        return pack_owner(request)
 
 
 class AssertionsView(InternalMemoryView, views.AssertionsView):

@@ -11,8 +11,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from memory import projections
-from yimi_project.errors import YimiError
-from yimi_project.internal import PackCall
+from yimi_project.internal import PackCall, pack_owner
 
 
 class ProfileView(APIView):
@@ -21,9 +20,6 @@ class ProfileView(APIView):
     platform_api = "profile"
 
     def get(self, request: Request) -> Response:
-        owner = request.pack_call.get("owner")  # type: ignore[attr-defined]
-        if not isinstance(owner, int):
-            raise YimiError("no_owner", "this call has no owner on this instance (run manage.py yimi_init)")
-        text = projections.body(projections.core_profile(owner).user)
+        text = projections.body(projections.core_profile(pack_owner(request)).user)
         sections = [s.strip() for s in text.split(f"\n{projections.SECTION}\n") if s.strip()]
         return Response({"text": text, "sections": sections})

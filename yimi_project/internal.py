@@ -96,6 +96,27 @@ def require_call(request: Request, categories: tuple[str, ...], **target: Any) -
             raise YimiError("forbidden", f"this call is about {name} {named[name]}, not {value}")
 
 
+def call_owner(claims: dict[str, Any]) -> int:
+    """The owner (user id) of the executing call whose capability claims are ``claims``;
+    ``no_owner`` when the call has none on this instance."""
+    owner = claims.get("owner")
+    if not isinstance(owner, int):
+        raise YimiError("no_owner", "this call has no owner on this instance (run manage.py yimi_init)")
+    return owner
+
+
+def pack_owner(request: Request) -> int:
+    """The owner of the call a ``PackCall`` request is executing (``call_owner``)."""
+    return call_owner(request.pack_call)  # type: ignore[attr-defined]
+
+
+def json_object(request: Request) -> dict[str, Any]:
+    """The request's body, refused (``invalid_request``) unless it is a JSON object."""
+    if not isinstance(request.data, dict):
+        raise YimiError("invalid_request", "expected a JSON object")
+    return request.data
+
+
 # --- fast internal JSON endpoints -------------------------------------------------------------
 # Django runs each ASGI request's sync code on a fresh thread, which means a fresh database
 # connection per request (connections are per thread). The internal endpoints sit on hot
