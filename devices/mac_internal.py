@@ -31,7 +31,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from devices import mac_relay
 from yimi_project.errors import YimiError
-from yimi_project.internal import call_owner, pack_call_claims
+from yimi_project.internal import call_owner, error_response, pack_call_claims
 
 API = "mac"
 TARGET_FIELDS = ("path", "app", "url")
@@ -74,5 +74,5 @@ async def mac_op(request: HttpRequest) -> JsonResponse:
         check_call(claims, kind, payload)
         result = await mac_relay.relay(owner, kind, payload, call_id=str(claims.get("call", "")), tool=str(claims.get("tool", "")))
     except YimiError as exc:
-        return JsonResponse({"error": exc.payload()}, status=exc.http_status)
+        return error_response(exc)
     return JsonResponse({"result": result})
