@@ -60,7 +60,7 @@ class PlacesView(LocationView):
             return Response({"places": [location.place_payload(p) for p in location.list_places(owner)]})
         if action not in ("set", "remove"):
             raise YimiError("invalid_request", "action is list, set or remove")
-        require_call(request, ("owner_data",), name=body.get("name"))
+        require_call(request, ("owner_data",), tools=("location__places",), name=body.get("name"))
         if action == "set":
             here = body.get("here", False)
             if not isinstance(here, bool):
@@ -86,13 +86,13 @@ class GeofencesView(LocationView):
         if action == "list":
             return Response({"geofences": [geofences.geofence_payload(w) for w in geofences.active_geofences(owner)]})
         if action == "create":
-            require_call(request, ("owner_data",), place=body.get("place"))
+            require_call(request, ("owner_data",), tools=("location__notify_arrival",), place=body.get("place"))
             watch = geofences.create_geofence(
                 User.objects.get(id=owner), body.get("place"), repeat=body.get("repeat", False),
                 run_key=request.pack_call.get("run"),  # type: ignore[attr-defined]
             )
             return Response({"geofence": geofences.geofence_payload(watch)})
         if action == "cancel":
-            require_call(request, ("owner_data",), watch_id=body.get("watch_id"))
+            require_call(request, ("owner_data",), tools=("location__geofences",), watch_id=body.get("watch_id"))
             return Response({"cancelled": geofences.cancel_geofence(owner, body.get("watch_id")), "watch_id": str(body.get("watch_id"))})
         raise YimiError("invalid_request", "action is create, list or cancel")

@@ -151,10 +151,11 @@ def create_draft(
         probe_status=Probe.PENDING if role in PROBED_ROLES else Probe.UNSUPPORTED,
         probe_message="" if role in PROBED_ROLES else UNSUPPORTED_PROBE,
     )
-    if api_key:
-        draft.api_key_encrypted = keyring.encrypt(api_key, _key_aad(draft.id))
     try:
         with transaction.atomic():
+            if api_key:  # sealed under the settings lock, so a master-key rotation re-wraps it or comes after
+                roles.settings_lock()
+                draft.api_key_encrypted = keyring.encrypt(api_key, _key_aad(draft.id))
             if ModelRoleDraft.objects.filter(state=State.OPEN).count() >= MAX_OPEN_DRAFTS:  # a soft bound
                 raise YimiError("too_many_drafts", f"there are already {MAX_OPEN_DRAFTS} open drafts: confirm or discard some first")
             draft.save(force_insert=True)
@@ -197,11 +198,14 @@ class ProbeResult:
 
 
 def probe_key(draft: ModelRoleDraft) -> str | None:
-    """The key the probe sends: the draft's new key, else the role's own stored key."""
+    """The key the probe sends: the draft's new key, else the role's own stored key, but only
+    to the endpoint that key already belongs to: a draft pointing at another host (Yimi's
+    drafts never carry a key) is probed without one, so no stored key leaves for a host no
+    device has confirmed."""
     if draft.api_key_encrypted:
         return keyring.decrypt(draft.api_key_encrypted, _key_aad(draft.id))
     row = ModelRole.objects.filter(role=draft.role).first()
-    if row is not None and row.api_key_encrypted:
+    if row is not None and row.api_key_encrypted and row.base_url.rstrip("/") == draft.base_url.rstrip("/"):
         return keyring.decrypt(row.api_key_encrypted, roles.key_aad(row.role))
     return None
 

@@ -27,7 +27,7 @@ from redis.exceptions import RedisError
 
 from accounts.identity import instance_public_key_b64, sign_as_instance
 from accounts.models import Scope
-from accounts.services import device_scope_limit
+from accounts.services import device_scope_limit, is_owner_device
 from brain import catalog, geofences, model_settings, role_drafts
 from brain.dispatch import dispatch_card_execution, dispatch_payment, dispatch_run, ensure_embedded_sweeper
 from brain.services import accept_utterance, add_trace_stages
@@ -424,8 +424,8 @@ class DeviceConsumer(AsyncWebsocketConsumer):
     async def _on_model_drafts(self, frame: dict[str, Any]) -> None:
         """The model-role drafts a device may confirm (open and probed), with their digests."""
         assert self.device is not None
-        if self.device.is_guest:
-            raise YimiError("forbidden", "a guest device cannot see or confirm the owner's model drafts")
+        if not await database_sync_to_async(is_owner_device)(self.device):
+            raise YimiError("forbidden", "only the owner's own (non-guest) devices see or confirm the model drafts")
         drafts = await database_sync_to_async(lambda: [role_drafts.serialize_draft(d) for d in role_drafts.offered_drafts()])()
         await self._send({"type": "model.drafts", "id": frame.get("id"), "drafts": drafts})
 

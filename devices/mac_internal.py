@@ -34,7 +34,6 @@ from yimi_project.errors import YimiError
 from yimi_project.internal import call_owner, error_response, pack_call_claims
 
 API = "mac"
-TARGET_FIELDS = ("path", "app", "url")
 
 
 def check_call(claims: dict[str, Any], kind: str, payload: dict[str, Any]) -> None:
@@ -50,9 +49,9 @@ def check_call(claims: dict[str, Any], kind: str, payload: dict[str, Any]) -> No
     if category not in allowed:
         raise YimiError("forbidden", f"this call was decided as {category!r}; {kind} needs {' or '.join(allowed)}")
     named = claims.get("target") or {}
-    for field in TARGET_FIELDS:
-        if field in named and str(named[field]) != str(payload.get(field)):
-            raise YimiError("forbidden", f"this call is about {field} {named[field]!r}, not {payload.get(field)!r}")
+    for field, value in named.items():  # every target the call was decided on (argv, keys, volume, ...)
+        if str(value) != str(payload.get(field)):
+            raise YimiError("forbidden", f"this call is about {field} {value!r}, not {payload.get(field)!r}")
 
 
 @csrf_exempt

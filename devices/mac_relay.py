@@ -195,7 +195,7 @@ async def relay(owner_id: int, kind: str, payload: dict[str, Any], *, call_id: s
     prepared = await database_sync_to_async(_prepare)(owner_id, kind, payload, call_id, tool)
     op_id = prepared.op_id
     keys = mac_crypto.platform_keys(prepared.mac_public, op_id)
-    nonce, ciphertext = mac_crypto.seal(keys.op_key, {"kind": kind, **payload}, mac_crypto.associated_data(op_id, kind))
+    nonce, ciphertext = mac_crypto.seal(keys.op_key, {**payload, "kind": kind}, mac_crypto.associated_data(op_id, kind))
     expires_at = int(time.time() + settings.MAC_OP_TIMEOUT_SECONDS)
     frame = {
         "type": "mac.op", "op_id": op_id, "kind": kind, "epk": keys.epk, "nonce": nonce, "ciphertext": ciphertext,

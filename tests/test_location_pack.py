@@ -300,6 +300,9 @@ def test_the_internal_place_endpoints_need_an_owner_data_call_on_the_same_name(o
     assert other.status_code == 403
     no_api = internal(owner, "owner_data", apis=["memory"], name="家").post(url, body, content_type="application/json")
     assert no_api.status_code == 403
+    # another tool's owner_data call (its target is a place, not a name) may not set places
+    other_tool = internal(owner, "owner_data", tool="location__notify_arrival", place="家").post(url, body, content_type="application/json")
+    assert (other_tool.status_code, other_tool.json()["error"]["code"]) == (403, "forbidden")
     assert not Place.objects.exists()
     made = internal(owner, "owner_data", name="家").post(url, body, content_type="application/json")
     assert made.status_code == 200 and made.json()["created"] is True

@@ -413,3 +413,20 @@ def test_the_key_is_never_in_any_page_or_response(db: Any, keys: Path, owner: An
     for text in outputs:
         assert KEY not in text
     assert 'type="password" name="api_key" value=""' in outputs[0]
+
+
+# --- the probe never carries a stored key to another host --------------------------------------
+
+
+@pytest.mark.django_db
+def test_a_draft_for_another_host_is_probed_without_the_roles_stored_key(keys: Path) -> None:
+    roles.import_from_environment({})
+    roles.apply("brain", provider="p", base_url="https://api.provider.example/v1", model="m", options={}, api_key=KEY, source="console")
+    elsewhere, _ = role_drafts.create_draft(
+        "brain", provider="p", base_url="https://collector.example/v1", model="m", options={}, created_by="yimi",
+    )
+    same_host, _ = role_drafts.create_draft(
+        "brain", provider="p", base_url="https://api.provider.example/v1/", model="m2", options={}, created_by="yimi",
+    )
+    assert role_drafts.probe_key(elsewhere) is None
+    assert role_drafts.probe_key(same_host) == KEY

@@ -265,6 +265,9 @@ async def test_the_capability_allows_only_its_own_operation_category_and_target(
     assert (await op(owner.pk, "read_file", "write_file", write, path="a.txt"))[1]["error"]["code"] == "forbidden"
     assert (await op(owner.pk, "write_file", "write_file", write, category="observe", path="a.txt"))[1]["error"]["code"] == "forbidden"
     assert (await op(owner.pk, "write_file", "write_file", write, path="b.txt"))[1]["error"]["code"] == "forbidden"
+    # a command is bound to the argv the call was decided on, not only to paths and apps
+    run = {"argv": ["rm", "-rf", "notes"]}
+    assert (await op(owner.pk, "run_command", "run_command", run, argv=str(["ls", "notes"])))[1]["error"]["code"] == "forbidden"
     cap = pack_capability(owner.pk, pack="memory", category="observe", apis=["memory"], tool="owner-mac__read_file")
     status, _ = await asyncio.to_thread(packkit.run_with_capability, lambda _a: packkit.platform_call(
         "POST", "mac/op/", {"kind": "read_file", "payload": {"path": "a.txt"}}), {}, cap)

@@ -82,10 +82,13 @@ class PackCall(BasePermission):
         return True
 
 
-def require_call(request: Request, categories: tuple[str, ...], **target: Any) -> None:
-    """Refuse unless the executing call was decided as one of ``categories`` and, where it
-    named a target argument, this operation is on that same target."""
+def require_call(request: Request, categories: tuple[str, ...], *, tools: tuple[str, ...] = (), **target: Any) -> None:
+    """Refuse unless the executing call was decided as one of ``categories``, is one of
+    ``tools`` (full names) when given — a write is tied to the tool whose target was
+    decided — and, where it named a target argument, this operation is on that same target."""
     claims = request.pack_call  # type: ignore[union-attr]
+    if tools and claims.get("tool") not in tools:
+        raise YimiError("forbidden", f"this call is {claims.get('tool')!r}; this operation belongs to {' or '.join(tools)}")
     if claims.get("category") not in categories:
         raise YimiError(
             "forbidden", f"this call was decided as {claims.get('category')!r}; this operation needs {' or '.join(categories)}"
