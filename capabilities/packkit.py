@@ -247,3 +247,66 @@ def platform_call(method: str, path: str, body: dict[str, Any] | None = None, *,
         return status, json.loads(raw.decode("utf-8")) if raw else None
     except ValueError:
         return status, None
+
+
+# --- the Mac relay ------------------------------------------------------------------------
+# The ``owner-mac`` and ``desktop`` packs do every tool as one operation relayed by the
+# platform (``POST /internal/mac/op/``; docs/protocol.md, "The Mac relay"). A refusal by the
+# platform or the Mac becomes a ``failed`` receipt (``mac_offline``: retry allowed);
+# ``mac_timeout`` and a lost platform connection an ``unknown`` one (the Mac may have acted).
+
+MAC_SOURCE = "owner's Mac"
+MAC_RELAY_TIMEOUT_SECONDS = 45.0  # the platform waits up to 5 s for the Mac to take an op and 30 s for its result
+MAC_REFUSALS = {
+    "paused": "The owner paused Yimi's operations on the Mac; nothing was done.",
+    "mac_offline": "The owner's Mac is not connected; nothing was done.",
+}
+
+
+class MacRefusal(Exception):
+    def __init__(self, code: str, message: str, status: int = 0) -> None:
+        super().__init__(message)
+        self.code, self.message, self.status = code, message, status
+
+
+def mac_relay(kind: str, payload: dict[str, Any]) -> dict[str, Any]:
+    """The Mac's result for one operation, through the platform; ``MacRefusal`` when refused."""
+    status, body = platform_call("POST", "mac/op/", {"kind": kind, "payload": payload}, timeout=MAC_RELAY_TIMEOUT_SECONDS)
+    if status == 200 and isinstance(body, dict) and isinstance(body.get("result"), dict):
+        return body["result"]
+    error = body.get("error") if isinstance(body, dict) else None
+    if isinstance(error, dict):
+        raise MacRefusal(str(error.get("code", "platform_error")), str(error.get("message", "")), status)
+    raise MacRefusal("platform_error", f"the platform answered HTTP {status}", status)
+
+
+def mac_refusal_summary(code: str, summaries: dict[str, str]) -> str:
+    """The receipt's summary for a refusal: the pack's own words (``summaries``), the
+    relay's (``MAC_REFUSALS``), or a generic one."""
+    return summaries.get(code) or MAC_REFUSALS.get(code) or f"The Mac refused the operation ({code})."
+
+
+def mac_call(
+    kind: str,
+    payload: dict[str, Any],
+    summaries: dict[str, str],
+    *,
+    relay: Callable[[str, dict[str, Any]], dict[str, Any]] = mac_relay,
+) -> dict[str, Any] | tuple[dict[str, Any]]:
+    """The Mac's result for one operation, or (a receipt,) that says why there is none.
+    ``relay`` is the request (a pack's fake passes its simulated Mac)."""
+    try:
+        result = relay(kind, payload)
+    except PlatformLost as exc:
+        return (receipt("unknown", summary=f"the Mac operation's outcome is unknown: {exc}", error=(exc.code, str(exc))),)
+    except PlatformNotConfigured as exc:
+        return (receipt("failed", summary=str(exc), retry="forbidden", error=("not_configured", str(exc))),)
+    except MacRefusal as exc:
+        if exc.code == "mac_timeout":
+            return (receipt("unknown", summary="the Mac took the operation but sent no result in time", error=(exc.code, exc.message)),)
+        retry = "allowed" if exc.code == "mac_offline" else "forbidden"
+        return (receipt("failed", summary=mac_refusal_summary(exc.code, summaries), retry=retry, error=(exc.code, exc.message)),)
+    if result.get("status") != "ok":
+        code = str(result.get("code", "mac_error"))
+        return (receipt("failed", summary=mac_refusal_summary(code, summaries), retry="forbidden", error=(code, str(result.get("message", "")))),)
+    return result

@@ -30,11 +30,10 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from capabilities.packkit import PlatformLost, PlatformNotConfigured, ToolRegistry, effect, platform_call, receipt, value
+from capabilities.packkit import MAC_SOURCE, ToolRegistry, effect, mac_call, mac_relay, receipt, value
 
 TOOLS = ToolRegistry()
-SOURCE = "owner's Mac"
-RELAY_TIMEOUT_SECONDS = 45.0  # the platform waits up to 5 s for the Mac to take an op and 30 s for its result
+SOURCE = MAC_SOURCE
 
 APP = {"type": "string", "minLength": 1, "maxLength": 64, "description": "an application's name, e.g. TextEdit"}
 FRONT_APP = {**APP, "description": "the application that must be frontmost (nothing is done if another one is)"}
@@ -93,53 +92,23 @@ SYSTEM_SCHEMA = {
 }
 
 
-class Refusal(Exception):
-    def __init__(self, code: str, message: str, status: int = 0) -> None:
-        super().__init__(message)
-        self.code, self.message, self.status = code, message, status
+# The Mac's own refusals in this pack's words (``paused`` and ``mac_offline``: packkit.MAC_REFUSALS).
+REFUSALS = {
+    "not_frontmost": "That application is not in front on the Mac; nothing was done.",
+    "no_window": "That application has no open window on the Mac.",
+    "wrong_app": "The point is on another application's window; nothing was clicked.",
+    "no_such_element": "That window has no such element.",
+    "path_outside_sandbox": "That path is outside the folder Yimi may use on the Mac.",
+    "not_found": "There is no such file or folder on the Mac.",
+}
 
-
-def relay(kind: str, payload: dict[str, Any]) -> dict[str, Any]:
-    """The Mac's result for one operation, through the platform; ``Refusal`` when refused."""
-    status, body = platform_call("POST", "mac/op/", {"kind": kind, "payload": payload}, timeout=RELAY_TIMEOUT_SECONDS)
-    if status == 200 and isinstance(body, dict) and isinstance(body.get("result"), dict):
-        return body["result"]
-    error = body.get("error") if isinstance(body, dict) else None
-    if isinstance(error, dict):
-        raise Refusal(str(error.get("code", "platform_error")), str(error.get("message", "")), status)
-    raise Refusal("platform_error", f"the platform answered HTTP {status}", status)
+# The request to the platform (packkit.mac_relay); the fake (fake/tools.py) replaces it with its simulated Mac.
+relay = mac_relay
 
 
 def call(kind: str, payload: dict[str, Any]) -> dict[str, Any] | tuple[dict[str, Any]]:
-    """The result, or (a receipt,) that says why there is none."""
-    try:
-        result = relay(kind, payload)
-    except PlatformLost as exc:
-        return (receipt("unknown", summary=f"the Mac operation's outcome is unknown: {exc}", error=(exc.code, str(exc))),)
-    except PlatformNotConfigured as exc:
-        return (receipt("failed", summary=str(exc), retry="forbidden", error=("not_configured", str(exc))),)
-    except Refusal as exc:
-        if exc.code == "mac_timeout":
-            return (receipt("unknown", summary="the Mac took the operation but sent no result in time", error=(exc.code, exc.message)),)
-        retry = "allowed" if exc.code == "mac_offline" else "forbidden"
-        return (receipt("failed", summary=refusal_summary(exc.code), retry=retry, error=(exc.code, exc.message)),)
-    if result.get("status") != "ok":
-        code = str(result.get("code", "mac_error"))
-        return (receipt("failed", summary=refusal_summary(code), retry="forbidden", error=(code, str(result.get("message", "")))),)
-    return result
-
-
-def refusal_summary(code: str) -> str:
-    return {
-        "paused": "The owner paused Yimi's operations on the Mac; nothing was done.",
-        "mac_offline": "The owner's Mac is not connected; nothing was done.",
-        "not_frontmost": "That application is not in front on the Mac; nothing was done.",
-        "no_window": "That application has no open window on the Mac.",
-        "wrong_app": "The point is on another application's window; nothing was clicked.",
-        "no_such_element": "That window has no such element.",
-        "path_outside_sandbox": "That path is outside the folder Yimi may use on the Mac.",
-        "not_found": "There is no such file or folder on the Mac.",
-    }.get(code, f"The Mac refused the operation ({code}).")
+    """The result, or (a receipt,) that says why there is none (packkit.mac_call)."""
+    return mac_call(kind, payload, REFUSALS, relay=relay)
 
 
 def pick(args: dict[str, Any], *names: str) -> dict[str, Any]:
