@@ -137,10 +137,6 @@ def report_payload(report: LocationReport) -> dict[str, Any]:
     }
 
 
-def recent_reports(owner_id: int, *, limit: int = 20) -> list[LocationReport]:
-    return list(LocationReport.objects.filter(owner_id=owner_id).order_by("-at", "-received_at")[: max(1, min(limit, 100))])
-
-
 # --- places -----------------------------------------------------------------------------------------
 
 
