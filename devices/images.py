@@ -55,9 +55,9 @@ class ImageUploadView(APIView):
     """POST /api/images/: the raw bytes of one JPEG or PNG image from a paired device."""
 
     def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
-        """Read the body before authentication checks its signature: at most
-        ``IMAGE_MAX_BYTES`` + 1 bytes are read (so a larger body is refused with
-        ``image_too_large`` without being held), past Django's general request size limit."""
+        """Read the body before authentication checks its signature; a body larger than
+        ``IMAGE_MAX_BYTES`` never gets here: ``yimi_project.body_limit`` refuses it
+        (``image_too_large``) before Django spools it, and this check is the second line."""
         declared = request.META.get("CONTENT_LENGTH") or "0"
         if declared.isdigit() and int(declared) > settings.IMAGE_MAX_BYTES:
             raise YimiError("image_too_large", f"an image is limited to {settings.IMAGE_MAX_BYTES} bytes",

@@ -13,6 +13,7 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
 from devices.routing import websocket_urlpatterns  # noqa: E402
 from yimi_project import websocket_transport  # noqa: E402
+from yimi_project.body_limit import BodyLimit  # noqa: E402
 from yimi_project.internal import InternalJsonEndpoints  # noqa: E402
 
 # Oversized messages close with 1009, and 1013 can be sent (yimi_project/websocket_transport.py).
@@ -22,7 +23,8 @@ application = ProtocolTypeRouter(
     {
         # The gateway's internal JSON endpoints skip Django's middleware on the internal
         # socket (yimi_project/internal.py, InternalJsonEndpoints); all else is Django's.
-        "http": InternalJsonEndpoints(django_asgi_app),
+        # Bodies beyond their path's limit are refused before Django spools them to disk.
+        "http": BodyLimit(InternalJsonEndpoints(django_asgi_app)),
         # Devices are native clients without a browser Origin; they authenticate by signing
         # a server nonce with their device key (docs/protocol.md), not by cookie or Origin.
         "websocket": URLRouter(websocket_urlpatterns),

@@ -417,6 +417,8 @@ YIMI_EMBEDDING_MODEL = env.str("YIMI_EMBEDDING_MODEL", default="")
 
 # --- images from devices (memory/images.py, devices/images.py; docs/protocol.md "Images") -------
 IMAGE_MAX_BYTES = env.int("YIMI_IMAGE_MAX_BYTES", default=4 * 1024 * 1024)  # one upload, JPEG or PNG
+# Any other HTTP request body (yimi_project/body_limit.py; refused before Django reads it).
+MAX_REQUEST_BYTES = env.int("YIMI_MAX_REQUEST_BYTES", default=64 * 1024 * 1024)  # the owner uploads enrollment photos in the console
 IMAGE_MAX_SIDE = env.int("YIMI_IMAGE_MAX_SIDE", default=4096)  # width and height, each
 IMAGE_UPLOAD_TTL_SECONDS = 600  # an upload no image frame announced is deleted after this
 # "看看这是什么" without an ``about`` link uses the device's latest image from this many seconds before.
