@@ -5,7 +5,7 @@ import json
 import os
 import socket
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -76,6 +76,28 @@ def brain(fake_brain: FakeBrainServer, db: Any) -> Iterator[FakeBrainServer]:
 
 def script(server: FakeBrainServer, **rule: Any) -> None:
     server.script.rules.append(Rule(**rule))
+
+
+class CallbackScript(Script):
+    """The fake brain's script with a hook called on every request (its number, from 1)."""
+
+    def __init__(self, rules: Iterable[Rule], on_request: Callable[[int], None]) -> None:
+        super().__init__(rules=list(rules))
+        self.on_request = on_request
+
+    def scripted_rule(self, body: dict[str, Any]) -> Rule | None:
+        self.on_request(len(self.requests))
+        return super().scripted_rule(body)
+
+
+# A run whose main turn delegates an errand (request 1), whose sub-agent then asks (request 2)
+# and finishes, and which reports the result: a hook on request 2 acts while the run is under way.
+MID_RUN_RULES = (
+    Rule(match="Background task finished", reply="Done."),
+    Rule(when="tool", reply="Nothing to do, finished."),
+    Rule(match="^errand$", forbids_tool="steer", tool_calls=[{"name": "nothing__here", "arguments": {}}], reply=""),
+    Rule(reply="Sure."),
+)
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,7 @@ from django.test import Client
 
 from brain import keyring, role_drafts, roles
 from brain.agent_loop import execute_agent_task
-from brain.fake_server import FakeBrainServer, Rule, Script
+from brain.fake_server import FakeBrainServer, Rule
 from brain.models import Run
 from brain.role_draft_models import ModelRoleDraft
 from brain.role_models import ModelRole
@@ -27,7 +26,17 @@ from capabilities.contract import run_contract
 from capabilities.manifest import load_pack
 from devices.simulator import draft_confirm_message as sim_message
 from devices.simulator import draft_digest as sim_digest
-from tests.conftest import db_async, internal_client, new_client_id, open_socket, pack_capability, receive_until, use_brain
+from tests.conftest import (
+    MID_RUN_RULES,
+    CallbackScript,
+    db_async,
+    internal_client,
+    new_client_id,
+    open_socket,
+    pack_capability,
+    receive_until,
+    use_brain,
+)
 from yimi_project.errors import YimiError
 
 KEY = "sk-draft-5e0c7a19b2d84f6e9a31"
@@ -195,16 +204,6 @@ def test_the_probe_asks_the_endpoint_once_with_max_tokens_1(db: Any, keys: Path,
 # --- a draft confirmed mid-run waits for the next run ------------------------------------------------------
 
 
-class CallbackScript(Script):
-    def __init__(self, rules: list[Rule], on_request: Callable[[int], None]) -> None:
-        super().__init__(rules=rules)
-        self.on_request = on_request
-
-    def scripted_rule(self, body: dict[str, Any]) -> Rule | None:
-        self.on_request(len(self.requests))
-        return super().scripted_rule(body)
-
-
 @pytest.mark.django_db(transaction=True)
 async def test_a_draft_confirmed_mid_run_takes_effect_for_the_next_run_only(keys: Path, make_device: Any, settings: Any, tmp_path: Path) -> None:
     settings.YIMI_PACKS_DIR = tmp_path / "no-packs"
@@ -218,12 +217,7 @@ async def test_a_draft_confirmed_mid_run_takes_effect_for_the_next_run_only(keys
             finally:
                 connection.close()  # this handler thread's own connection
 
-    server = FakeBrainServer(script=CallbackScript([
-        Rule(match="Background task finished", reply="Done."),
-        Rule(when="tool", reply="Nothing to do, finished."),
-        Rule(match="^errand$", forbids_tool="steer", tool_calls=[{"name": "nothing__here", "arguments": {}}], reply=""),
-        Rule(reply="Sure."),
-    ], confirm_on_the_phone))
+    server = FakeBrainServer(script=CallbackScript(MID_RUN_RULES, confirm_on_the_phone))
     server.start_in_thread()
     try:
         await db_async(use_brain)(server.base_url, timeout_seconds=10.0)

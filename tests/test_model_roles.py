@@ -7,7 +7,6 @@ from __future__ import annotations
 import io
 import json
 import logging
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,12 +17,12 @@ from django.db import connection
 
 from brain import keyring, role_backup, roles
 from brain.agent_loop import execute_agent_task
-from brain.fake_server import FakeBrainServer, Rule, Script
+from brain.fake_server import FakeBrainServer
 from brain.models import Run
 from brain.role_models import ModelRole, ModelRoleRevision, ModelSettingsImport
 from brain.runner import execute_run
 from brain.services import accept_utterance
-from tests.conftest import db_async, new_client_id, use_brain
+from tests.conftest import MID_RUN_RULES, CallbackScript, db_async, new_client_id, use_brain
 from yimi_project.errors import YimiError
 from yimi_project.logs import JsonFormatter
 
@@ -327,18 +326,6 @@ def test_the_console_lists_every_role_with_its_source_and_key_state(db: Any, key
 # --- a change applied mid-run waits for the next run ----------------------------------------------------
 
 
-class CallbackScript(Script):
-    """The fake brain's script with a hook called on every request (its number, from 1)."""
-
-    def __init__(self, rules: list[Rule], on_request: Callable[[int], None]) -> None:
-        super().__init__(rules=rules)
-        self.on_request = on_request
-
-    def scripted_rule(self, body: dict[str, Any]) -> Rule | None:
-        self.on_request(len(self.requests))
-        return super().scripted_rule(body)
-
-
 @pytest.mark.django_db(transaction=True)
 async def test_a_change_applied_mid_run_takes_effect_for_the_next_run_only(make_device: Any, settings: Any, tmp_path: Path) -> None:
     settings.YIMI_PACKS_DIR = tmp_path / "no-packs"
@@ -352,12 +339,7 @@ async def test_a_change_applied_mid_run_takes_effect_for_the_next_run_only(make_
             finally:
                 connection.close()  # this handler thread's own connection
 
-    server = FakeBrainServer(script=CallbackScript([
-        Rule(match="Background task finished", reply="Done."),
-        Rule(when="tool", reply="Nothing to do, finished."),
-        Rule(match="^errand$", forbids_tool="steer", tool_calls=[{"name": "nothing__here", "arguments": {}}], reply=""),
-        Rule(reply="Sure."),
-    ], apply_new_model))
+    server = FakeBrainServer(script=CallbackScript(MID_RUN_RULES, apply_new_model))
     server.start_in_thread()
     try:
         await db_async(use_brain)(server.base_url, timeout_seconds=10.0)
