@@ -216,3 +216,4 @@ from memory.ambient_models import AmbientRecord  # noqa: E402,F401  (registered 
 from memory.health_models import HealthRecord  # noqa: E402,F401  (registered with the memory app)
 from memory.image_models import ImageRecord  # noqa: E402,F401  (registered with the memory app)
 from memory.location_models import LocationReport, Place  # noqa: E402,F401  (registered with the memory app)
+from memory.raw_models import RawObject  # noqa: E402,F401  (registered with the memory app)
