@@ -4,7 +4,6 @@ import django.db.models.deletion
 from django.conf import settings
 from django.db import migrations, models
 
-
 # About ten content cards shipped with Yimi (issue 21); the owner or staff maintain them in the
 # admin afterwards. A blank source: the card is a story told as a story, never as news.
 CARDS = [
