@@ -1,0 +1,297 @@
+"""The cold pack format ``L5P1`` (seed 3.5; DESIGN.md "cold pack"): many raw objects in one
+file on WebDAV, each readable alone with one HTTP range request.
+
+Layout::
+
+    b"L5P1" | header length (4 bytes, big-endian) | gzip(canonical JSON header) | chunks
+
+The header is canonical JSON (sorted keys, no spaces, UTF-8), gzip-compressed with mtime 0
+so the same objects always make the same bytes::
+
+    {"format": "L5P1", "chunks": [{"id": "...", "codec": "flac"|"gzip", "offset": 0,
+      "size": ..., "decoded_size": ..., "sha256": "<of the decoded bytes>"}, ...]}
+
+``offset`` counts from the first byte after the header; a chunk's byte range in the file is
+``data_start + offset`` for ``size`` bytes. Only lossless codecs: a word not understood
+today is analysed again from the original with a better model later. 16-bit PCM
+(``pcm_s16le``) chunks are FLAC, made and read by ffmpeg as a low-priority (``nice -n
+19``), single-thread process given at most ``FFMPEG_SECONDS`` (30 s) per call; everything
+else is gzip level 1.
+
+Limits, checked when sealing and again when reading: a pack decodes to at most
+``MAX_DECODED_BYTES`` (64 MiB), is at most ``MAX_PACK_BYTES`` (80 MiB) on the wire, and its
+header is at most ``MAX_HEADER_BYTES`` (1 MiB) before and after compression. The decoder
+checks every chunk it decodes: its size and SHA-256 against the header, before any byte is
+handed out (``pack_invalid`` otherwise).
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import re
+import struct
+import subprocess
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from yimi_project.errors import YimiError
+
+MAGIC = b"L5P1"
+PREFIX_BYTES = 8
+MAX_DECODED_BYTES = 64 * 1024 * 1024
+MAX_PACK_BYTES = 80 * 1024 * 1024
+MAX_HEADER_BYTES = 1024 * 1024
+FFMPEG_SECONDS = 30.0
+FLAC, GZIP = "flac", "gzip"
+# "pcm_s16le", "pcm_s16le_16k_mono", "pcm_s16le_48k_stereo" (the hot store's names).
+PCM16_CODEC = re.compile(r"^pcm_s16le(?:_(\d{1,3})k)?(?:_(mono|stereo))?$")
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One object's entry in a pack header."""
+
+    id: str
+    codec: str
+    offset: int  # from the first byte after the header
+    size: int
+    decoded_size: int
+    sha256: str  # of the decoded (original) bytes
+
+    def as_json(self) -> dict[str, Any]:
+        return {"id": self.id, "codec": self.codec, "offset": self.offset, "size": self.size,
+                "decoded_size": self.decoded_size, "sha256": self.sha256}
+
+
+@dataclass(frozen=True)
+class Header:
+    chunks: list[Chunk]
+    data_start: int  # PREFIX_BYTES + compressed header length
+
+    def chunk(self, object_id: str) -> Chunk:
+        for chunk in self.chunks:
+            if chunk.id == object_id:
+                return chunk
+        raise YimiError("not_found", f"object {object_id} is not in this pack")
+
+    @property
+    def decoded_size(self) -> int:
+        return sum(c.decoded_size for c in self.chunks)
+
+
+def invalid(message: str) -> YimiError:
+    return YimiError("pack_invalid", message)
+
+
+# --- FLAC through ffmpeg ---------------------------------------------------------------------------
+
+
+def _ffmpeg(args: list[str], data: bytes) -> bytes:
+    """Run ffmpeg at the lowest CPU priority on one thread, ``data`` on stdin, stdout back.
+    Raises ``flac_failed`` (ffmpeg refused) or ``flac_timeout`` (over ``FFMPEG_SECONDS``;
+    the process is killed)."""
+    argv = ["nice", "-n", "19", "ffmpeg", "-nostdin", "-hide_banner", "-loglevel", "error", "-threads", "1", *args]
+    try:
+        done = subprocess.run(argv, input=data, capture_output=True, timeout=FFMPEG_SECONDS, check=False)
+    except subprocess.TimeoutExpired as exc:
+        raise YimiError("flac_timeout", f"ffmpeg took longer than {FFMPEG_SECONDS:g} s") from exc
+    if done.returncode != 0:
+        raise YimiError("flac_failed", f"ffmpeg failed: {done.stderr.decode(errors='replace')[-300:]}")
+    return done.stdout
+
+
+def flac_encode(pcm: bytes, *, rate: int = 16000, channels: int = 1) -> bytes:
+    return _ffmpeg(["-f", "s16le", "-ar", str(rate), "-ac", str(channels), "-i", "pipe:0",
+                    "-map_metadata", "-1", "-c:a", "flac", "-f", "flac", "pipe:1"], pcm)
+
+
+def flac_decode(flac: bytes) -> bytes:
+    return _ffmpeg(["-f", "flac", "-i", "pipe:0", "-f", "s16le", "-c:a", "pcm_s16le", "pipe:1"], flac)
+
+
+def pcm16_format(codec: str) -> tuple[int, int] | None:
+    """(rate, channels) when ``codec`` names 16-bit little-endian PCM (``pcm_s16le``,
+    optionally with ``_16k`` and ``_mono``/``_stereo``; 16 kHz mono unless said), else None.
+    The rate only labels the FLAC stream: decoding gives back the same samples either way."""
+    match = PCM16_CODEC.match(codec)
+    if match is None:
+        return None
+    return int(match.group(1) or 16) * 1000, 2 if match.group(2) == "stereo" else 1
+
+
+# --- chunks --------------------------------------------------------------------------------------
+
+
+def encode_chunk(codec: str, data: bytes) -> tuple[str, bytes]:
+    """(pack codec, encoded bytes) for one object's original bytes."""
+    pcm = pcm16_format(codec)
+    if pcm is not None and data and len(data) % (2 * pcm[1]) == 0:
+        return FLAC, flac_encode(data, rate=pcm[0], channels=pcm[1])
+    return GZIP, gzip.compress(data, compresslevel=1, mtime=0)
+
+
+def _gunzip(data: bytes, limit: int) -> bytes:
+    """Decompress at most ``limit`` + 1 bytes: a chunk that claims less than it holds is
+    caught without inflating all of it."""
+    inflater = zlib.decompressobj(wbits=31)
+    try:
+        out = inflater.decompress(data, limit + 1)
+    except zlib.error as exc:
+        raise invalid(f"gzip chunk is corrupt: {exc}") from exc
+    return out
+
+
+def decode_chunk(chunk: Chunk, data: bytes) -> bytes:
+    """The original bytes of ``chunk`` from its encoded ``data``, checked against the
+    header's size and SHA-256 (``pack_invalid`` on any mismatch)."""
+    if len(data) != chunk.size:
+        raise invalid(f"chunk {chunk.id} is {len(data)} bytes, the header says {chunk.size}")
+    if chunk.codec == GZIP:
+        out = _gunzip(data, chunk.decoded_size)
+    elif chunk.codec == FLAC:
+        try:
+            out = flac_decode(data)
+        except YimiError as exc:
+            if exc.code == "flac_failed":
+                raise invalid(f"chunk {chunk.id}: {exc.message}") from exc
+            raise
+    else:
+        raise invalid(f"chunk {chunk.id} has unknown codec {chunk.codec!r}")
+    if len(out) != chunk.decoded_size:
+        raise invalid(f"chunk {chunk.id} decodes to {len(out)} bytes, the header says {chunk.decoded_size}")
+    if hashlib.sha256(out).hexdigest() != chunk.sha256:
+        raise invalid(f"chunk {chunk.id} does not match its SHA-256")
+    return out
+
+
+# --- header --------------------------------------------------------------------------------------
+
+
+def canonical_json(value: Any) -> bytes:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def encode_header(chunks: list[Chunk]) -> bytes:
+    """The 8-byte prefix and the compressed header; ``header_too_large`` over 1 MiB."""
+    raw = canonical_json({"format": "L5P1", "chunks": [c.as_json() for c in chunks]})
+    if len(raw) > MAX_HEADER_BYTES:
+        raise YimiError("header_too_large", f"pack header is {len(raw)} bytes before compression (at most {MAX_HEADER_BYTES})")
+    packed = gzip.compress(raw, compresslevel=9, mtime=0)
+    if len(packed) > MAX_HEADER_BYTES:
+        raise YimiError("header_too_large", f"pack header is {len(packed)} bytes compressed (at most {MAX_HEADER_BYTES})")
+    return MAGIC + struct.pack(">I", len(packed)) + packed
+
+
+def header_length(prefix: bytes) -> int:
+    """The compressed header's length from a pack's first 8 bytes."""
+    if len(prefix) < PREFIX_BYTES or prefix[:4] != MAGIC:
+        raise invalid("not an L5P1 pack (bad magic)")
+    (length,) = struct.unpack(">I", prefix[4:8])
+    if length > MAX_HEADER_BYTES:
+        raise invalid(f"pack header is {length} bytes compressed (at most {MAX_HEADER_BYTES})")
+    return int(length)
+
+
+def _int(entry: dict[str, Any], key: str) -> int:
+    value = entry.get(key)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise invalid(f"chunk field {key} must be a non-negative integer")
+    return value
+
+
+def decode_header(head: bytes) -> Header:
+    """Parse and check the header from the pack's first ``8 + length`` bytes (or more):
+    sizes within the limits, chunks in order without gaps or overlaps."""
+    length = header_length(head)
+    if len(head) < PREFIX_BYTES + length:
+        raise invalid("pack is shorter than its header")
+    raw = _gunzip(head[PREFIX_BYTES : PREFIX_BYTES + length], MAX_HEADER_BYTES)
+    if len(raw) > MAX_HEADER_BYTES:
+        raise invalid(f"pack header is over {MAX_HEADER_BYTES} bytes before compression")
+    try:
+        body = json.loads(raw)
+    except ValueError as exc:
+        raise invalid("pack header is not JSON") from exc
+    if not isinstance(body, dict) or body.get("format") != "L5P1" or not isinstance(body.get("chunks"), list):
+        raise invalid("pack header is not an L5P1 header")
+    chunks, expected_offset, decoded = [], 0, 0
+    for entry in body["chunks"]:
+        if not isinstance(entry, dict) or not isinstance(entry.get("id"), str) or not isinstance(entry.get("sha256"), str):
+            raise invalid("pack header chunk is malformed")
+        chunk = Chunk(entry["id"], str(entry.get("codec")), _int(entry, "offset"), _int(entry, "size"),
+                      _int(entry, "decoded_size"), entry["sha256"])
+        if chunk.offset != expected_offset:
+            raise invalid(f"chunk {chunk.id} is at offset {chunk.offset}, expected {expected_offset}")
+        expected_offset += chunk.size
+        decoded += chunk.decoded_size
+        chunks.append(chunk)
+    if decoded > MAX_DECODED_BYTES:
+        raise invalid(f"pack decodes to {decoded} bytes (at most {MAX_DECODED_BYTES})")
+    if PREFIX_BYTES + length + expected_offset > MAX_PACK_BYTES:
+        raise invalid(f"pack is over {MAX_PACK_BYTES} bytes")
+    return Header(chunks, PREFIX_BYTES + length)
+
+
+def decode_pack(data: bytes) -> Iterator[tuple[Chunk, bytes]]:
+    """Every chunk of a whole pack with its original bytes, each checked; the pack must end
+    exactly where its last chunk does."""
+    header = decode_header(data)
+    end = header.data_start + sum(c.size for c in header.chunks)
+    if len(data) != end:
+        raise invalid(f"pack is {len(data)} bytes, its header accounts for {end}")
+    for chunk in header.chunks:
+        start = header.data_start + chunk.offset
+        yield chunk, decode_chunk(chunk, data[start : start + chunk.size])
+
+
+# --- sealing -------------------------------------------------------------------------------------
+
+
+@dataclass
+class PackBuilder:
+    """Collects encoded chunks until sealed. ``add`` refuses (``pack_full``) a chunk that
+    would take the pack over the decoded or transfer limit or the object count; callers
+    seal when ``size`` reaches their target."""
+
+    max_objects: int = 2048
+    chunks: list[Chunk] = field(default_factory=list)
+    parts: list[bytes] = field(default_factory=list, repr=False)
+    size: int = 0  # encoded chunk bytes so far
+    decoded_size: int = 0
+
+    def fits(self, decoded_size: int) -> bool:
+        return len(self.chunks) < self.max_objects and self.decoded_size + decoded_size <= MAX_DECODED_BYTES
+
+    def add(self, object_id: str, codec: str, data: bytes) -> Chunk:
+        if not self.fits(len(data)):
+            raise YimiError("pack_full", f"object {object_id} does not fit in this pack")
+        pack_codec, encoded = encode_chunk(codec, data)
+        return self.add_encoded(object_id, pack_codec, encoded, len(data), hashlib.sha256(data).hexdigest())
+
+    def add_encoded(self, object_id: str, codec: str, encoded: bytes, decoded_size: int, sha256: str) -> Chunk:
+        """Add a chunk already in its pack codec (a pack rewritten after an erasure copies
+        the chunks it keeps without decoding them again)."""
+        if not self.fits(decoded_size):
+            raise YimiError("pack_full", f"object {object_id} does not fit in this pack")
+        if PREFIX_BYTES + self.size + len(encoded) > MAX_PACK_BYTES:
+            raise YimiError("pack_full", f"object {object_id} would take the pack over {MAX_PACK_BYTES} bytes")
+        chunk = Chunk(object_id, codec, self.size, len(encoded), decoded_size, sha256)
+        self.chunks.append(chunk)
+        self.parts.append(encoded)
+        self.size += len(encoded)
+        self.decoded_size += decoded_size
+        return chunk
+
+    def seal(self) -> bytes:
+        """The whole pack file. ``pack_empty`` with no chunk; ``header_too_large`` or
+        ``pack_too_large`` over the limits."""
+        if not self.chunks:
+            raise YimiError("pack_empty", "a pack needs at least one object")
+        head = encode_header(self.chunks)
+        if len(head) + self.size > MAX_PACK_BYTES:
+            raise YimiError("pack_too_large", f"pack would be {len(head) + self.size} bytes (at most {MAX_PACK_BYTES})")
+        return head + b"".join(self.parts)
