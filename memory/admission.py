@@ -6,6 +6,12 @@ free inodes ≥ ``DISK_RESERVE_INODES`` (500,000), measured with ``os.statvfs`` 
 directory (or its nearest existing parent) right before the write; otherwise
 ``storage_full`` and nothing is written. The free space counted is what an unprivileged
 process may use (``f_bavail``, ``f_favail``), not the root-only reserve.
+
+``check(directory, size)`` measures the same and says more, for the raw store
+(``memory.raw_store``): ``refused`` and why (``bytes`` or ``inodes``), how much is
+missing, and ``tight`` — admitted, but below the warning levels ``DISK_WARN_BYTES``
+(default 6 GiB: the reserve plus 2 GiB) + ``size`` or ``DISK_WARN_INODES`` (default
+600,000), when the owner is told before anything is refused.
 """
 
 from __future__ import annotations
@@ -37,6 +43,32 @@ def measure(path: Path) -> DiskFree:
 
 # Tests replace it to stand for a nearly full disk; production measures the real one.
 disk_free: Callable[[Path], DiskFree] = measure
+
+
+@dataclass(frozen=True)
+class Admission:
+    free: DiskFree
+    missing_bytes: int  # how many more free bytes the write needs (0 when enough)
+    missing_inodes: int
+    tight: bool  # admitted but below the warning levels
+
+    @property
+    def refused(self) -> bool:
+        return self.missing_bytes > 0 or self.missing_inodes > 0
+
+    @property
+    def reason(self) -> str:
+        """``bytes`` or ``inodes`` (bytes first when both are short); "" when admitted."""
+        return "bytes" if self.missing_bytes > 0 else "inodes" if self.missing_inodes > 0 else ""
+
+
+def check(directory: Path, size: int) -> Admission:
+    """Measure the file system holding ``directory`` for one new file of ``size`` bytes."""
+    free = disk_free(Path(directory))
+    missing_bytes = max(0, settings.DISK_RESERVE_BYTES + size - free.bytes)
+    missing_inodes = max(0, settings.DISK_RESERVE_INODES - free.inodes)
+    tight = free.bytes < settings.DISK_WARN_BYTES + size or free.inodes < settings.DISK_WARN_INODES
+    return Admission(free, missing_bytes, missing_inodes, tight)
 
 
 def admit_write(directory: Path, size: int) -> None:

@@ -426,4 +426,10 @@ IMAGE_REQUEST_WINDOW_SECONDS = env.int("YIMI_IMAGE_REQUEST_WINDOW_SECONDS", defa
 # Disk admission for raw writes (DESIGN.md): free bytes >= reserve + write size, free inodes >= reserve.
 DISK_RESERVE_BYTES = env.int("YIMI_DISK_RESERVE_BYTES", default=4 * 1024**3)
 DISK_RESERVE_INODES = env.int("YIMI_DISK_RESERVE_INODES", default=500_000)
+# The L5 hot store (memory/raw_store.py, docs/memory.md "Raw store (L5)"): where originals go;
+# below the warning levels (above the reserve) the owner is told, at most once per interval.
+RAW_HOT_ROOT = Path(env.str("YIMI_RAW_HOT_ROOT", default=str(DATA_DIR / "raw")))
+DISK_WARN_BYTES = env.int("YIMI_DISK_WARN_BYTES", default=DISK_RESERVE_BYTES + 2 * 1024**3)
+DISK_WARN_INODES = env.int("YIMI_DISK_WARN_INODES", default=DISK_RESERVE_INODES + 100_000)
+RAW_NOTICE_INTERVAL_SECONDS = env.int("YIMI_RAW_NOTICE_INTERVAL_SECONDS", default=6 * 3600)
 HUD_CARD_MAX_CHARS = 40  # the glasses' short form of a card (devices/hud.py)
