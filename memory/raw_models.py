@@ -6,7 +6,7 @@ sensor event. The bytes live in one file under the hot root (``DATA_DIR/raw/``),
 ``hot_path`` relative to it; the row is written only after the file and its directory were
 fsynced, so a row always points at a durable file until ``hot_deleted_at`` is set.
 
-``device_id`` is the device's primary key without a foreign key: memory sits below devices
+``device_id`` is the device's primary key (a UUID) without a foreign key: memory sits below devices
 in the layers, and an original outlives the device that captured it. Cold copies (packs on
 WebDAV) are indexed by the cold-pack models that refer to these rows; this row never says
 where a cold copy is.
@@ -29,7 +29,7 @@ class RawObject(models.Model):
         SENSOR = "sensor"
 
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="raw_objects")
-    device_id = models.IntegerField(null=True, blank=True, help_text="the capturing device's id (no FK: memory sits below devices)")
+    device_id = models.UUIDField(null=True, blank=True, help_text="the capturing device's id (no FK: memory sits below devices)")
     channel = models.CharField(max_length=32, help_text="capture channel (phone_app, glasses, mac, ...)")
     kind = models.CharField(max_length=8, choices=Kind.choices)
     codec = models.CharField(max_length=64, help_text='e.g. "pcm_s16le_16k_mono", "image/jpeg", "application/json"')

@@ -82,7 +82,7 @@ class Capture:
     """Where an original came from: whose it is, which device, which capture channel."""
 
     owner_id: int
-    device_id: int | None
+    device_id: uuid.UUID | None
     channel: str
     device_label: str = ""
 

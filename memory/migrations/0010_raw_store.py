@@ -14,7 +14,7 @@ class Migration(migrations.Migration):
             name="RawObject",
             fields=[
                 ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
-                ("device_id", models.IntegerField(blank=True, help_text="the capturing device's id (no FK: memory sits below devices)", null=True)),
+                ("device_id", models.UUIDField(blank=True, help_text="the capturing device's id (no FK: memory sits below devices)", null=True)),
                 ("channel", models.CharField(help_text="capture channel (phone_app, glasses, mac, ...)", max_length=32)),
                 ("kind", models.CharField(choices=[("audio", "Audio"), ("image", "Image"), ("sensor", "Sensor")], max_length=8)),
                 ("codec", models.CharField(help_text='e.g. "pcm_s16le_16k_mono", "image/jpeg", "application/json"', max_length=64)),
