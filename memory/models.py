@@ -213,6 +213,7 @@ class HistoryLookup(models.Model):
 
 
 from memory.ambient_models import AmbientRecord  # noqa: E402,F401  (registered with the memory app)
+from memory.cold_models import ColdAlert, ColdPack, ObjectLocation  # noqa: E402,F401  (registered with the memory app)
 from memory.health_models import HealthRecord  # noqa: E402,F401  (registered with the memory app)
 from memory.image_models import ImageRecord  # noqa: E402,F401  (registered with the memory app)
 from memory.location_models import LocationReport, Place  # noqa: E402,F401  (registered with the memory app)
