@@ -41,6 +41,10 @@ class ColdPack(models.Model):
     failure = models.CharField(max_length=40, blank=True)
     failure_detail = models.TextField(blank=True)
     replaced_by = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    # The raw object ids in the file, whatever its state: an erasure finds every file that
+    # still holds an original, a failed upload's leftover included.
+    members = models.JSONField(default=list)
+    file_deleted_at = models.DateTimeField(null=True, blank=True, help_text="its file was deleted from the cold storage")
 
     class Meta:
         indexes = [models.Index(fields=["state", "started_at"], name="coldpack_state_started")]

@@ -33,6 +33,8 @@ class Migration(migrations.Migration):
                 ('failure_detail', models.TextField(blank=True)),
                 ('owner', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='cold_packs', to=settings.AUTH_USER_MODEL)),
                 ('replaced_by', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to='memory.coldpack')),
+                ('members', models.JSONField(default=list)),
+                ('file_deleted_at', models.DateTimeField(blank=True, help_text='its file was deleted from the cold storage', null=True)),
             ],
         ),
         migrations.CreateModel(
