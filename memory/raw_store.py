@@ -224,9 +224,9 @@ def not_stored(
     Returns the entry, or None when this refusal is covered by a recent one."""
     now = now or timezone.now()
     recent = TimelineEntry.objects.filter(
-        owner_id=capture.owner_id, notice_code=NOTICE_NOT_STORED, device_id=capture.device_id,
-        created_at__gt=now - timedelta(seconds=NOT_STORED_REPEAT_SECONDS),
+        owner_id=capture.owner_id, notice_code=NOTICE_NOT_STORED, created_at__gt=now - timedelta(seconds=NOT_STORED_REPEAT_SECONDS),
     )
+    recent = recent.filter(device_id=capture.device_id) if capture.device_id is not None else recent.filter(device__isnull=True)
     if recent.exists():
         return None
     reason = error.details.get("reason", "bytes")
@@ -467,11 +467,11 @@ def read_original(obj: RawObject) -> Original:
     if not _cold_readers:
         raise YimiError("original_unavailable", "the hot copy is gone and no cold store is configured", reason="no_cold_store")
     for reader in list(_cold_readers):
-        data = reader(obj)
-        if data is not None:
-            if hashlib.sha256(data).hexdigest() != obj.sha256:
+        cold = reader(obj)
+        if cold is not None:
+            if hashlib.sha256(cold).hexdigest() != obj.sha256:
                 raise YimiError("original_unavailable", "the cold copy does not match the original", reason="cold_mismatch")
-            return Original(obj, data, "cold")
+            return Original(obj, cold, "cold")
     raise YimiError("original_unavailable", "the hot copy is gone and there is no cold copy", reason="no_cold_copy")
 
 
@@ -541,8 +541,9 @@ def erase_originals(owner_id: int, ids: Iterable[int], *, now: datetime | None =
     if rows and _cold_erasers:
         for fn in list(_cold_erasers):
             answer = fn(owner_id, rows)
-            for key in cold:
-                cold[key] = sorted({*cold[key], *answer.get(key, [])})
+            cold["packs"] = sorted({*cold["packs"], *answer.get("packs", [])})
+            for key in ("erased", "pending"):
+                cold[key] = sorted({*cold[key], *(i for i in answer.get(key, []) if i in found)})
     elif rows:
         # No eraser: every cold copy stays. A hot copy already gone had a verified cold one.
         had_cold = {o.pk for o in rows if o.hot_deleted_at is not None} | verified_cold(sorted(found))
