@@ -58,14 +58,16 @@ import json
 import re
 import socket
 import tempfile
+import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 from django.conf import settings
-from mcp import ClientSession, stdio_client
+from mcp import ClientSession, StdioServerParameters, stdio_client
 
 from capabilities.manifest import ManifestError, Pack, load_pack
 from capabilities.mcp_host.sandbox import PackGrant, PlatformPaths, grant_for, host_parameters
@@ -111,6 +113,32 @@ class ContractFormatError(Exception):
     pass
 
 
+@dataclass(frozen=True)
+class StepRecord:
+    """One executed step, for an observer of the run (the registry's honesty check):
+    wall-clock times taken just before the request was sent and just after the answer
+    arrived, so everything the host did for this call happened between them."""
+
+    case: str
+    tool: str
+    args: dict[str, Any]
+    started: float
+    finished: float
+    raw: Any
+    is_error: bool
+
+
+@dataclass
+class ContractHooks:
+    """How an observer watches a run: ``wrap`` rewrites each host's command line (e.g. to
+    run it under strace), ``on_step`` sees every executed step, and ``no_network`` keeps
+    the host in an empty network namespace even when the pack declares egress."""
+
+    wrap: Callable[[StdioServerParameters], StdioServerParameters] | None = None
+    on_step: Callable[[StepRecord], None] | None = None
+    no_network: bool = False
+
+
 def run_contract(
     pack_dir: Path,
     *,
@@ -118,6 +146,7 @@ def run_contract(
     env: dict[str, str] | None = None,
     paths: PlatformPaths | None = None,
     owner_id: int | None = None,
+    hooks: ContractHooks | None = None,
 ) -> ContractReport:
     """Run the pack's contract against its real server (or its fake) and report per case.
 
@@ -144,7 +173,10 @@ def run_contract(
         )
         grant = grant_for([pack], paths)
         grant.env.update(env or {})
-        asyncio.run(_run(pack, contract, fake, grant, Path(tmp), report, owner_id))
+        hooks = hooks or ContractHooks()
+        if hooks.no_network:
+            grant.network = False
+        asyncio.run(_run(pack, contract, fake, grant, Path(tmp), report, owner_id, hooks))
     return report
 
 
@@ -184,8 +216,9 @@ def load_contract(pack: Pack) -> dict[str, Any]:
 class _Host:
     """One sandboxed pack host subprocess and its client session."""
 
-    def __init__(self, pack: Pack, fake: bool, grant: PackGrant, errlog_path: Path) -> None:
+    def __init__(self, pack: Pack, fake: bool, grant: PackGrant, errlog_path: Path, hooks: ContractHooks | None = None) -> None:
         self.pack, self.fake, self.grant, self.errlog_path = pack, fake, grant, errlog_path
+        self.hooks = hooks or ContractHooks()
         self.stack = contextlib.AsyncExitStack()
         self.session: ClientSession | None = None
         self.problem: str | None = None
@@ -197,6 +230,8 @@ class _Host:
         errlog = self.stack.enter_context(open(self.errlog_path, "a", encoding="utf-8"))
         try:
             params = host_parameters(args, self.grant, readable=[self.pack.path.parent])
+            if self.hooks.wrap is not None:
+                params = self.hooks.wrap(params)
             read, write = await self.stack.enter_async_context(stdio_client(params, errlog=errlog))
             self.session = await self.stack.enter_async_context(ClientSession(read, write))
             await asyncio.wait_for(self.session.initialize(), STARTUP_TIMEOUT)
@@ -222,7 +257,8 @@ class _Host:
 
 
 async def _run(
-    pack: Pack, contract: dict[str, Any], fake: bool, grant: PackGrant, tmp: Path, report: ContractReport, owner_id: int | None
+    pack: Pack, contract: dict[str, Any], fake: bool, grant: PackGrant, tmp: Path, report: ContractReport, owner_id: int | None,
+    hooks: ContractHooks,
 ) -> None:
     variables: dict[str, Any] = {"run": uuid.uuid4().hex[:12]}
     step_timeout = float(contract.get("timeout", DEFAULT_STEP_TIMEOUT))
@@ -240,17 +276,17 @@ async def _run(
                 except KeyError as exc:
                     report.cases.append(CaseResult(case["name"], False, [f"env: unknown variable {exc}"]))
                     continue
-                host = _Host(pack, fake, replace(grant, env={**grant.env, **extra}), tmp / f"host-{index}.log")
+                host = _Host(pack, fake, replace(grant, env={**grant.env, **extra}), tmp / f"host-{index}.log", hooks)
                 await host.start()
                 try:
-                    report.cases.append(await _run_case(host, pack, case, variables, step_timeout, owner_id))
+                    report.cases.append(await _run_case(host, pack, case, variables, step_timeout, owner_id, hooks))
                 finally:
                     await host.close()
                 continue
             if shared is None:
-                shared = _Host(pack, fake, grant, tmp / "host.log")
+                shared = _Host(pack, fake, grant, tmp / "host.log", hooks)
                 await shared.start()
-            report.cases.append(await _run_case(shared, pack, case, variables, step_timeout, owner_id))
+            report.cases.append(await _run_case(shared, pack, case, variables, step_timeout, owner_id, hooks))
     finally:
         if shared is not None:
             await shared.close()
@@ -270,7 +306,8 @@ def step_capability(pack: Pack, decl: Any, args: dict[str, Any], owner_id: int |
 
 
 async def _run_case(
-    host: _Host, pack: Pack, case: dict[str, Any], variables: dict[str, Any], step_timeout: float, owner_id: int | None
+    host: _Host, pack: Pack, case: dict[str, Any], variables: dict[str, Any], step_timeout: float, owner_id: int | None,
+    hooks: ContractHooks | None = None,
 ) -> CaseResult:
     if host.problem or host.session is None:
         return CaseResult(case["name"], False, [f"not run: {host.problem}"])
@@ -288,7 +325,11 @@ async def _run_case(
         try:
             capability = step_capability(pack, decl, args, owner_id, run)
             meta: Any = {call_capability.META_KEY: capability} if capability else None
+            started = time.time()
             result = await asyncio.wait_for(host.session.call_tool(decl.full_name, args, meta=meta), step_timeout)
+            if hooks is not None and hooks.on_step is not None:
+                raw_result = getattr(result, "structured_content", None)
+                hooks.on_step(StepRecord(case["name"], step["tool"], args, started, time.time(), raw_result, bool(getattr(result, "is_error", False))))
         except TimeoutError:
             failures.append(f"{where}: no answer within {step_timeout:g} s")
             continue

@@ -33,6 +33,9 @@ class ToolCall(models.Model):
     duration_ms = models.PositiveIntegerField(null=True, blank=True)
     observed_error = models.CharField(max_length=300, blank=True)
     observed_at = models.DateTimeField(null=True, blank=True)
+    # The content digest of the published pack version the call was decided on (empty for
+    # a shipped pack): the registry's monitoring compares versions by it.
+    pack_version = models.CharField(max_length=64, blank=True, default="", db_index=True)
 
     def __str__(self) -> str:
         return f"{self.tool} → {self.decision}"
@@ -85,3 +88,9 @@ class ToldFact(models.Model):
     class Meta:
         constraints = [models.UniqueConstraint(fields=["fact_id", "entry"], name="told_fact_once_per_entry")]
         indexes = [models.Index(fields=["owner", "fact_id"])]
+
+
+# The pack registry's tables live in their own module (issue 18).
+from capabilities.registry_models import PackCandidate, PackVersion, RegisteredPack  # noqa: E402
+
+__all__ = ["PackCandidate", "PackVersion", "ReceiptRecord", "RegisteredPack", "ToldFact", "ToolCall"]

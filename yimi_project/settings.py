@@ -363,6 +363,10 @@ YIMI_PACKS_FAKE = env.bool("YIMI_PACKS_FAKE", default=False)  # serve packs' fak
 # Pack processes run in a bubblewrap sandbox (capabilities/mcp_host/sandbox.py); "none"
 # runs them unsandboxed (not for production).
 YIMI_PACK_SANDBOX = env.str("YIMI_PACK_SANDBOX", default="bwrap")
+# The pack registry (capabilities/registry): checked candidates by content digest, and the
+# selection file (published packs online, enable switches) every process's loader reads.
+# Not under DATA_DIR/packs, which holds the packs' own writable data directories.
+YIMI_PACK_REGISTRY_DIR = Path(env.str("YIMI_PACK_REGISTRY_DIR", default=str(DATA_DIR / "pack-registry")))
 # The gateway's three interfaces: in-process by default, or over HTTP on the internal
 # listener. decide answers within 3 s or the call is not executed.
 YIMI_GATEWAY_OVER_HTTP = env.bool("YIMI_GATEWAY_OVER_HTTP", default=False)

@@ -1,0 +1,18 @@
+"""The pack registry (issue 18, flow F4 steps 5-10): checks, publish, monitor, rollback.
+
+Public entry points (other apps call only these):
+
+- ``add_candidate(directory, *, origin, built_against)`` → ``PackCandidate``: static and
+  honesty checks, stored by content digest (``candidates.py``). The workshop hands every
+  build here.
+- ``online_digest(name)``: the digest of the version online now (what a build is
+  ``built_against``), None when no published version is online.
+- ``publish(digest)``, ``revert(name)``, ``set_enabled(name, enabled)``
+  (``publish.py``); ``monitor_cycle()`` (``monitor.py``, Celery beat).
+"""
+
+from __future__ import annotations
+
+from capabilities.registry.candidates import add_candidate
+
+__all__ = ["add_candidate"]

@@ -1,0 +1,70 @@
+"""Candidate packs for the registry tests: a small, complete Yimi-built pack on disk."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+HONEST_TOOLS = '''
+from capabilities.packkit import ToolRegistry, receipt, value
+
+TOOLS = ToolRegistry()
+
+
+@TOOLS("Count the parcels.", {"type": "object", "properties": {}})
+def count(args):
+    return receipt("succeeded", values=[value("parcels", 2, "parcels", "parcel service")])
+'''
+
+CONTRACT = """pack: {name}
+cases:
+  - name: count
+    steps:
+      - tool: count
+        args: {{}}
+        expect: {{status: succeeded}}
+"""
+
+
+def candidate_manifest(name: str = "parcelcount", *, version: str = "1.0.0", **ext_overrides: Any) -> dict[str, Any]:
+    ext: dict[str, Any] = {
+        "schema": 1,
+        "receipt_schema": 1,
+        "compat": {"platform": ">=0.1", "gateway": 1},
+        "maintainer": "yimi",
+        "runtime": {"server": name, "lazy": True, "idle_timeout_seconds": 900, "host": "dedicated"},
+        "secrets": [],
+        "network": {"egress": []},
+        "scopes": ["owner"],
+        "tools": {"count": {"description": "Count the parcels.", "effect": "observe"}},
+        "staging": {"fake": "fake/tools.py"},
+        "tests": {"contract": "tests/contract.yaml"},
+        "provenance": {"source": "workshop", "build": "test", "adapters": ["server/tools.py"]},
+    }
+    ext.update(ext_overrides)
+    return {"name": name, "version": version, "description": f"{name}: a Yimi-built test pack", "extensions": {"ai.yimi.capability": ext}}
+
+
+def write_candidate(
+    root: Path,
+    name: str = "parcelcount",
+    *,
+    tools_py: str = HONEST_TOOLS,
+    fake_py: str | None = None,
+    manifest: dict[str, Any] | None = None,
+    contract: str | None = None,
+    version: str = "1.0.0",
+) -> Path:
+    """A complete candidate directory ``root/name`` that passes the static checks."""
+    path = root / name
+    for sub in ("server", "fake", "tests", "scripts", f"skills/{name}"):
+        (path / sub).mkdir(parents=True, exist_ok=True)
+    (path / "plugin.json").write_text(json.dumps(manifest or candidate_manifest(name, version=version), indent=2))
+    (path / "mcp.json").write_text(json.dumps({"mcpServers": {name: {"command": "python3", "args": ["-m", "capabilities.mcp_host.host"]}}}))
+    (path / "server" / "tools.py").write_text(tools_py)
+    (path / "fake" / "tools.py").write_text(fake_py if fake_py is not None else tools_py)
+    (path / "tests" / "contract.yaml").write_text(contract if contract is not None else CONTRACT.format(name=name))
+    (path / "scripts" / "test.py").write_text("import subprocess, sys\nsys.exit(subprocess.call([sys.executable, '-m', 'pytest', '-q']))\n")
+    (path / f"skills/{name}/SKILL.md").write_text(f"# {name}\n\nUse it to count parcels.\n")
+    return path
