@@ -19,7 +19,7 @@ class Release(models.Model):
     """One build of the platform, from candidate to cleanup.
 
     ``state`` moves forward by conditional UPDATEs in ``releases.services``:
-    built → gated | rejected | void; gated → switched | failed | void;
+    built → gated | rejected | void | refused; gated → switched | failed | void | refused;
     switched → rolled_back; any → removed (cleanup; ``current`` and ``previous`` never).
     """
 
@@ -35,6 +35,7 @@ class Release(models.Model):
         SWITCHED = "switched"  # switched in at least once (it may since have been rolled back)
         FAILED = "failed"  # its switch did not verify; the previous release was restored
         ROLLED_BACK = "rolled_back"  # it was live and was rolled back
+        REFUSED = "refused"  # it touches the protected baseline and the owner said no (releases.baseline)
         REMOVED = "removed"  # cleanup deleted its directory (or image)
 
     build_id = models.CharField(max_length=100, unique=True, help_text="image digest, or dir:<sha256 of the manifest>")
@@ -82,3 +83,6 @@ class ReleaseEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind} at {self.at:%Y-%m-%d %H:%M:%S}"
+
+
+from releases.request_models import BaselineCard, RollbackRequest  # noqa: E402,F401  (registered with the releases app)

@@ -112,7 +112,11 @@ class Observation:
 
 @dataclass(frozen=True)
 class Rollback:
+    """Go back from ``from_build`` (which must still be current) to ``to_build``."""
+
     reason: str
+    from_build: str
+    to_build: str
 
 
 @dataclass(frozen=True)
@@ -221,7 +225,7 @@ def step(state: WatchState | None, obs: Observation, th: Thresholds) -> tuple[Wa
     if reason:
         state.phase = INTENT
         state.intent = {"from": state.new_build, "to": state.previous_build, "reason": reason, "at": obs.at}
-        return state, _queue(state, [Rollback(reason)])
+        return state, _queue(state, [Rollback(reason, state.new_build, state.previous_build)])
     if (state.healthy_since is not None and obs.at - state.healthy_since >= th.stable_after and r_w == 0):
         state.phase, state.outcome = STABLE, "healthy"
         return state, _queue(state, [_notice(state, "watchdog_stable",
@@ -322,7 +326,7 @@ class Tick:
 def run_once(
     store: StateFile,
     observe: Callable[[], Observation],
-    rollback: Callable[[str], Any],
+    rollback: Callable[[Rollback], Any],
     notify: Callable[[Notice], bool],
     thresholds: Thresholds,
 ) -> Tick:
@@ -339,7 +343,7 @@ def run_once(
     for action in actions:
         if isinstance(action, Rollback) and state is not None:
             try:
-                rollback(action.reason)
+                rollback(action)
                 rolled = True
             except Exception as exc:  # noqa: BLE001 - recorded and told; never tried again
                 state = rollback_done(state, False, f"{type(exc).__name__}: {exc}")

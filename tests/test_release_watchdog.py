@@ -18,6 +18,7 @@ from releases.watchdog import (
     Notice,
     Observation,
     Pointers,
+    Rollback,
     StateFile,
     Thresholds,
     run_once,
@@ -45,8 +46,9 @@ class Host:
     def observe(self) -> Observation:
         return Observation(self.now, Pointers(self.current, self.previous, f"switch-{self.current}"), self.healthy, self.restarts)
 
-    def rollback(self, reason: str) -> None:
-        self.rollbacks.append(reason)
+    def rollback(self, action: Rollback) -> None:
+        assert (action.from_build, action.to_build) == (self.current, self.previous)
+        self.rollbacks.append(action.reason)
         if not self.rollback_works:
             raise RuntimeError("the previous build did not start")
         assert self.previous is not None
@@ -91,9 +93,9 @@ def test_intent_survives_a_watchdog_restart_without_a_second_switch(store: State
     host = Host(healthy=False)
     tick(host, store)
 
-    def dies_after_intent(reason: str) -> None:
+    def dies_after_intent(action: Rollback) -> None:
         on_disk = StateFile(store.path).load()  # what a restarted watchdog would read
-        assert on_disk.phase == INTENT and on_disk.intent["reason"] == reason
+        assert on_disk.phase == INTENT and on_disk.intent["reason"] == action.reason
         raise SystemExit("killed while switching")
 
     host.now += 180
