@@ -373,6 +373,15 @@ YIMI_GATEWAY_OVER_HTTP = env.bool("YIMI_GATEWAY_OVER_HTTP", default=False)
 GATEWAY_DECIDE_TIMEOUT_SECONDS = 3.0
 PACK_CALL_TIMEOUT_SECONDS = env.float("YIMI_PACK_CALL_TIMEOUT_SECONDS", default=120.0)
 
+# --- the workshop (workshop/: capability_find, the pack template, sandboxed builds) --------
+# Builds' working directories; the offline indexes capability_find searches (JSON files the
+# deployer refreshes; format in docs/architecture.md "Workshop", examples in workshop/indexes/).
+YIMI_WORKSHOP_DIR = Path(env.str("YIMI_WORKSHOP_DIR", default=str(DATA_DIR / "workshop")))
+YIMI_WORKSHOP_SKILL_INDEX = Path(env.str("YIMI_WORKSHOP_SKILL_INDEX", default=str(DATA_DIR / "workshop" / "skills-index.json")))
+YIMI_WORKSHOP_MCP_INDEX = Path(env.str("YIMI_WORKSHOP_MCP_INDEX", default=str(DATA_DIR / "workshop" / "mcp-index.json")))
+YIMI_WORKSHOP_MAX_ATTEMPTS = env.int("YIMI_WORKSHOP_MAX_ATTEMPTS", default=3)  # build + self-test rounds
+YIMI_WORKSHOP_SELFTEST_TIMEOUT_SECONDS = env.float("YIMI_WORKSHOP_SELFTEST_TIMEOUT_SECONDS", default=300.0)
+
 # --- the agent loop -------------------------------------------------------------------------
 RUN_TOOL_CALL_BUDGET = 120  # the whole delegation tree, failed validations included
 RUN_MILESTONE_EVERY = 20
