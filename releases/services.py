@@ -136,5 +136,18 @@ def journal(kind: str, fields: dict[str, Any]) -> None:
     )
 
 
+def mark_removed(build_id: str) -> None:
+    """Cleanup deleted the release's directory: its row says so (any state)."""
+    Release.objects.filter(build_id=build_id).update(state=Release.State.REMOVED, state_reason="cleanup", path="")
+
+
+def mark_rolled_back(build_id: str, reason: str) -> None:
+    """The release that was live was rolled back (compare-and-set from ``switched``; a
+    release without a row, or in another state, is left as it is)."""
+    Release.objects.filter(build_id=build_id, state=Release.State.SWITCHED).update(
+        state=Release.State.ROLLED_BACK, state_reason=reason[:2000]
+    )
+
+
 def releases_by_build(build_ids: list[str]) -> dict[str, Release]:
     return {r.build_id: r for r in Release.objects.filter(build_id__in=[b for b in build_ids if b])}
