@@ -4,7 +4,7 @@ from celery.signals import worker_ready
 from django.apps import AppConfig
 
 from capabilities import authorities
-from memory import copies
+from memory import copies, source_changes
 from yimi_project import push
 
 
@@ -21,6 +21,7 @@ class BrainConfig(AppConfig):
     def ready(self) -> None:
         # Here, not at the top: these modules import models, which exist only once the app
         # registry is ready (memory.embeddings is a layer below; no cycle is being dodged).
+        from brain import call_snapshot, privacy_epoch
         from brain.agents import agent_categories, redact_payload
         from brain.dispatch import start_payment
         from brain.execution_tasks import execute_payment_task
@@ -28,7 +29,9 @@ class BrainConfig(AppConfig):
         from brain.vector_index import effective_embedder
         from memory import embeddings
 
-        copies.register("brain", redact_payload)  # forgetting redacts the copies in this app's tables
+        # forgetting redacts the copies in this app's tables: sub-agent tasks and call snapshots
+        copies.register("brain", lambda owner_id, content: {**redact_payload(owner_id, content), **call_snapshot.redact_payload(owner_id, content)})
+        source_changes.register("brain", privacy_epoch.on_source_change)  # a forget, edit or erase moves the privacy epoch
         embeddings.register_catalog_embedder(effective_embedder)  # recall embeds with the catalog's model
         authorities.register_run_binder(run_binding)  # the gateway binds each call to its run
         authorities.register_agent_limit(agent_categories)  # a self-check agent only observes

@@ -65,10 +65,13 @@ def skills_block(packs: list[Any], budget: int) -> str:
     return SKILL_HEADER + "\n\n".join(parts) if parts else ""
 
 
-def build_messages(scope: str, utterance: str, history: list[TimelineEntry]) -> list[dict[str, Any]]:
+def build_messages(scope: str, utterance: str, history: list[TimelineEntry], *, system: str | None = None) -> list[dict[str, Any]]:
+    """The run's messages. ``system``: the owner's system prompt when it is not
+    ``OWNER_SYSTEM`` — in a voice call, the call's persona and background
+    (``brain.call_snapshot.call_prompt``); never used for a guest."""
     if scope != "owner":
         return [{"role": "system", "content": GUEST_SYSTEM}, {"role": "user", "content": utterance}]
-    messages: list[dict[str, Any]] = [{"role": "system", "content": OWNER_SYSTEM}]
+    messages: list[dict[str, Any]] = [{"role": "system", "content": system or OWNER_SYSTEM}]
     for entry in history:
         role = "assistant" if entry.kind == TimelineEntry.Kind.REPLY else "user"
         messages.append({"role": role, "content": entry.text})

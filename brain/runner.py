@@ -29,7 +29,7 @@ from typing import Any
 from channels.db import database_sync_to_async
 from django.conf import settings
 
-from brain import agent_loop, reporting, roles, services, trace, vision
+from brain import agent_loop, call_snapshot, reporting, roles, services, trace, vision
 from brain.agent_loop import DELEGATED_ACK, main_turn
 from brain.client import BrainError
 from brain.dispatch import dispatch_task, keep_claim
@@ -159,7 +159,9 @@ def _claim_and_prepare(run_id: Any, stages: dict[str, float] | None) -> tuple[Ru
     if services.is_stale(run):
         return run, None, None, None, None
     history = services.history_for(run)
-    messages = build_messages(run.scope, run.inbound.text, history)
+    # In a voice call the owner talks with the call's frozen persona and background (issue 21).
+    system = call_snapshot.call_prompt(run.owner_id, run.origin_device_id) if run.scope == "owner" else None
+    messages = build_messages(run.scope, run.inbound.text, history, system=system)
     trace.mark(run, "prompt_built")
     memory = prepare_memory(run.owner_id, run.scope, run.inbound.seq)
     messages = with_memory(messages, history, memory)

@@ -17,7 +17,7 @@ from channels.db import database_sync_to_async
 
 from accounts import voice as identity
 from accounts.models import VoiceCall
-from brain import roles
+from brain import call_snapshot, roles
 from brain.dispatch import dispatch_run
 from devices import services as device_services
 from devices.consumers import DeviceConsumer
@@ -285,9 +285,13 @@ class VoiceConsumer(DeviceConsumer):
         assert self.device is not None
         if self.call is not None:
             raise YimiError("call_in_progress", "a call is already open on this session; send call.end first")
-        self.call = await database_sync_to_async(identity.start_call)(self.device, frame.get("call_id"), session.channel)
+        call = await database_sync_to_async(identity.start_call)(self.device, frame.get("call_id"), session.channel)
+        # The call's frozen snapshot (persona version, opening, background, card); reused when
+        # this call is started again, e.g. after a reconnect (brain.call_snapshot).
+        prepared = await database_sync_to_async(call_snapshot.prepare)(call)
+        self.call = call
         ambient.analysis.scheduler.hold(f"call:{session.id}")  # analysis yields while the owner is in a call
-        await self._send({"type": "call.started", "id": frame.get("id"), "call_id": self.call.call_id})
+        await self._send({"type": "call.started", "id": frame.get("id"), "call_id": call.call_id, "snapshot": prepared.frame()})
 
     async def _on_call_end(self, frame: dict[str, Any]) -> None:
         self._need_session()

@@ -32,7 +32,7 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from memory import copies, speaking_rules
+from memory import copies, source_changes, speaking_rules
 from memory.locks import lock_owner_memory
 from memory.models import (
     Assertion,
@@ -324,6 +324,8 @@ def commit(request: CommitRequest) -> CommitResult:
         if swapped != 1:
             raise YimiError("conflict", "the assertion changed while committing; read it again")
         marked = mark_downstream(assertion.id, reason=f"{request.predicate} {str(assertion.id)[:8]} changed to version {new_version}", now=now) if not created else []
+        if not created and request.predicate != SPEAKING_PREFERENCES:  # an edit of a fact: what was derived from it is invalid (memory.source_changes)
+            source_changes.notify(source_changes.SourceChange(request.owner_id, source_changes.EDITED, (str(assertion.id),)))
         result = CommitResult(
             assertion_id=str(assertion.id), version=new_version, predicate=request.predicate, request_id=request.request_id,
             committed_at=now.isoformat(), marked_for_reevaluation=[str(m) for m in marked],
@@ -579,6 +581,8 @@ def forget(owner_id: int, assertion_id: Any, *, request_id: str, actor: str = "o
         ]
         _reset_sessions_told(owner_id, {str(i) for i in ids})
         redacted = copies.redact_copies(owner_id, copies.ForgottenContent(payloads))
+        if forgotten:  # what was derived from them is invalid (memory.source_changes)
+            source_changes.notify(source_changes.SourceChange(owner_id, source_changes.FORGOTTEN, tuple(f["id"] for f in forgotten)))
         result = ForgetResult(
             target=str(target.id), request_id=request_id, forgotten=forgotten,
             versions_erased=sum(f["versions_erased"] for f in forgotten), already_forgotten=already, forgotten_at=now.isoformat(),

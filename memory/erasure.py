@@ -56,7 +56,7 @@ from django.db import transaction
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from memory import copies
+from memory import copies, source_changes
 from memory.embeddings import clear_vector_cache
 from memory.image_models import ImageRecord
 from memory.locks import lock_owner_memory
@@ -225,6 +225,7 @@ def erase(owner_id: int, token: Any, *, now: datetime | None = None) -> dict[str
         )
         removed = [p for _, p in images if p]
         redacted = copies.redact_copies(owner_id, copies.ForgottenContent(texts))
+        source_changes.notify(source_changes.SourceChange(owner_id, source_changes.ERASED, entry_ids=tuple(ids)))
         result = {
             "erasure_id": erasure_id(owner_id, digest), "digest": digest, "erased_at": now.isoformat(),
             "entries": [{"seq": e["seq"], "kind": e["kind"], "created_at": e["created_at"]} for e in current.entries],
