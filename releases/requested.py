@@ -96,7 +96,7 @@ def refusal(request: RollbackRequest, current: pointers.Pointers, switched_in: s
 
 def execute_pending(
     *,
-    idle: Callable[[], Any],
+    idle_check: Callable[[], Sequence[Any]],
     services: Sequence[pointers.Service],
     root: Path | None = None,
     verify: pointers.Verify | None = None,
@@ -104,8 +104,9 @@ def execute_pending(
 ) -> list[Outcome]:
     """Execute waiting requests, if the host is idle now (the Celery task's body).
 
-    Steps: 1. nothing waiting, or ``idle()`` says busy: nothing happens (they wait for the
-    next idle moment); 2. claim the oldest (``pending`` → ``executing``; a worker that
+    Steps: 1. nothing waiting, or ``idle_check()`` names something that blocks (the release
+    helper's ``releases.idle.blockers``): nothing happens (they wait for the next idle
+    moment); 2. claim the oldest (``pending`` → ``executing``; a worker that
     loses the race skips it); 3. refused when the running version is not the one the owner
     asked about or not the latest switch (``refusal``); 4. otherwise
     ``rollback_to_previous`` with ``expected_current`` = the requested build (a switch in
@@ -115,9 +116,9 @@ def execute_pending(
     """
     if not RollbackRequest.objects.filter(state=RollbackRequest.State.PENDING).exists():
         return []
-    report = idle()
-    if not bool(getattr(report, "idle", report)):
-        log_event("rollback_request_waits", reasons=",".join(getattr(report, "reasons", []) or []))
+    blocking = list(idle_check())
+    if blocking:
+        log_event("rollback_request_waits", blockers=",".join(str(b) for b in blocking)[:500])
         return []
     outcomes = []
     for request in RollbackRequest.objects.filter(state=RollbackRequest.State.PENDING).order_by("requested_at"):
@@ -146,8 +147,10 @@ def _execute(request: RollbackRequest, *, services: Sequence[pointers.Service], 
             f"the owner asked: {request.reason}", services=services, verify=verify, root=root,
             expected_current=request.from_build or pointers.ANY, before_switch=project_memory,
         )
-    except YimiError as exc:
+    except YimiError as exc:  # current_changed, no_previous_release: the host moved on
         return _finish(request, RollbackRequest.State.REFUSED, f"{exc.message}; nothing was switched", now=now)
+    except Exception as exc:  # noqa: BLE001 - e.g. the memory projection failed: nothing was switched
+        return _finish(request, RollbackRequest.State.FAILED, f"{type(exc).__name__}: {exc}; nothing was switched", now=now)
     if not result.ok:
         return _finish(request, RollbackRequest.State.FAILED,
                        "going back was tried once and did not verify: " + "; ".join(result.problems), now=now, to_build=result.to_build)

@@ -87,7 +87,7 @@ def test_requested_rollback_is_executed_at_idle(owner: Any, host: Path) -> None:
     assert request.state == "pending" and request.from_build == "dir:b"
     assert requested.request_rollback(owner, "again", root=host).id == request.id  # one waits at a time
 
-    [outcome] = requested.execute_pending(idle=lambda: True, services=[service], root=host)
+    [outcome] = requested.execute_pending(idle_check=list, services=[service], root=host)
     assert outcome.state == "executed"
     ptrs = pointers.read_pointers(host)
     assert (ptrs.current_build, ptrs.previous_build) == ("dir:a", "dir:b")
@@ -100,18 +100,13 @@ def test_requested_rollback_is_executed_at_idle(owner: Any, host: Path) -> None:
     assert "likes green tea" in (host / "a" / "memory" / "MEMORY.md").read_text()
     assert ReleaseEvent.objects.filter(kind="rollback", to_build="dir:a").exists()
     # nothing left to do: a second run does nothing
-    assert requested.execute_pending(idle=lambda: True, services=[service], root=host) == []
+    assert requested.execute_pending(idle_check=list, services=[service], root=host) == []
 
 
 @pytest.mark.django_db
 def test_requested_rollback_waits_while_busy(owner: Any, host: Path) -> None:
-    @dataclass
-    class Busy:
-        idle: bool = False
-        reasons: tuple[str, ...] = ("a run is open",)
-
     request = requested.request_rollback(owner, "I don't want this version", root=host)
-    assert requested.execute_pending(idle=Busy, services=[RecordingService()], root=host) == []
+    assert requested.execute_pending(idle_check=lambda: ["run: 1 run(s) queued or running"], services=[RecordingService()], root=host) == []
     request.refresh_from_db()
     assert request.state == "pending"
     assert pointers.read_pointers(host).current_build == "dir:b"
@@ -121,13 +116,13 @@ def test_requested_rollback_waits_while_busy(owner: Any, host: Path) -> None:
 def test_requested_rollback_refused_when_current_is_not_the_latest_switch(owner: Any, host: Path) -> None:
     service = RecordingService()
     first = requested.request_rollback(owner, "go back", root=host)
-    requested.execute_pending(idle=lambda: True, services=[service], root=host)
+    requested.execute_pending(idle_check=list, services=[service], root=host)
     first.refresh_from_db()
     assert first.state == "executed"
     # said twice: now A runs, but B was the latest switch; going back again would re-install B
     second = requested.request_rollback(owner, "go back", root=host)
     assert second.id != first.id and second.from_build == "dir:a"
-    [outcome] = requested.execute_pending(idle=lambda: True, services=[service], root=host)
+    [outcome] = requested.execute_pending(idle_check=list, services=[service], root=host)
     assert outcome.state == "refused" and "not the one most recently switched in" in outcome.detail
     assert pointers.read_pointers(host).current_build == "dir:a"
     second.refresh_from_db()
@@ -140,7 +135,7 @@ def test_requested_rollback_refused_when_a_newer_release_came_meanwhile(owner: A
     request = requested.request_rollback(owner, "go back", root=host)
     c = make_release(host, "c")
     pointers.switch(c, services=[RecordingService()], backup=lambda: None, root=host, journal=None)
-    [outcome] = requested.execute_pending(idle=lambda: True, services=[RecordingService()], root=host)
+    [outcome] = requested.execute_pending(idle_check=list, services=[RecordingService()], root=host)
     assert outcome.state == "refused" and "changed since you asked" in outcome.detail
     assert pointers.read_pointers(host).current_build == "dir:c"
     request.refresh_from_db()
