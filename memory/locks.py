@@ -12,6 +12,11 @@ released when the transaction ends (commit or rollback); other owners are not bl
 - ``lock_owner_payments``: issuing a payment authorization (the small auto-pay daily sum
   and same-payee check, then the insert), so concurrent auto-payments are counted.
 
+- ``archive_round_lock``: one cold-pack migration round at a time per owner
+  (``memory.archive``). Not transaction-scoped: a round uploads for seconds and holds no
+  transaction, so it is a *session* lock, tried (a second round returns at once) and
+  released when the round ends; in-process (a thread lock) on SQLite.
+
 Order, where more than one is held: calls, then payments (``decide`` asking for a payment
 authorization). Memory's lock is never held together with the others.
 
@@ -23,12 +28,17 @@ authorization). Memory's lock is never held together with the others.
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 from django.db import connection
 
 # Two-key advisory locks: (space, owner id).
 MEMORY_LOCK_SPACE = 0x4D454D  # "MEM"
 CALLS_LOCK_SPACE = 0x43414C  # "CAL"
 PAYMENTS_LOCK_SPACE = 0x504159  # "PAY"
+ARCHIVE_LOCK_SPACE = 0x415243  # "ARC"
 
 
 def lock_owner(space: int, owner_id: int) -> None:
@@ -53,3 +63,28 @@ def lock_owner_calls(owner_id: int) -> None:
 def lock_owner_payments(owner_id: int) -> None:
     """Take the owner's payment authorization lock until the current transaction ends."""
     lock_owner(PAYMENTS_LOCK_SPACE, owner_id)
+
+
+_archive_threads = threading.Lock()
+
+
+@contextmanager
+def archive_round_lock(owner_id: int) -> Iterator[bool]:
+    """Try the owner's archive round lock; yields whether it was taken (released on exit)."""
+    if connection.vendor != "postgresql":
+        taken = _archive_threads.acquire(blocking=False)
+        try:
+            yield taken
+        finally:
+            if taken:
+                _archive_threads.release()
+        return
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_lock(%s, %s)", [ARCHIVE_LOCK_SPACE, int(owner_id)])
+        taken = bool(cursor.fetchone()[0])
+    try:
+        yield taken
+    finally:
+        if taken:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_advisory_unlock(%s, %s)", [ARCHIVE_LOCK_SPACE, int(owner_id)])

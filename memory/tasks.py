@@ -5,6 +5,7 @@ from __future__ import annotations
 from celery import shared_task
 
 from accounts.services import get_owner
+from memory import archive
 from memory.embeddings import configured_embedder, index_timeline
 from memory.projections import regenerate
 
@@ -23,3 +24,13 @@ def index_timeline_embeddings_task(limit: int = 2000) -> int:
     if embedder is None or owner is None:
         return 0
     return index_timeline(owner.pk, embedder, limit=limit)
+
+
+@shared_task(name="memory.tasks.archive_round")
+def archive_round_task() -> dict[str, object]:
+    """One cold-pack migration round and the due hot-copy releases (memory.archive); beat
+    runs it every minute. Without cold storage configured it does nothing."""
+    owner = get_owner()
+    if owner is None:
+        return {"stopped": "no_owner"}
+    return archive.migrate_round(owner.pk).as_dict()

@@ -225,6 +225,7 @@ CELERY_BEAT_SCHEDULE = {
     "expire-payment-authorizations": {"task": "payments.tasks.expire_authorizations", "schedule": DUE_SWEEP_SECONDS},
     "index-timeline-embeddings": {"task": "memory.tasks.index_timeline_embeddings", "schedule": 60.0},
     "regenerate-projections": {"task": "memory.tasks.regenerate_projections", "schedule": 300.0},
+    "archive-round": {"task": "memory.tasks.archive_round", "schedule": 60.0},  # cold packs (memory/archive.py)
 }
 # Without a broker, runs execute on the web server's event loop, and a sweeper there recovers runs.
 YIMI_EMBEDDED_SWEEPER = env.bool("YIMI_EMBEDDED_SWEEPER", default=True)
@@ -445,4 +446,12 @@ RAW_HOT_ROOT = Path(env.str("YIMI_RAW_HOT_ROOT", default=str(DATA_DIR / "raw")))
 DISK_WARN_BYTES = env.int("YIMI_DISK_WARN_BYTES", default=DISK_RESERVE_BYTES + 2 * 1024**3)
 DISK_WARN_INODES = env.int("YIMI_DISK_WARN_INODES", default=DISK_RESERVE_INODES + 100_000)
 RAW_NOTICE_INTERVAL_SECONDS = env.int("YIMI_RAW_NOTICE_INTERVAL_SECONDS", default=6 * 3600)
+# Cold packs on WebDAV (memory/archive.py, docs/memory.md "Cold packs"): the collection packs
+# go under (empty: no cold storage, hot copies stay), its user; the password is the
+# cold_webdav_password file in the secrets directory. Hot copies stay this long after their
+# pack verified; pack starts are spaced as if uploads ran at COLD_MAX_UPLOAD_KBPS.
+COLD_WEBDAV_URL = env.str("YIMI_COLD_WEBDAV_URL", default="")
+COLD_WEBDAV_USER = env.str("YIMI_COLD_WEBDAV_USER", default="yimi")
+COLD_HOT_RETENTION_SECONDS = env.float("YIMI_COLD_HOT_RETENTION_SECONDS", default=2 * 86400.0)
+COLD_MAX_UPLOAD_KBPS = env.int("YIMI_COLD_MAX_UPLOAD_KBPS", default=2000)
 HUD_CARD_MAX_CHARS = 40  # the glasses' short form of a card (devices/hud.py)
