@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cache, lru_cache
 from pathlib import Path
 from typing import Any
@@ -140,6 +140,8 @@ class Pack:
     path: Path
     ext: dict[str, Any]
     tools: dict[str, ToolDecl]
+    # The content digest of a version published through the registry; "" for a shipped pack.
+    digest: str = ""
 
     @property
     def scopes(self) -> list[str]:
@@ -281,33 +283,93 @@ def _signature(packs_dir: Path) -> tuple[tuple[str, float], ...]:
     return tuple(sig)
 
 
+@dataclass(frozen=True)
+class Selection:
+    """What the pack registry selected (``capabilities.registry.publish`` writes it from the
+    database after every change): the published versions online, name → (directory,
+    digest), and the enable switches staff and operators set, name → on/off."""
+
+    published: tuple[tuple[str, str, str], ...] = ()
+    switches: tuple[tuple[str, bool], ...] = ()
+
+
+def selection_file() -> Path:
+    return Path(settings.YIMI_PACK_REGISTRY_DIR) / "selection.json"
+
+
+def read_selection() -> Selection:
+    """The registry's selection file, re-parsed only when it changed. A file (not the
+    database) because the loader runs on the pack hosts' event loop and in every process
+    (web, worker, beat), and each must see a publish without a restart."""
+    path = selection_file()
+    try:
+        info = path.stat()
+    except OSError:
+        return Selection()
+    return _parse_selection(path, info.st_mtime_ns, info.st_size)
+
+
+@lru_cache(maxsize=4)
+def _parse_selection(path: Path, mtime_ns: int, size: int) -> Selection:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        published = tuple(sorted((str(n), str(v["path"]), str(v["digest"])) for n, v in data.get("published", {}).items()))
+        switches = tuple(sorted((str(n), bool(v)) for n, v in data.get("switches", {}).items()))
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return Selection()
+    return Selection(published, switches)
+
+
 def load_packs(packs_dir: Path | None = None) -> PackSet:
-    """The enabled packs in the packs directory, re-read only when a manifest or the switches
-    changed. A pack is on when its manifest does not say ``enabled_by_default: false`` or
-    ``YIMI_PACKS_ENABLE`` names it, unless ``YIMI_PACKS_DISABLE`` names it; a pack that is off
-    is listed in ``disabled`` and offers no tools (``pack_contract`` still runs it)."""
+    """The enabled packs: the shipped ones in the packs directory and the versions the pack
+    registry published, re-read only when a manifest, the switches or the registry's
+    selection changed. Whether a pack is on, first rule that applies:
+
+    1. ``YIMI_PACKS_DISABLE`` names it → off (the deployer's switch wins over everything);
+    2. the registry's switch for it (staff admin, ``manage.py pack enable|disable``) → that;
+    3. ``YIMI_PACKS_ENABLE`` names it → on;
+    4. its manifest's ``enabled_by_default`` (true unless it says false).
+
+    A pack that is off is listed in ``disabled`` and offers no tools (``pack_contract``
+    still runs it). A published pack whose name a shipped pack has is refused."""
     directory = Path(packs_dir or settings.YIMI_PACKS_DIR)
     switches = (tuple(sorted(settings.YIMI_PACKS_ENABLE)), tuple(sorted(settings.YIMI_PACKS_DISABLE)))
-    return _load(directory, _signature(directory), switches)
+    return _load(directory, _signature(directory), switches, read_selection())
 
 
 @lru_cache(maxsize=8)
-def _load(directory: Path, signature: tuple[tuple[str, float], ...], switches: tuple[tuple[str, ...], tuple[str, ...]]) -> PackSet:
+def _load(
+    directory: Path, signature: tuple[tuple[str, float], ...], switches: tuple[tuple[str, ...], tuple[str, ...]],
+    selection: Selection = Selection(),
+) -> PackSet:
     enable, disable = switches
+    registry_switch = dict(selection.switches)
     result = PackSet()
+    found: list[Pack] = []
     for name, _ in signature:
         child = directory / name
         if not child.is_dir() or name.startswith((".", "_")):
             continue
         try:
-            pack = load_pack(child)
+            found.append(load_pack(child))
         except ManifestError as exc:
             result.refused[name] = str(exc)
+    shipped = {name for name, _ in signature}
+    for name, path, digest in selection.published:
+        if name in shipped:
+            result.refused[name] = "a shipped pack has this name; the published version is not loaded"
             continue
+        try:
+            found.append(replace(load_pack(Path(path)), digest=digest))
+        except ManifestError as exc:
+            result.refused[name] = f"published version {digest[:12]}: {exc}"
+    for pack in found:
         if pack.name in disable:
             result.disabled[pack.name] = "turned off by YIMI_PACKS_DISABLE"
-        elif not pack.enabled_by_default and pack.name not in enable:
+        elif registry_switch.get(pack.name) is False:
+            result.disabled[pack.name] = "turned off in the pack registry"
+        elif registry_switch.get(pack.name) is None and not pack.enabled_by_default and pack.name not in enable:
             result.disabled[pack.name] = f"off by default; YIMI_PACKS_ENABLE={pack.name} turns it on"
         else:
-            result.packs[name] = pack
+            result.packs[pack.name] = pack
     return result

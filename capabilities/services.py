@@ -348,7 +348,11 @@ def _record(
     packs: PackSet | None = None,
 ) -> Decision:
     fingerprint = fingerprint or sha256(canonical({"tool": request.tool, "args": model_args}))
+    # Which published version of the pack the call was decided on: the registry's
+    # monitoring compares versions by it (capabilities.registry.monitor).
+    decided_on = (packs if packs is not None else load_packs()).packs.get(tool.pack) if tool is not None else None
     call = ToolCall(
+        pack_version=decided_on.digest if decided_on is not None else "",
         owner_id=binding.owner_id,
         run_id=binding.run_id,
         agent_id=request.agent_id,

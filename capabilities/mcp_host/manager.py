@@ -7,6 +7,12 @@ it has been idle for its packs' ``idle_timeout_seconds`` (default 900). When a h
 ``notifications/tools/list_changed`` its tool list is read again and ``on_tools_changed``
 is called, so runs see the new list without a restart.
 
+A version the pack registry published lives in a directory of its own (outside the packs
+directory) and always gets a dedicated host. When the registry switches a pack to another
+version, the running host serves code from the old directory: the next use of it (or
+``refresh_pack``) stops it, starts one for the new version, and announces the change as a
+``tools/list_changed`` from a host would be (``tools_version``, ``on_tools_changed``).
+
 All of this lives on one event loop per process (``runtime.py``): MCP sessions are bound
 to the loop that opened them.
 """
@@ -42,9 +48,11 @@ class HostProcess:
     """One host process and its MCP session, owned by a single task."""
 
     def __init__(
-        self, key: str, params: StdioServerParameters, idle_timeout: float, on_changed: Callable[[str], None], errlog: Any
+        self, key: str, params: StdioServerParameters, idle_timeout: float, on_changed: Callable[[str], None], errlog: Any,
+        source: tuple[str, ...] = (),
     ) -> None:
         self.key, self.params, self.idle_timeout, self.errlog = key, params, idle_timeout, errlog
+        self.source = source  # the directories of the pack versions it serves
         self.session: ClientSession | None = None
         self.tools: dict[str, types.Tool] = {}
         self.last_used = time.monotonic()
@@ -143,18 +151,23 @@ class HostManager:
     def packs(self) -> PackSet:
         return load_packs(self.packs_dir)
 
-    @staticmethod
-    def host_key(pack: Pack) -> str:
-        return "shared" if pack.host == "shared" else pack.name
+    def host_key(self, pack: Pack) -> str:
+        shipped = pack.path.parent.resolve() == self.packs_dir.resolve()
+        return "shared" if pack.host == "shared" and shipped else pack.name
+
+    def _source(self, key: str) -> tuple[str, ...]:
+        return tuple(sorted(str(p.path) for p in self.packs().packs.values() if self.host_key(p) == key))
 
     def _params(self, key: str) -> StdioServerParameters:
-        """The sandboxed command for one host: only what its packs declared (sandbox.py)."""
-        args = ["-m", "capabilities.mcp_host.host", "--packs-dir", str(self.packs_dir), "--select", key,
+        """The sandboxed command for one host: only what its packs declared (sandbox.py).
+        A published version's host reads the registry's directory of that version."""
+        packs = [p for p in self.packs().packs.values() if self.host_key(p) == key]
+        packs_dir = packs[0].path.parent.resolve() if key != "shared" and packs else self.packs_dir.resolve()
+        args = ["-m", "capabilities.mcp_host.host", "--packs-dir", str(packs_dir), "--select", key,
                 "--watch-interval", str(self.watch_interval)]
         if self.fake:
             args.append("--fake")
-        packs = [p for p in self.packs().packs.values() if self.host_key(p) == key]
-        return host_parameters(args, grant_for(packs, self.paths), readable=[self.packs_dir.resolve()])
+        return host_parameters(args, grant_for(packs, self.paths), readable=[packs_dir])
 
     def _errlog(self, key: str) -> Any:
         """Where a host's stderr goes: a log file per host, or this process's real stderr
@@ -178,12 +191,38 @@ class HostManager:
         different packs start at the same time (each takes seconds in its sandbox)."""
         async with self._starting.setdefault(key, asyncio.Lock()):
             current = self.hosts.get(key)
-            if current is not None and current.alive:
+            source = self._source(key)
+            if current is not None and current.alive and current.source == source:
                 return current
-            process = HostProcess(key, self._params(key), self._idle_timeout(key), self._changed, self._errlog(key))
+            replaced = current is not None and current.alive
+            if replaced and current is not None:
+                await current.stop()  # it serves another version of the pack
+            process = HostProcess(key, self._params(key), self._idle_timeout(key), self._changed, self._errlog(key), source)
             await process.start()
             self.hosts[key] = process
+            if replaced:
+                self._changed(key)
             return process
+
+    async def refresh_pack(self, name: str) -> list[str]:
+        """After the registry switched ``name`` to another version (or off): start the host
+        of the version now selected (stopping the old one), or stop the host of a pack no
+        longer selected, and announce the change; returns the tools served now."""
+        pack = self.packs().packs.get(name)
+        if pack is None:
+            async with self._lock:
+                host = self.hosts.pop(name, None)
+                if host is not None:
+                    await host.stop()
+            self._changed(name)
+            return []
+        key = self.host_key(pack)
+        current = self.hosts.get(key)
+        was_running = current is not None and current.alive
+        host = await self.host(key)
+        if not was_running:  # a running host of another version was announced by host()
+            self._changed(key)
+        return sorted(n for n in host.tools if n.split("__", 1)[0] == name)
 
     async def list_tools(self, pack_names: list[str]) -> dict[str, types.Tool]:
         """The MCP tool definitions of these packs, starting their hosts if needed."""

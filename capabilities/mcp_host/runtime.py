@@ -40,6 +40,19 @@ async def on_host_loop(work: Callable[[HostManager], Awaitable[T]]) -> T:
     return await asyncio.wrap_future(future)
 
 
+def refresh_pack_if_running(name: str, timeout: float = 120.0) -> list[str] | None:
+    """After the pack registry switched ``name`` (published, reverted, turned on or off):
+    if this process runs pack hosts, restart or stop that pack's host and announce the new
+    tool list (``HostManager.refresh_pack``); returns the tools served, or None when this
+    process runs no hosts (a management command): their processes see the change at
+    their next ``load_packs()``."""
+    with _lock:
+        loop, manager = _loop, _manager
+    if loop is None or manager is None:
+        return None
+    return asyncio.run_coroutine_threadsafe(manager.refresh_pack(name), loop).result(timeout)
+
+
 def reset_for_tests() -> None:
     """Stop every host and the loop (tests change the packs directory between tests)."""
     global _loop, _manager

@@ -14,5 +14,6 @@ Public entry points (other apps call only these):
 from __future__ import annotations
 
 from capabilities.registry.candidates import add_candidate
+from capabilities.registry.publish import online_digest, publish, revert, set_enabled
 
-__all__ = ["add_candidate"]
+__all__ = ["add_candidate", "online_digest", "publish", "revert", "set_enabled"]

@@ -27,8 +27,8 @@ from django.conf import settings
 from django.utils import timezone
 
 from capabilities.manifest import EXT
-from capabilities.registry.checks import CheckReport, check_pack
-from capabilities.registry.honesty import honesty_check
+from capabilities.registry.checks import CheckReport, check_pack, directory_digest
+from capabilities.registry.honesty import HonestyReport, honesty_check
 from capabilities.registry_models import PackCandidate
 from yimi_project.errors import YimiError
 from yimi_project.logs import log_event
@@ -47,7 +47,12 @@ def store_path(digest: str, name: str) -> Path:
 
 
 def add_candidate(
-    directory: Path, *, origin: str, built_against: str | None, progress: Callable[[str], None] | None = None
+    directory: Path,
+    *,
+    origin: str,
+    built_against: str | None,
+    progress: Callable[[str], None] | None = None,
+    honesty: Callable[[Path], HonestyReport] = honesty_check,
 ) -> PackCandidate:
     """Hand a candidate pack to the registry: the public entry point for the workshop.
 
@@ -62,7 +67,9 @@ def add_candidate(
     checks there (minutes: two sandboxed, traced contract runs) and stores the result:
     the returned candidate's ``state`` is ``passed`` or ``refused``, its
     ``static_report`` and ``honesty_report`` say why (rule codes and file names, never
-    file contents), ``digest`` identifies it for ``publish``. Raises ``YimiError``
+    file contents), ``digest`` identifies it for ``publish``. ``progress`` gets a line
+    per long step; ``honesty`` is the honesty check to run (tests reuse one real result
+    per digest). Raises ``YimiError``
     (``invalid_request``) only for bad arguments; a bad pack is a refused candidate.
     """
     say = progress or (lambda _line: None)
@@ -83,7 +90,7 @@ def add_candidate(
         else:
             path = str(copied)
             say("honesty checks: contract against the fake and the real implementation, traced in the sandbox")
-            result = honesty_check(copied)
+            result = honesty(copied)
             honesty = result.as_json()
     state = PackCandidate.State.PASSED if report.passed and honesty.get("passed") else PackCandidate.State.REFUSED
     ext = report.manifest.get("extensions", {}).get(EXT, {}) if isinstance(report.manifest.get("extensions"), dict) else {}
@@ -138,4 +145,4 @@ def _store(source: Path, report: CheckReport, name: str) -> Path | None:
 def verify_stored(candidate: PackCandidate) -> bool:
     """Whether the store still holds exactly what was checked (same digest)."""
     path = Path(candidate.path) if candidate.path else None
-    return path is not None and path.is_dir() and check_pack(path, origin="operator").digest == candidate.digest
+    return path is not None and path.is_dir() and directory_digest(path) == candidate.digest

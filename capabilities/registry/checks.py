@@ -135,6 +135,22 @@ def content_digest(files: list[PackFile]) -> str:
     return digest.hexdigest()
 
 
+def directory_digest(directory: Path) -> str:
+    """The content digest of a pack directory already on the platform (a shipped pack, the
+    registry's store): every regular file, ``__pycache__`` left out, links not followed."""
+    files = []
+    root = Path(directory)
+    for current, dirs, names in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__" and not os.path.islink(os.path.join(current, d)))
+        for name in sorted(names):
+            full = Path(current) / name
+            if full.is_symlink() or not full.is_file():
+                continue
+            data = full.read_bytes()
+            files.append(PackFile(full.relative_to(root).as_posix(), len(data), hashlib.sha256(data).hexdigest()))
+    return content_digest(files)
+
+
 def check_pack(directory: Path, *, origin: str = "workshop") -> CheckReport:
     """Every static rule a candidate directory breaks (an empty list: it passes).
 
