@@ -153,7 +153,7 @@ def _out_of_memory(files: Sequence[Path], root: Path) -> Blocker | None:
     return Blocker("out_of_memory", "; ".join(f"{n} OOM kill(s) in {Path(p).parent.name}" for p, n in killed.items()))
 
 
-def _paths(name: str) -> list[Path]:
+def setting_paths(name: str) -> list[Path]:
     return [Path(p) for p in getattr(settings, name, []) or []]
 
 
@@ -167,8 +167,8 @@ def blockers(*, now: float | None = None, root: Path | None = None, data_dir: Pa
         _delegation(),
         _session_write_lease(),
         _phone_task(Path(data_dir or settings.DATA_DIR)),
-        _fault_log(_paths("YIMI_RELEASE_FAULT_LOGS"), moment, frozenset(getattr(settings, "YIMI_RELEASE_FAULT_EVENTS", []) or [])),
-        _out_of_memory(_paths("YIMI_RELEASE_OOM_FILES"), root),
+        _fault_log(setting_paths("YIMI_RELEASE_FAULT_LOGS"), moment, frozenset(getattr(settings, "YIMI_RELEASE_FAULT_EVENTS", []) or [])),
+        _out_of_memory(setting_paths("YIMI_RELEASE_OOM_FILES"), root),
     ]
     return [b for b in found if b is not None]
 

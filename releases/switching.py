@@ -114,6 +114,7 @@ def switch_release(
     )
     if result.ok:
         release_services.advance(release, Release.State.SWITCHED, expected=(Release.State.GATED,), reason="switched in", switched_at=timezone.now())
+        idle.acknowledge_oom(root, idle.setting_paths("YIMI_RELEASE_OOM_FILES"))  # the services started afresh
     elif result.state != "backup_failed":
         release_services.advance(release, Release.State.FAILED, expected=(Release.State.GATED,), reason=result.summary()[:2000])
     return result
