@@ -283,7 +283,7 @@ class VoiceConsumer(DeviceConsumer):
     async def _on_call_start(self, frame: dict[str, Any]) -> None:
         session = self._need_session()
         assert self.device is not None
-        if self.call is not None:
+        if self.call is not None and frame.get("call_id") != self.call.call_id:  # the same call_id again: a retried start
             raise YimiError("call_in_progress", "a call is already open on this session; send call.end first")
         call = await database_sync_to_async(identity.start_call)(self.device, frame.get("call_id"), session.channel)
         # The call's frozen snapshot (persona version, opening, background, card); reused when
