@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ from django.utils import timezone
 from memory import assertions
 from memory.models import Assertion, TimelineEntry
 from memory.projections import render
-from releases import baseline, memory_bridge, pointers, requested
+from releases import baseline, idle, memory_bridge, pointers, requested
 from releases.models import Release, ReleaseEvent
 from releases.request_models import BaselineCard, RollbackRequest
 from yimi_project.errors import YimiError
@@ -104,12 +105,21 @@ def test_requested_rollback_is_executed_at_idle(owner: Any, host: Path) -> None:
 
 
 @pytest.mark.django_db
-def test_requested_rollback_waits_while_busy(owner: Any, host: Path) -> None:
+def test_requested_rollback_waits_while_busy(owner: Any, host: Path, tmp_path: Path) -> None:
     request = requested.request_rollback(owner, "I don't want this version", root=host)
-    assert requested.execute_pending(idle_check=lambda: ["run: 1 run(s) queued or running"], services=[RecordingService()], root=host) == []
+    data_dir = tmp_path / "data"
+    marker = data_dir / "packs" / "phone" / "tasks" / "t1" / "running"  # a phone errand in progress
+    marker.parent.mkdir(parents=True)
+    marker.write_text("")
+    check = partial(idle.blockers, root=host, data_dir=data_dir)
+    assert [b.condition for b in check()] == ["phone_task"]
+    assert requested.execute_pending(idle_check=check, services=[RecordingService()], root=host) == []
     request.refresh_from_db()
     assert request.state == "pending"
     assert pointers.read_pointers(host).current_build == "dir:b"
+    marker.unlink()  # the errand ended: the next idle moment executes it
+    [outcome] = requested.execute_pending(idle_check=check, services=[RecordingService()], root=host)
+    assert outcome.state == "executed" and pointers.read_pointers(host).current_build == "dir:a"
 
 
 @pytest.mark.django_db
@@ -274,3 +284,21 @@ def test_the_protected_list_matches_files_and_directories() -> None:
     for area, entries in baseline.PROTECTED_BASELINE.items():  # every entry names something that exists
         for entry in entries:
             assert (repo_root / entry).exists(), f"{area}: {entry} is not in the repository"
+
+
+def test_the_beat_runs_the_rollback_requests_task() -> None:
+    from django.conf import settings
+
+    from yimi_project.celery import app
+
+    app.loader.import_default_modules()
+    entry = settings.CELERY_BEAT_SCHEDULE["execute-rollback-requests"]
+    assert entry["task"] in app.tasks
+
+
+@pytest.mark.django_db
+def test_the_task_does_nothing_without_a_request(settings: Any, tmp_path: Path) -> None:
+    from releases.tasks import execute_rollback_requests
+
+    settings.YIMI_RELEASES_ROOT = str(tmp_path / "no-root")  # no services.json: never read without a request
+    assert execute_rollback_requests() == 0
