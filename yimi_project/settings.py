@@ -225,6 +225,7 @@ CELERY_BEAT_SCHEDULE = {
     "expire-payment-authorizations": {"task": "payments.tasks.expire_authorizations", "schedule": DUE_SWEEP_SECONDS},
     "index-timeline-embeddings": {"task": "memory.tasks.index_timeline_embeddings", "schedule": 60.0},
     "regenerate-projections": {"task": "memory.tasks.regenerate_projections", "schedule": 300.0},
+    "monitor-packs": {"task": "capabilities.tasks.monitor_packs", "schedule": 300.0},  # pack registry (capabilities/registry/monitor.py)
     "archive-round": {"task": "memory.tasks.archive_round", "schedule": 60.0},  # cold packs (memory/archive.py)
     # The owner's rollback requests, executed at the next idle moment (releases/requested.py).
     "execute-rollback-requests": {"task": "releases.tasks.execute_rollback_requests", "schedule": 60.0},
