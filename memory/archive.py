@@ -33,7 +33,7 @@ failed, an alert raised, none of its hot copies deleted and its locations droppe
 originals are packed again). Emergency reclaim (``reclaim``, registered with the hot store)
 does the same early, oldest pack first, and raises an alert saying so. The hot store asks
 ``verified_ids`` before deleting anything: only objects whose pack passed its second
-verification within ``REVERIFY_FRESH_SECONDS``.
+verification in the same ``release_pack`` call.
 
 **Reading** one original (``read_object``) is one HTTP range request for its chunk.
 **Erasure** (``erase_cold``) rewrites each pack holding an erased original without it (or
@@ -48,6 +48,7 @@ import hashlib
 import logging
 import time
 from collections.abc import Callable, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -75,7 +76,6 @@ SEAL_BYTES = 8 * 1024 * 1024
 MAX_CANDIDATES = 8192
 BUDGET_SECONDS = 5.0
 RELEASES_PER_ROUND = 2
-REVERIFY_FRESH_SECONDS = 600.0
 COLLECTION = "l5"
 
 Clock = Callable[[], float]
@@ -224,12 +224,19 @@ def check_pack(pack_id: str, *, now: Now = timezone.now, dav: WebDAV | None = No
     return pack.object_count
 
 
-def verified_ids(ids: Sequence[int], *, now: datetime | None = None) -> set[int]:
+# The packs whose second verification the current ``release_pack`` call has just passed.
+_reverified: ContextVar[frozenset[Any]] = ContextVar("reverified_packs", default=frozenset())
+
+
+def verified_ids(ids: Sequence[int]) -> set[int]:
     """The hot store's verifier: ids whose cold copy is in a pack that passed its upload
-    verification and, within ``REVERIFY_FRESH_SECONDS``, its second one."""
-    fresh = (now or timezone.now()) - timedelta(seconds=REVERIFY_FRESH_SECONDS)
+    verification and, in this very ``release_pack`` call, its second one. Outside such a
+    call the answer is empty: nothing else may delete a hot copy."""
+    packs = _reverified.get()
+    if not packs:
+        return set()
     return set(ObjectLocation.objects.filter(
-        object_id__in=list(ids), pack__state=ColdPack.State.VERIFIED, pack__reverified_at__gte=fresh,
+        object_id__in=list(ids), pack__state=ColdPack.State.VERIFIED, pack_id__in=list(packs),
     ).values_list("object_id", flat=True))
 
 
@@ -310,7 +317,8 @@ def _upload_and_verify(dav: WebDAV, owner_id: int, folder: str, builder: coldpac
         back = dav.get(pack.path)
     except YimiError as exc:
         _fail(pack, exc.code, exc.message, stage="upload", alert=False, now=now())
-        _delete_file(dav, pack, now()) if exc.code != "cold_storage_unavailable" else None
+        if exc.code != "cold_storage_unavailable":
+            _delete_file(dav, pack, now())  # unreachable now: cleanup deletes it in a later round
         raise
     try:
         header = verify_bytes(pack, back, expected)
@@ -439,7 +447,11 @@ def release_pack(pack: ColdPack, *, dav: WebDAV, now: datetime, reason: str) -> 
         return []
     ColdPack.objects.filter(pk=pack.pk, state=ColdPack.State.VERIFIED).update(reverified_at=now)
     ids = list(ObjectLocation.objects.filter(pack=pack, object__hot_deleted_at__isnull=True).values_list("object_id", flat=True))
-    deleted = raw_store.delete_hot_copies(ids, reason=reason, now=now)
+    token = _reverified.set(frozenset({pack.pk}))
+    try:
+        deleted = raw_store.delete_hot_copies(ids, reason=reason, now=now)
+    finally:
+        _reverified.reset(token)
     if not ObjectLocation.objects.filter(pack=pack, object__hot_deleted_at__isnull=True).exists():
         ColdPack.objects.filter(pk=pack.pk, released_at__isnull=True).update(released_at=now)
     log_event("archive_pack_released", pack=str(pack.pk), deleted=len(deleted), reason=reason)
@@ -517,10 +529,10 @@ def read_object(obj: RawObject, *, dav: WebDAV | None = None) -> bytes | None:
 def _rewrite(pack: ColdPack, erased: set[int], *, dav: WebDAV, now: Now) -> ColdPack | None:
     """A new pack with every chunk of ``pack`` but the erased ones (copied as encoded),
     proven like any upload; None when nothing is left (the file is just deleted)."""
-    data = dav.get(pack.path)
     keep_ids = {int(i) for i in _expected(pack)} - erased
     if not keep_ids:
         return None
+    data = dav.get(pack.path)
     verify_bytes(pack, data, _expected(pack))
     header = coldpack.decode_header(data)
     builder = coldpack.PackBuilder(max_objects=MAX_OBJECTS)
@@ -560,6 +572,9 @@ def erase_cold(owner_id: int, objects: Sequence[RawObject], *, now: Now = timezo
             gone = ids & set(pack.members)
             all_erased = set(RawObject.objects.filter(id__in=pack.members, erased_at__isnull=False).values_list("id", flat=True))
             try:
+                if pack.state != ColdPack.State.VERIFIED and ObjectLocation.objects.filter(pack=pack).exclude(object_id__in=all_erased).exists():
+                    # A released pack that later failed a check: the only copy of its other originals.
+                    raise YimiError("pack_invalid", "the pack failed verification and still holds the only copy of other originals")
                 if pack.state == ColdPack.State.VERIFIED:
                     new = _rewrite(pack, all_erased, dav=dav, now=now)
                     with transaction.atomic():
@@ -590,7 +605,8 @@ def cleanup(owner_id: int, *, now: Now = timezone.now, dav: WebDAV) -> None:
     rewrite packs still holding erased originals."""
     for pack in ColdPack.objects.filter(owner_id=owner_id, file_deleted_at__isnull=True,
                                         state__in=[ColdPack.State.FAILED, ColdPack.State.RETIRED]):
-        _delete_file(dav, pack, now())
+        if not ObjectLocation.objects.filter(pack=pack).exists():  # never the only copy of anything
+            _delete_file(dav, pack, now())
     erased = list(RawObject.objects.filter(owner_id=owner_id, erased_at__isnull=False, cold_location__isnull=False))
     if erased:
         erase_cold(owner_id, erased, now=now, dav=dav)

@@ -191,6 +191,8 @@ def test_round_verifies_before_indexing_and_a_read_is_one_range_request(cold: Ws
     assert pack.state == "verified" and pack.verified_at == T0 and pack.reverified_at is None
     assert ObjectLocation.objects.filter(pack=pack).count() == 3
     assert hot_intact(*objs)  # a round never deletes a hot copy
+    # Verified once is not enough: no hot copy goes without the second verification.
+    assert raw_store.delete_hot_copies([o.pk for o in objs], reason="test") == [] and hot_intact(*objs)
     assert cold.files() == [pack.path]
     # The round read the whole pack back after its PUT.
     assert [(m, r) for m, p, r in cold.requests() if p == "/" + pack.path] == [("PUT", ""), ("GET", "")]
@@ -218,7 +220,7 @@ def test_upload_verification_failure_keeps_hot_copies(cold: WsgiDAVServer, owner
     assert pack.state == "failed" and not ObjectLocation.objects.exists()
     alert = ColdAlert.objects.get()
     assert alert.code == "verification_failed_upload" and alert.pack == pack
-    assert archive.verified_ids([o.pk for o in objs], now=T0) == set()
+    assert archive.verified_ids([o.pk for o in objs]) == set()
     assert raw_store.delete_hot_copies([o.pk for o in objs], reason="test", now=T0) == []
     assert archive.reclaim(cold.root, 10**9, 10, now=Now(T0 + timedelta(days=9)), dav=ServerDAV(cold)) == 0
     assert hot_intact(*objs)
@@ -360,3 +362,18 @@ def test_archive_command_prints_status_and_progress(cold: WsgiDAVServer, owner: 
     with pytest.raises(Exception) as err:
         call_command("archive", "verify", "not-a-pack")
     assert "not_found" in str(err.value) or "no pack" in str(err.value)
+
+
+def test_emergency_reclaim_verifies_again_deletes_early_and_alerts(cold: WsgiDAVServer, owner: Any) -> None:
+    objs = three(owner)
+    unpacked = store(owner, os.urandom(2000), "image/jpeg", "image", at=T0)
+    archive.migrate_round(owner.pk, clock=Clock(), now=Now(), seal_bytes=1)  # one original a pack, two packs
+    assert ColdPack.objects.filter(state="verified").count() == 2
+    with ServerDAV(cold) as dav:
+        deleted = archive.reclaim(raw_store.hot_root(), 1, 1, now=Now(T0 + timedelta(minutes=5)), dav=dav)
+    assert deleted == 1  # the oldest pack was enough; the other keeps its hot copy
+    released = ColdPack.objects.get(released_at__isnull=False)
+    assert released.reverified_at == T0 + timedelta(minutes=5)
+    assert ColdAlert.objects.get().code == "hot_copies_deleted_early" and ColdAlert.objects.get().pack == released
+    gone = {o.pk for o in objs + [unpacked] if not hot_intact(o)}
+    assert gone == {ObjectLocation.objects.get(pack=released).object_id}
