@@ -68,3 +68,99 @@ def write_candidate(
     (path / "scripts" / "test.py").write_text("import subprocess, sys\nsys.exit(subprocess.call([sys.executable, '-m', 'pytest', '-q']))\n")
     (path / f"skills/{name}/SKILL.md").write_text(f"# {name}\n\nUse it to count parcels.\n")
     return path
+
+
+WRITING_TOOLS = '''
+import os, socket
+from capabilities.packkit import ToolRegistry, effect, receipt, value
+
+TOOLS = ToolRegistry()
+
+
+@TOOLS("Count the parcels.", {"type": "object", "properties": {}})
+def count(args):
+    with open("/tmp/parcel-cache.json", "w") as fh:  # a read-only tool keeping a cache
+        fh.write("{}")
+    return receipt("succeeded", values=[value("parcels", 2, "parcels", "parcel service")])
+
+
+@TOOLS("Ask the carrier.", {"type": "object", "properties": {}})
+def ping(args):
+    try:
+        socket.socket(socket.AF_INET, socket.SOCK_STREAM).close()  # the network, though none was declared
+    except OSError:
+        pass
+    return receipt("succeeded", values=[value("carriers", 1, "carriers", "carrier")])
+
+
+@TOOLS("Weigh a parcel.", {"type": "object", "properties": {}})
+def weigh(args):
+    return receipt("succeeded", values=[value("weight", 3, None, "scale")])  # a number without a unit
+
+
+@TOOLS("Note a parcel in the workspace.", {"type": "object", "properties": {}})
+def note(args):
+    with open("/tmp/note.txt", "w") as fh:  # declared workspace: writing is what it says
+        fh.write("noted")
+    return receipt("succeeded", effects=[effect("note", "write", "verified")])
+'''
+
+HONEST_FOUR_TOOLS = '''
+import os
+from capabilities.packkit import ToolRegistry, effect, receipt, value
+
+TOOLS = ToolRegistry()
+
+
+@TOOLS("Count the parcels.", {"type": "object", "properties": {}})
+def count(args):
+    return receipt("succeeded", values=[value("parcels", 2, "parcels", "parcel service")])
+
+
+@TOOLS("Ask the carrier.", {"type": "object", "properties": {}})
+def ping(args):
+    return receipt("succeeded", values=[value("carriers", 1, "carriers", "carrier")])
+
+
+@TOOLS("Weigh a parcel.", {"type": "object", "properties": {}})
+def weigh(args):
+    return receipt("succeeded", values=[value("weight", 3, "kg", "scale")])
+
+
+@TOOLS("Note a parcel in the workspace.", {"type": "object", "properties": {}})
+def note(args):
+    with open("/tmp/note.txt", "w") as fh:
+        fh.write("noted")
+    return receipt("succeeded", effects=[effect("note", "write", "verified")])
+'''
+
+FOUR_TOOL_CONTRACT = """cases:
+  - name: each tool once
+    steps:
+      - {tool: count, args: {}}
+      - {tool: ping, args: {}}
+      - {tool: weigh, args: {}}
+      - {tool: note, args: {}}
+"""
+
+FOUR_TOOLS = {
+    "count": {"effect": "observe"},
+    "ping": {"effect": "observe"},
+    "weigh": {"effect": "observe"},
+    "note": {"effect": "workspace"},
+}
+
+
+_HONESTY: dict[str, Any] = {}
+
+
+def memo_honesty(path: Path) -> Any:
+    """The real honesty check, run once per content digest in a test session (publishing
+    tests hand in the same few candidates again and again)."""
+    from capabilities.registry.checks import directory_digest
+    from capabilities.registry.honesty import honesty_check
+
+    digest = directory_digest(path)
+    if digest not in _HONESTY:
+        _HONESTY[digest] = honesty_check(path)
+    return _HONESTY[digest]

@@ -81,7 +81,7 @@ def add_candidate(
     report = check_pack(Path(directory), origin=origin)
     name = report.manifest.get("name") if isinstance(report.manifest.get("name"), str) else ""
     path = ""
-    honesty: dict = {}
+    honesty_result: dict = {}
     if report.passed:
         say(f"copying {len(report.files)} files into the registry")
         copied = _store(Path(directory), report, name)
@@ -90,9 +90,8 @@ def add_candidate(
         else:
             path = str(copied)
             say("honesty checks: contract against the fake and the real implementation, traced in the sandbox")
-            result = honesty(copied)
-            honesty = result.as_json()
-    state = PackCandidate.State.PASSED if report.passed and honesty.get("passed") else PackCandidate.State.REFUSED
+            honesty_result = honesty(copied).as_json()
+    state = PackCandidate.State.PASSED if report.passed and honesty_result.get("passed") else PackCandidate.State.REFUSED
     ext = report.manifest.get("extensions", {}).get(EXT, {}) if isinstance(report.manifest.get("extensions"), dict) else {}
     candidate, _ = PackCandidate.objects.update_or_create(
         digest=report.digest,
@@ -107,7 +106,7 @@ def add_candidate(
             "manifest": report.manifest if report.passed else {},
             "files": [[f.path, f.size, f.sha256] for f in report.files],
             "static_report": report.as_json(),
-            "honesty_report": honesty,
+            "honesty_report": honesty_result,
             "checked_at": timezone.now(),
         },
     )
