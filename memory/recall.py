@@ -1,9 +1,10 @@
 """Recall (F7 step 7): pick layers per question, search them, fuse ranked lists with RRF.
 
 - ``choose_layers``: L3 always; the timeline (L4) when the question points at something
-  said or done at some time; L5 (raw originals) when it points at something seen or heard
-  — reported as unavailable until the platform stores originals. If only L3 was chosen
-  and it finds nothing, the timeline is searched too.
+  said or done at some time; L5 (raw originals) when it points at something seen or heard:
+  the original (an audio segment or an image) found by time and source and fetched from
+  the hot store or its cold pack (``memory.raw_recall``). If only L3 was chosen and it
+  finds nothing, the timeline is searched too.
 - Timeline search: a keyword list (``keyword_search``) and, when an embedding model is
   configured, a vector list (``memory.embeddings.nearest``), merged by reciprocal rank
   fusion ``1/(60 + rank)``, rank from 0, at most 100 items per list. An item whose original
@@ -30,7 +31,7 @@ from typing import Any, TypeVar
 from django.db import connection
 from django.db.models import QuerySet
 
-from memory import assertions
+from memory import assertions, raw_recall
 from memory.embeddings import Embedder, configured_embedder, index_timeline, nearest
 from memory.models import TimelineEntry
 from memory.services import serialize_entry
@@ -228,6 +229,7 @@ class RecallResult:
     layers: list[str]
     assertions: list[dict[str, Any]] = field(default_factory=list)
     timeline: list[dict[str, Any]] = field(default_factory=list)
+    originals: list[dict[str, Any]] = field(default_factory=list)
     unavailable: dict[str, str] = field(default_factory=dict)
     keyword_backend: str = ""
     vector_model: str | None = None
@@ -238,6 +240,7 @@ class RecallResult:
             "layers": self.layers,
             "assertions": self.assertions,
             "timeline": self.timeline,
+            "originals": self.originals,
             "unavailable": self.unavailable,
             "keyword_backend": self.keyword_backend,
             "vector_model": self.vector_model,
@@ -283,5 +286,7 @@ def recall(owner_id: int, question: str, *, layers: Sequence[str] | None = None,
         result.keyword_backend = keyword_backend()
         result.timeline = [hit.payload() for hit in search_timeline(owner_id, question, embedder=embedder, limit=limit)]
     if "l5" in chosen:
-        result.unavailable["l5"] = "raw originals (L5) are not stored by this platform version yet"
+        result.originals = raw_recall.search_originals(owner_id, question, query_terms(question), rrf, limit=min(limit, 5))
+        if not result.originals:
+            result.unavailable["l5"] = "no original from that time and source is stored"
     return result
