@@ -302,3 +302,37 @@ def test_the_task_does_nothing_without_a_request(settings: Any, tmp_path: Path) 
 
     settings.YIMI_RELEASES_ROOT = str(tmp_path / "no-root")  # no services.json: never read without a request
     assert execute_rollback_requests() == 0
+
+
+# --- the console --------------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_the_owner_asks_for_a_rollback_in_the_console(owner: Any, host: Path, client: Any, settings: Any,
+                                                      django_user_model: Any) -> None:
+    settings.YIMI_RELEASES_ROOT = str(host)
+    client.force_login(owner)
+    page = client.get("/admin/releases/rollbackrequest/add/")
+    assert page.status_code == 200 and "database is not restored" in page.content.decode()
+    response = client.post("/admin/releases/rollbackrequest/add/", {"reason": "回复太慢了，不要这个版本"})
+    assert response.status_code == 302
+    request = RollbackRequest.objects.get()
+    assert request.reason == "回复太慢了，不要这个版本" and request.from_build == "dir:b" and request.state == "pending"
+    assert ReleaseEvent.objects.filter(kind="rollback_requested").count() == 1
+    # another superuser sees nothing and cannot ask
+    other = django_user_model.objects.create_user("staff", password="x" * 12, is_staff=True, is_superuser=True)
+    client.force_login(other)
+    assert client.post("/admin/releases/rollbackrequest/add/", {"reason": "no"}).status_code == 403
+    assert RollbackRequest.objects.count() == 1
+
+
+@pytest.mark.django_db
+def test_the_owner_refuses_a_baseline_card_in_the_console(owner: Any, client: Any) -> None:
+    release = Release.objects.create(build_id="dir:x", kind="directory", commit="x" * 40, state="gated", created_at=timezone.now())
+    card = baseline.check(release, ["consent/services.py"], owner_id=owner.id).card
+    client.force_login(owner)
+    response = client.post("/admin/releases/baselinecard/", {"action": "refuse", "_selected_action": [str(card.id)]})
+    assert response.status_code == 302
+    card.refresh_from_db()
+    release.refresh_from_db()
+    assert card.state == "refused" and card.answered_via == "console" and release.state == "refused"

@@ -1,0 +1,5 @@
+"""The releases app in the console (owner-only)."""
+
+from __future__ import annotations
+
+from releases import request_admin  # noqa: F401  (registers RollbackRequest and BaselineCard)
