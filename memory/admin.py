@@ -300,3 +300,4 @@ class HealthRecordAdmin(ReadOnlyOwnerAdmin):
     ordering = ("-start",)
     readonly_fields = ("kind", "start", "end", "metrics", "device_label", "device_kind", "client_id", "received_at")
     exclude = ("owner", "device")
+from memory import cold_admin  # noqa: E402,F401  (cold packs and their alerts: memory/cold_admin.py)

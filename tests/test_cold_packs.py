@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 from django.core.management import call_command
+from django.test import Client
 
 from accounts.voice import end_call, start_call
 from memory import archive, coldpack, raw_store
@@ -377,3 +378,15 @@ def test_emergency_reclaim_verifies_again_deletes_early_and_alerts(cold: WsgiDAV
     assert ColdAlert.objects.get().code == "hot_copies_deleted_early" and ColdAlert.objects.get().pack == released
     gone = {o.pk for o in objs + [unpacked] if not hot_intact(o)}
     assert gone == {ObjectLocation.objects.get(pack=released).object_id}
+
+
+def test_the_admin_shows_the_archive_figures_packs_and_alerts(cold: WsgiDAVServer, owner: Any) -> None:
+    three(owner)
+    archive.migrate_round(owner.pk, clock=Clock(), now=Now())
+    archive.raise_alert(owner.pk, "verification_failed_deletion", "pack x failed", ColdPack.objects.get())
+    client = Client()
+    client.force_login(owner)
+    page = client.get("/admin/memory/coldpack/").content.decode()
+    assert "Archive status" in page and "waiting for a cold copy: 0" in page and "packs: pending 0, verified 1" in page
+    assert ColdPack.objects.get().path in page
+    assert "pack x failed" in client.get("/admin/memory/coldalert/").content.decode()
