@@ -458,3 +458,12 @@ COLD_WEBDAV_USER = env.str("YIMI_COLD_WEBDAV_USER", default="yimi")
 COLD_HOT_RETENTION_SECONDS = env.float("YIMI_COLD_HOT_RETENTION_SECONDS", default=2 * 86400.0)
 COLD_MAX_UPLOAD_KBPS = env.int("YIMI_COLD_MAX_UPLOAD_KBPS", default=2000)
 HUD_CARD_MAX_CHARS = 40  # the glasses' short form of a card (devices/hud.py)
+# Releases of the platform (releases/, docs/architecture.md "Releases"): the root holding the
+# release directories and the current/previous pointers; the JSON-lines logs (YIMI_LOG_FORMAT=
+# json) whose error/critical lines, or events named here, in the last 5 minutes keep a switch
+# waiting; the memory cgroup files (v1 memory.oom_control, v2 memory.events) whose oom_kill
+# count rising keeps it waiting too.
+YIMI_RELEASES_ROOT = Path(env.str("YIMI_RELEASES_ROOT", default=str(DATA_DIR / "releases")))
+YIMI_RELEASE_FAULT_LOGS = env.list("YIMI_RELEASE_FAULT_LOGS", default=[])
+YIMI_RELEASE_FAULT_EVENTS = env.list("YIMI_RELEASE_FAULT_EVENTS", default=[])
+YIMI_RELEASE_OOM_FILES = env.list("YIMI_RELEASE_OOM_FILES", default=[])
