@@ -123,3 +123,12 @@ def test_start_build_runs_off_the_callers_path(settings: Any, brain: Any) -> Non
         time.sleep(0.1)
     build.refresh_from_db()
     assert (build.state, build.attempts, build.error_code) == ("failed", 1, "selftest_failed")
+
+
+def test_builds_are_listed_read_only_in_the_admin(client: Any, owner: Any) -> None:
+    WorkshopBuild.objects.create(spec=wrong_spec(), state=WorkshopBuild.State.FAILED, error_code="selftest_failed")
+    client.force_login(owner)
+    page = client.get("/admin/workshop/workshopbuild/")
+    assert page.status_code == 200
+    assert "units" in page.content.decode() and "selftest_failed" in page.content.decode()
+    assert client.get("/admin/workshop/workshopbuild/add/").status_code == 403
