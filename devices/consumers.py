@@ -38,9 +38,10 @@ from devices import images as device_images
 from devices import services as device_services
 from devices.models import Device
 from devices.signatures import challenge_message
-from memory import health, location
+from memory import health, location, raw_store
 from memory import services as timeline
 from payments import services as payments
+from releases import baseline as release_baseline
 from yimi_project import push
 from yimi_project.errors import YimiError
 from yimi_project.logs import log_event
@@ -277,6 +278,7 @@ class DeviceConsumer(AsyncWebsocketConsumer):
                 frames += [consent.card_frame(c) for c in consent.pending_cards(device.owner_id)]
             if device.id in payments.card_devices(device.owner_id):
                 frames += [payments.card_frame(a) for a in payments.pending_cards(device.owner_id)]
+            frames += release_baseline.pending_card_frames(device.owner_id, device.id)
             return frames
 
         for frame in await database_sync_to_async(cards)():
@@ -359,6 +361,14 @@ class DeviceConsumer(AsyncWebsocketConsumer):
         await self._send({"type": "consent.result", "id": frame.get("id"), "card_id": str(card.id), "state": card.state})
         if card.state == "approved":
             await dispatch_card_execution(card.id)
+
+    async def _on_release_answer(self, frame: dict[str, Any]) -> None:
+        """The owner's answer to a protected-baseline card (releases.baseline)."""
+        assert self.device is not None
+        card = await database_sync_to_async(release_baseline.answer_card)(
+            self.device, frame.get("card_id"), frame.get("answer"), frame.get("signature")
+        )
+        await self._send({"type": "release.result", "id": frame.get("id"), "card_id": str(card.id), "state": card.state})
 
     async def _on_payment_answer(self, frame: dict[str, Any]) -> None:
         assert self.device is not None
@@ -475,23 +485,34 @@ class DeviceConsumer(AsyncWebsocketConsumer):
         assert self.device is not None
         device, nonce = self.device, self.nonce
 
-        def accept() -> tuple[Any, int]:
+        def accept() -> tuple[Any, int, dict[str, Any] | None]:
             stored = location.record_report(device, nonce, frame)
             notices = [] if stored.duplicate else geofences.on_location_report(stored.report)
-            return stored, len(notices)
+            at = stored.report.at
+            kept = None if stored.duplicate else raw_store.archive_event(raw_store.device_capture(device), "location.report", frame, started_at=at, ended_at=at)
+            return stored, len(notices), kept
 
-        stored, notices = await database_sync_to_async(accept)()
+        stored, notices, kept = await database_sync_to_async(accept)()
         await self._send({
             "type": "location.report.ok", "id": frame.get("id"), "report_id": str(stored.report.id),
-            "duplicate": stored.duplicate, "geofence_notices": notices,
+            "duplicate": stored.duplicate, "geofence_notices": notices, **(kept or {}),
         })
 
     async def _on_health_record(self, frame: dict[str, Any]) -> None:
         """A health record from the owner's watch or phone (memory.health): ``health.record.ok``."""
         assert self.device is not None
-        stored = await database_sync_to_async(health.record)(self.device, frame)
+        device = self.device
+
+        def accept() -> tuple[Any, dict[str, Any] | None]:
+            stored = health.record(device, frame)
+            row = stored.record
+            kept = None if stored.duplicate else raw_store.archive_event(raw_store.device_capture(device), "health.record", frame, started_at=row.start, ended_at=row.end)
+            return stored, kept
+
+        stored, kept = await database_sync_to_async(accept)()
         await self._send({
             "type": "health.record.ok", "id": frame.get("id"), "record_id": str(stored.record.id), "duplicate": stored.duplicate,
+            **(kept or {}),
         })
 
     HANDLERS = {
@@ -508,6 +529,7 @@ class DeviceConsumer(AsyncWebsocketConsumer):
         "sync": _on_sync,
         "ping": _on_ping,
         "consent.answer": _on_consent_answer,
+        "release.answer": _on_release_answer,
         "payment.answer": _on_payment_answer,
         "payment.voice_confirm": _on_payment_voice_confirm,
         "payment.undo": _on_payment_undo,
@@ -554,6 +576,10 @@ class DeviceConsumer(AsyncWebsocketConsumer):
 
     async def payment_card(self, event: dict[str, Any]) -> None:
         await self._send(hud.with_hud(self.device, dict(event)))
+
+    async def release_card(self, event: dict[str, Any]) -> None:
+        if self.device is not None and not self.device.is_guest:
+            await self._send(dict(event))
 
     async def activity(self, event: dict[str, Any]) -> None:
         if self.device is not None and not self.device.is_guest:

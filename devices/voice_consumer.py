@@ -9,22 +9,26 @@ channel group (``reply.chunk`` / ``reply.done``) and are ACKed ``played``.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
 from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async
+from django.utils import timezone
 
 from accounts import voice as identity
 from accounts.models import VoiceCall
-from brain import call_snapshot, roles
+from brain import call_events, call_snapshot, roles
 from brain.dispatch import dispatch_run
+from brain.topic_tasks import dispatch_call_summary
 from devices import services as device_services
 from devices.consumers import DeviceConsumer
 from devices.voice import ambient, asr, audio, config, realtime, tts
 from devices.voice import services as voice_services
 from devices.voice.services import SessionStatus
 from devices.voice.session import SAMPLE_RATE, StreamOutput, Utterance, VoiceSession, ms
+from memory import raw_store
 from memory.ambient import AmbientSource
 from yimi_project import push
 from yimi_project.errors import YimiError
@@ -41,10 +45,17 @@ class VoiceConsumer(DeviceConsumer):
     speaker: tts.ReplySpeaker | None = None  # speaks the replies of runs started here (devices/voice/tts.py)
     front: realtime.RealtimeFront | None = None  # the realtime front, when configured (devices/voice/realtime.py)
     _checked_at: float = 0.0
+    _audio_heard: bool = False  # the open call's first played audio was recorded (brain.call_events)
+    archive: raw_store.ArchiveBatcher | None = None  # the stream's archive batches (memory/raw_store.py), owner devices only
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._fronted: set[str] = set()  # utterances given to the realtime front (no device transcript for them)
+        self._archive_lock = asyncio.Lock()  # one archive write at a time, in stream order
+        self._archive_timer: asyncio.TimerHandle | None = None
+        self._archive_refused: list[tuple[int, int]] = []  # stream sample ranges the disk refused
+        self._archive_capture: raw_store.Capture | None = None
+        self._archive_tasks: set[asyncio.Task[None]] = set()  # batches the timer is writing
 
     # --- frames ------------------------------------------------------------------------------
 
@@ -55,9 +66,10 @@ class VoiceConsumer(DeviceConsumer):
 
     async def disconnect(self, code: int) -> None:
         if self.call is not None:
-            await database_sync_to_async(identity.end_call)(self.call)
+            await self._hang_up(self.call)
             self.call = None
         self._end_analysis()
+        await self._end_archive(reply=False)
         self.session = None
         await self._end_speech("session_end")
         await super().disconnect(code)
@@ -81,8 +93,84 @@ class VoiceConsumer(DeviceConsumer):
                 return
             await self._error(exc.code, exc.message)
             return
+        await self._archive_frame(frame)
         output = await sync_to_async(self.session.feed, thread_sensitive=False)(samples)
         await self._process(output)
+
+    # --- the archive (L5 hot store, memory/raw_store.py) ------------------------------------------
+
+    def _open_archive(self) -> None:
+        """An owner device's stream is archived as it arrives; a guest's is not kept."""
+        assert self.session is not None and self.device is not None
+        self.archive, self._archive_refused = None, []
+        if self.device.is_guest:
+            return
+        self.archive = raw_store.ArchiveBatcher(clock=time.monotonic)
+        self._archive_capture = raw_store.Capture(self.device.owner_id, self.device.id, self.session.channel, self.device.name)
+
+    async def _archive_frame(self, frame: bytes) -> None:
+        """Add one frame; write the batch a threshold completed, or make sure the time
+        threshold writes it even if no frame follows."""
+        if self.archive is None:
+            return
+        batch = self.archive.add(frame)
+        if batch is not None:
+            await self._store_batch(batch)
+        elif self._archive_timer is None and (left := self.archive.seconds_left()) is not None:
+            self._archive_timer = asyncio.get_running_loop().call_later(left, self._archive_due)
+
+    def _archive_due(self) -> None:
+        self._archive_timer = None
+        if self.archive is not None and (batch := self.archive.due()) is not None:
+            task = asyncio.get_running_loop().create_task(self._store_batch(batch))
+            self._archive_tasks.add(task)
+            task.add_done_callback(self._archive_tasks.discard)
+        elif self.archive is not None and (left := self.archive.seconds_left()) is not None:
+            self._archive_timer = asyncio.get_running_loop().call_later(left, self._archive_due)
+
+    async def _store_batch(self, batch: raw_store.Batch, *, reply: bool = True) -> None:
+        """Write one batch durably. Refused by disk admission: the range is remembered (its
+        speech is not analysed) and the device is told in an ``error`` frame
+        (``storage_full``, ``original``: what was not stored; ``seq``: the timeline entry
+        that says so, null when a recent one already did)."""
+        assert self._archive_capture is not None
+        session_id = self.session.id if self.session is not None else ""
+        async with self._archive_lock:
+            try:
+                await database_sync_to_async(raw_store.store_batch)(self._archive_capture, batch, stream=session_id)
+                return
+            except YimiError as exc:
+                if exc.code != "storage_full":
+                    raise
+                self._archive_refused.append((batch.start_sample, batch.end_sample))
+                if reply:
+                    await self._send({
+                        "type": "error", "code": exc.code, "message": exc.message, "seq": exc.details.get("seq"),
+                        "original": {"kind": "audio", "start_ms": ms(batch.start_sample), "end_ms": ms(batch.end_sample),
+                                     "stored": False, "reason": exc.details.get("reason")},
+                    })
+
+    async def _archived_through(self, start: int, end: int) -> bool:
+        """Wait until the stream up to sample ``end`` is written (the batch holding it is
+        written now, not at its threshold); True when ``[start, end)`` was stored, False
+        when the disk refused part of it. Without an archive (a guest device) True."""
+        if self.archive is None:
+            return True
+        if self.archive.position < end and (batch := self.archive.flush()) is not None:
+            await self._store_batch(batch)
+        if self._archive_tasks:  # a batch the timer cut is written first
+            await asyncio.gather(*self._archive_tasks, return_exceptions=True)
+        return not any(s < end and start < e for s, e in self._archive_refused)
+
+    async def _end_archive(self, *, reply: bool = True) -> None:
+        if self._archive_timer is not None:
+            self._archive_timer.cancel()
+            self._archive_timer = None
+        archive, self.archive = self.archive, None
+        if archive is not None and (batch := archive.flush()) is not None:
+            await self._store_batch(batch, reply=reply)
+        if self._archive_tasks:
+            await asyncio.gather(*self._archive_tasks, return_exceptions=True)
 
     async def _process(self, output: StreamOutput) -> None:
         assert self.session is not None and self.device is not None
@@ -139,7 +227,7 @@ class VoiceConsumer(DeviceConsumer):
             "seq": outcome.accepted.entry.seq if outcome.accepted else None,
             "run_id": str(outcome.accepted.run_id) if outcome.accepted else None,
         }
-        body["ambient"] = self._analyse_ambient(utt, outcome) if record.disposition == "ambient" else None
+        body["ambient"] = await self._analyse_ambient(utt, outcome) if record.disposition == "ambient" else None
         fronted = front is not None and record.disposition == "request" and outcome.accepted is None
         body["front"] = fronted
         if fronted:
@@ -157,15 +245,19 @@ class VoiceConsumer(DeviceConsumer):
             await self._start_run(outcome.accepted.run_id, outcome.accepted.entry.seq)
         ambient.analysis.kick()
 
-    def _analyse_ambient(self, utt: Utterance, outcome: Any) -> dict[str, Any]:
+    async def _analyse_ambient(self, utt: Utterance, outcome: Any) -> dict[str, Any]:
         """Ambient speech goes to the process's bounded analysis (devices/voice/ambient.py)
-        when the session has a server ASR engine; what ``voice.utterance`` says of it:
-        ``analysis`` ``queued`` (with ``chunks`` and ``dropped``), ``refused`` (with
-        ``code``), or ``off`` (no engine, or a guest device: nothing is transcribed)."""
+        when the session has a server ASR engine, and only once its original is durably
+        archived (memory/raw_store.py); what ``voice.utterance`` says of it: ``analysis``
+        ``queued`` (with ``chunks`` and ``dropped``), ``refused`` (with ``code``:
+        ``storage_full`` when its original was not stored), or ``off`` (no engine, or a
+        guest device: nothing is transcribed)."""
         session, device = self.session, self.device
         assert session is not None and device is not None
         if session.transcriber is None or device.is_guest:
             return {"analysis": "off"}
+        if not await self._archived_through(utt.start_sample, utt.end_sample):
+            return {"analysis": "refused", "code": "storage_full"}
         record, decision = outcome.record, outcome.decision
         source = AmbientSource(device.id, device.name, session.channel, record.id, decision.scope, decision.reason)
         work = ambient.AmbientWork(session.transcriber, device.owner_id, source, utt.start_sample, utt.started_at)
@@ -217,6 +309,7 @@ class VoiceConsumer(DeviceConsumer):
             self.device, frame.get("channel"), frame.get("mode", "normal")
         )
         self.session, self.status = session, status
+        self._open_archive()
         speech, front = await self._open_speech(status)
         await self._send(
             {
@@ -242,8 +335,9 @@ class VoiceConsumer(DeviceConsumer):
         session = self._need_session()
         output = await sync_to_async(session.finish, thread_sensitive=False)()
         await self._process(output)
+        await self._end_archive()
         if self.call is not None:
-            await database_sync_to_async(identity.end_call)(self.call)
+            await self._hang_up(self.call)
             self.call = None
         self._end_analysis()
         self.session, self.enrollment = None, None
@@ -285,20 +379,40 @@ class VoiceConsumer(DeviceConsumer):
         assert self.device is not None
         if self.call is not None and frame.get("call_id") != self.call.call_id:  # the same call_id again: a retried start
             raise YimiError("call_in_progress", "a call is already open on this session; send call.end first")
+        asked = timezone.now()
         call = await database_sync_to_async(identity.start_call)(self.device, frame.get("call_id"), session.channel)
+        # A call that was open before this start is the same call again (a reconnect): one start per call.
+        call_events.record(call, "reconnect" if call.started_at < asked else "start")
+        self._audio_heard = False
         # The call's frozen snapshot (persona version, opening, background, card); reused when
         # this call is started again, e.g. after a reconnect (brain.call_snapshot).
         prepared = await database_sync_to_async(call_snapshot.prepare)(call)
+        call_events.record(call, "snapshot_failed" if prepared.snapshot.fallback else "snapshot_built", state=prepared.state)
         self.call = call
         ambient.analysis.scheduler.hold(f"call:{session.id}")  # analysis yields while the owner is in a call
         await self._send({"type": "call.started", "id": frame.get("id"), "call_id": call.call_id, "snapshot": prepared.frame()})
+
+    async def _hang_up(self, call: VoiceCall) -> None:
+        """End the call (``identity.end_call``); the hang-up that ended it records the
+        ``end`` event and sends the end-of-call summary (``brain.topic_tasks``), off the
+        audio path."""
+        if await database_sync_to_async(identity.end_call)(call):
+            call_events.record(call, "end")
+            await dispatch_call_summary(call.pk)
+
+    def _first_audio(self, via: str) -> None:
+        """The device reported the call's first played audio (``ack`` ``played`` or
+        ``tts.played``): its time is the end of the call's first-audio latency."""
+        if self.call is not None and not self._audio_heard:
+            self._audio_heard = True
+            call_events.record(self.call, "first_audio", via=via)
 
     async def _on_call_end(self, frame: dict[str, Any]) -> None:
         self._need_session()
         if self.call is None or frame.get("call_id") != self.call.call_id:
             raise YimiError("unknown_call", "there is no open call with this call_id on this session")
         call, self.call = self.call, None
-        await database_sync_to_async(identity.end_call)(call)
+        await self._hang_up(call)
         ambient.analysis.scheduler.release(f"call:{self.session.id}" if self.session else "")
         ambient.analysis.kick()
         await self._send({"type": "call.ended", "id": frame.get("id"), "call_id": call.call_id})
@@ -353,6 +467,8 @@ class VoiceConsumer(DeviceConsumer):
 
     async def _on_ack(self, frame: dict[str, Any]) -> None:
         await super()._on_ack(frame)
+        if frame.get("status") == "played":
+            self._first_audio("ack")
         if frame.get("status") == "played" and self.session is not None:
             # The reply was heard: the owner may answer without the wake word.
             self.session.open_request_window(self.session.position, config.followup_window_seconds(), preroll=0.0)
@@ -411,6 +527,8 @@ class VoiceConsumer(DeviceConsumer):
         await self._on_ack({"type": "ack", "seq": seq, "status": "played"})
 
     async def _stop_speech(self, reason: str) -> None:
+        if self.call is not None and reason == "barge_in":
+            call_events.record(self.call, "barge_in")
         if self.speaker is not None:
             await self.speaker.stop(reason)
         if self.front is not None and reason == "barge_in":
@@ -427,6 +545,7 @@ class VoiceConsumer(DeviceConsumer):
         if self.speaker is None:
             raise YimiError("unknown_run", "nothing is spoken on this socket")
         reply = await self.speaker.played(frame.get("run_id"), frame.get("sentence"))
+        self._first_audio("tts.played")
         await self._send({"type": "tts.played.ack", "id": frame.get("id"), "run_id": reply.run_id,
                           "sentence": frame.get("sentence"), "told": reply.told})
 

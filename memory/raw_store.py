@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import logging
 import os
 import uuid
@@ -85,6 +86,14 @@ class Capture:
     device_id: uuid.UUID | None
     channel: str
     device_label: str = ""
+
+
+def device_capture(device: Any, channel: str | None = None) -> Capture:
+    """The capture of an original a device sent: the channel named, else the device's first
+    declared capture channel, else its kind (a watch's sensor events)."""
+    channels = getattr(device, "capture_channels", None) or []
+    chosen = channel or (str(channels[0]) if channels else str(device.kind))
+    return Capture(device.owner_id, device.id, chosen[:32], str(device.name))
 
 
 # --- hooks the cold-pack side registers ---------------------------------------------------------
@@ -344,6 +353,25 @@ def store_original(
         raise
     log_event("raw_stored", kind=kind, size=len(data), raw_id=obj.pk)
     return obj
+
+
+def archive_event(capture: Capture, name: str, payload: dict[str, Any], *, started_at: datetime, ended_at: datetime) -> dict[str, Any]:
+    """A sensor event (a health record, a location report) kept as its original: the frame as
+    the device sent it, canonical JSON. Returns what the device's acknowledgement says of
+    it: ``{"original": "stored", "raw_id": …}``, or ``{"original": "not_stored", "code":
+    "storage_full", "seq": …}`` when disk admission refused it (the event itself was
+    accepted; only its original is missing, and the timeline says so)."""
+    data = json.dumps(payload, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str).encode()
+    try:
+        obj = store_original(
+            capture, kind=RawObject.Kind.SENSOR, codec="application/json", data=data, started_at=started_at,
+            ended_at=max(ended_at, started_at), meta={"event": name[:64]},
+        )
+    except YimiError as exc:
+        if exc.code != "storage_full":
+            raise
+        return {"original": "not_stored", "code": exc.code, "seq": exc.details.get("seq")}
+    return {"original": "stored", "raw_id": obj.pk}
 
 
 # --- archive batches ----------------------------------------------------------------------------

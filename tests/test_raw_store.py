@@ -8,17 +8,25 @@ archiving before analysis. The ambient analysis bounds are tests/test_ambient.py
 from __future__ import annotations
 
 import hashlib
+import json
+import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
+from devices.voice import ambient
 from memory import admission, raw_store
 from memory.models import TimelineEntry
 from memory.raw_models import RawObject
 from memory.raw_store import ArchiveBatcher, Capture
+from tests import test_asr, voice_support
+from tests.conftest import db_async, receive_until
+from tests.test_asr import TranscriptionServer, utterance
+from tests.test_voice_session import open_voice, start, stream
 from yimi_project.errors import YimiError
 
 GiB = 1024**3
@@ -332,3 +340,158 @@ def test_erasing_originals_deletes_hot_copies_and_says_what_remains(owner: Any, 
     again = raw_store.erase_originals(owner.pk, [hot.pk, kept.pk])
     assert again["erased"] == [kept.pk] and again["not_found"] == [hot.pk] and asked == [[kept.pk]]
     assert (again["cold_erased"], again["cold_pending"], again["cold_packs"]) == ([kept.pk], [], ["p1"])
+
+
+# --- the voice socket: archived as it arrives, analysed only once written -----------------------------------
+
+voice_assets = voice_support.voice_assets
+voice_catalog = voice_support.voice_catalog
+transcription_server = test_asr.transcription_server
+remote_asr = test_asr.remote_asr
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_voice_audio_is_archived_in_batches_before_analysis_sees_it(
+    voice_catalog: dict[str, Any], remote_asr: TranscriptionServer, make_device: Any, disk: Disk, settings: Any
+) -> None:
+    remote_asr.reply = "the shop is called Blue Bottle"
+    sim = await db_async(make_device)()
+    comm = await open_voice(sim)
+    started = await start(comm)
+    audio = np.concatenate([voice_catalog["speech"].say(voice_support.SENTENCES[0]), voice_support.silence(1.0)])
+    sent = b"".join(voice_support.frames(audio))
+    for frame in voice_support.frames(audio):
+        await comm.send_to(bytes_data=frame)
+    heard = await utterance(comm, timeout=30)
+    assert heard["disposition"] == "ambient" and heard["ambient"]["analysis"] == "queued", heard
+    # When analysis was given the speech, every batch up to its end was already written.
+    rows = await db_async(lambda: list(RawObject.objects.filter(stream=started["session_id"]).order_by("stream_offset")))()
+    covered = sum(r.size for r in rows) // 2
+    assert rows and covered >= heard["end_ms"] * 16
+    await comm.send_json_to({"type": "voice.stop", "id": "x"})
+    await receive_until(comm, "voice.stopped")
+    rows = await db_async(lambda: list(RawObject.objects.filter(stream=started["session_id"]).order_by("stream_offset")))()
+    assert b"".join(Path(settings.RAW_HOT_ROOT, r.hot_path).read_bytes() for r in rows) == sent  # every sample, in order
+    assert all(r.kind == "audio" and r.channel == "phone_app" and r.device_id == sim.device.id for r in rows)
+    # Each batch was written as soon as it reached 64 KiB (its last 6,400-byte frame crossed it) or 20 frames.
+    assert all(r.size - 6400 < 64 * 1024 and r.meta["frames"] <= 20 for r in rows)
+    assert [r.stream_offset for r in rows] == [sum(x.size for x in rows[:i]) // 2 for i in range(len(rows))]
+    await ambient.analysis.idle()
+    await comm.disconnect()
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_full_disk_gets_an_honest_error_frame_and_no_analysis(
+    voice_catalog: dict[str, Any], remote_asr: TranscriptionServer, make_device: Any, disk: Disk, settings: Any
+) -> None:
+    remote_asr.reply = "never transcribed"
+    disk.bytes = GiB
+    sim = await db_async(make_device)()
+    comm = await open_voice(sim)
+    await start(comm)
+    await stream(comm, voice_catalog["speech"].say(voice_support.SENTENCES[1]))
+    frames: list[dict[str, Any]] = []
+    while (frame := await comm.receive_json_from(timeout=30))["type"] != "voice.utterance":
+        frames.append(frame)
+    heard = frame
+    errors = [f for f in frames if f["type"] == "error"]
+    [notice] = [f for f in frames if f["type"] == "notice"]  # the owner's devices are told too
+    assert notice["code"] == "original_not_stored" and notice["seq"] == errors[0]["seq"]
+    assert heard["disposition"] == "ambient" and heard["ambient"] == {"analysis": "refused", "code": "storage_full"}, heard
+    # Every batch refused is said to the device; the first names the timeline entry, the rest are covered by it.
+    assert errors and {e["code"] for e in errors} == {"storage_full"}
+    assert all(e["original"]["stored"] is False and e["original"]["kind"] == "audio" and e["original"]["reason"] == "bytes" for e in errors)
+    assert errors[0]["original"]["start_ms"] == 0 and all(a["original"]["end_ms"] == b["original"]["start_ms"] for a, b in zip(errors, errors[1:], strict=False))
+    refused = errors[0]
+    assert isinstance(refused["seq"], int) and all(e["seq"] is None for e in errors[1:])
+    entries = await db_async(lambda: [(e.seq, e.notice_code, e.text) for e in TimelineEntry.objects.filter(owner=sim.device.owner)])()
+    assert len(entries) == 1 and entries[0][0] == refused["seq"] and "was not stored" in entries[0][2]
+    assert await db_async(RawObject.objects.count)() == 0 and hot_files(Path(settings.RAW_HOT_ROOT)) == []
+    await ambient.analysis.idle()
+    assert remote_asr.requests == []
+    await comm.disconnect()
+
+
+# --- recall's L5 layer ------------------------------------------------------------------------------------------
+
+
+def test_recall_finds_the_original_by_time_and_source_and_fetches_it(owner: Any, make_device: Any, disk: Disk, hooks: list[Any]) -> None:
+    """"刚才那家店叫什么": the recent image and audio segment, from the hot store, with what
+    was overheard; an older original is outside "just now"; a gone hot copy comes from the
+    cold reader or is said to be unavailable; an erased one is skipped."""
+    from django.utils import timezone
+
+    from memory import ambient as ambient_log
+    from memory import recall
+    from memory.ambient import AmbientSource
+
+    glasses, phone = make_device("glasses").device, make_device("phone").device
+    now = timezone.now()
+    image = store(owner, b"\xff\xd8\xff" + b"j" * 500, kind="image", at=now - timedelta(minutes=2),
+                  source=capture(owner, glasses, "glasses"))
+    batches = [
+        store(owner, b"\x01\x00" * 8000, at=now - timedelta(seconds=60) + timedelta(milliseconds=500 * i),
+              source=capture(owner, phone, "phone_app"), stream="s1", stream_offset=8000 * i)
+        for i in range(3)
+    ]
+    old = store(owner, at=now - timedelta(hours=2), source=capture(owner, phone, "phone_app"), stream="s0")
+    ambient_log.record(
+        owner.pk, AmbientSource(phone.id, phone.name, "phone_app", uuid.uuid4(), "owner"), start_sample=0, end_sample=16_000,
+        heard_at=now - timedelta(seconds=59), text="the shop is called Blue Bottle",
+    )
+    result = recall.recall(owner.pk, "刚才那家店叫什么", embedder=None)
+    assert "l5" in result.layers and "l5" not in result.unavailable
+    found = {o["kind"]: o for o in result.originals}
+    assert set(found) == {"image", "audio"} and old.pk not in {i for o in result.originals for i in o["object_ids"]}
+    assert found["audio"]["object_ids"] == [b.pk for b in batches] and found["audio"]["heard"] == ["the shop is called Blue Bottle"]
+    assert found["audio"]["channel"] == "phone_app" and found["audio"]["device_id"] == str(phone.id)
+    assert (found["audio"]["available"], found["audio"]["source"], found["audio"]["fetched_bytes"]) == (True, "hot", 48_000)
+    assert found["image"]["object_ids"] == [image.pk] and found["image"]["source"] == "hot"
+    assert result.payload()["originals"] == result.originals
+    seen = recall.recall(owner.pk, "刚才眼镜看到的那家店叫什么", embedder=None)
+    assert [o["object_ids"] for o in seen.originals] == [[image.pk]]  # the glasses' channel only
+    # The hot copy is gone: one read from the cold reader, else unavailable (said, not dropped).
+    RawObject.objects.filter(pk=image.pk).update(hot_deleted_at=now)
+    raw_store.hot_file(image).unlink()
+    gone = recall.recall(owner.pk, "刚才眼镜看到的那家店叫什么", embedder=None).originals[0]
+    assert (gone["available"], gone["unavailable"]) == (False, "no_cold_store")
+
+    def cold(o: RawObject) -> bytes | None:
+        return b"\xff\xd8\xff" + b"j" * 500 if o.pk == image.pk else None
+
+    raw_store.register_cold_reader(cold)
+    hooks.append(cold)
+    back = recall.recall(owner.pk, "刚才眼镜看到的那家店叫什么", embedder=None).originals[0]
+    assert (back["available"], back["source"], back["fetched_bytes"]) == (True, "cold", 503)
+    RawObject.objects.filter(pk=image.pk).update(erased_at=now)
+    assert recall.recall(owner.pk, "刚才眼镜看到的那家店叫什么", embedder=None).originals == []
+
+
+# --- sensor events over the device socket ------------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_sensor_event_is_kept_as_its_original_or_said_not_stored(make_device: Any, disk: Disk, settings: Any) -> None:
+    from tests.test_health_pack import ride, submit
+    from tests.test_location_pack import device_of_kind
+    from tests.test_owner_mac import open_device
+
+    watch = await db_async(device_of_kind)(make_device, "watch")
+    comm = await open_device(watch)
+    try:
+        frame = ride()
+        ok = await submit(comm, frame)
+        assert ok["type"] == "health.record.ok" and ok["original"] == "stored", ok
+        obj = await db_async(RawObject.objects.get)(pk=ok["raw_id"])
+        assert (obj.kind, obj.codec, obj.device_id, obj.meta) == ("sensor", "application/json", watch.device.id, {"event": "health.record"})
+        assert json.loads(Path(settings.RAW_HOT_ROOT, obj.hot_path).read_bytes()) == frame
+        assert obj.started_at.isoformat() == frame["start"] and obj.ended_at.isoformat() == frame["end"]
+        again = await submit(comm, frame)
+        assert again["duplicate"] is True and "original" not in again  # a resend is not a second original
+        disk.inodes = 10
+        full = await submit(comm, ride())
+        assert full["type"] == "health.record.ok" and (full["original"], full["code"]) == ("not_stored", "storage_full"), full
+        assert isinstance(full["seq"], int)
+    finally:
+        await comm.disconnect()
+    assert await db_async(RawObject.objects.count)() == 1
