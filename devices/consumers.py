@@ -41,6 +41,7 @@ from devices.signatures import challenge_message
 from memory import health, location, raw_store
 from memory import services as timeline
 from payments import services as payments
+from releases import baseline as release_baseline
 from yimi_project import push
 from yimi_project.errors import YimiError
 from yimi_project.logs import log_event
@@ -277,6 +278,7 @@ class DeviceConsumer(AsyncWebsocketConsumer):
                 frames += [consent.card_frame(c) for c in consent.pending_cards(device.owner_id)]
             if device.id in payments.card_devices(device.owner_id):
                 frames += [payments.card_frame(a) for a in payments.pending_cards(device.owner_id)]
+            frames += release_baseline.pending_card_frames(device.owner_id, device.id)
             return frames
 
         for frame in await database_sync_to_async(cards)():
@@ -359,6 +361,14 @@ class DeviceConsumer(AsyncWebsocketConsumer):
         await self._send({"type": "consent.result", "id": frame.get("id"), "card_id": str(card.id), "state": card.state})
         if card.state == "approved":
             await dispatch_card_execution(card.id)
+
+    async def _on_release_answer(self, frame: dict[str, Any]) -> None:
+        """The owner's answer to a protected-baseline card (releases.baseline)."""
+        assert self.device is not None
+        card = await database_sync_to_async(release_baseline.answer_card)(
+            self.device, frame.get("card_id"), frame.get("answer"), frame.get("signature")
+        )
+        await self._send({"type": "release.result", "id": frame.get("id"), "card_id": str(card.id), "state": card.state})
 
     async def _on_payment_answer(self, frame: dict[str, Any]) -> None:
         assert self.device is not None
@@ -519,6 +529,7 @@ class DeviceConsumer(AsyncWebsocketConsumer):
         "sync": _on_sync,
         "ping": _on_ping,
         "consent.answer": _on_consent_answer,
+        "release.answer": _on_release_answer,
         "payment.answer": _on_payment_answer,
         "payment.voice_confirm": _on_payment_voice_confirm,
         "payment.undo": _on_payment_undo,
@@ -565,6 +576,10 @@ class DeviceConsumer(AsyncWebsocketConsumer):
 
     async def payment_card(self, event: dict[str, Any]) -> None:
         await self._send(hud.with_hud(self.device, dict(event)))
+
+    async def release_card(self, event: dict[str, Any]) -> None:
+        if self.device is not None and not self.device.is_guest:
+            await self._send(dict(event))
 
     async def activity(self, event: dict[str, Any]) -> None:
         if self.device is not None and not self.device.is_guest:

@@ -162,6 +162,14 @@ def card_frame(card: BaselineCard, release: Release) -> dict[str, Any]:
     }
 
 
+def pending_card_frames(owner_id: int, device_id: Any) -> list[dict[str, Any]]:
+    """The open cards a device gets again when it connects (if cards go to it)."""
+    if device_id not in push.owner_devices(owner_id, CARD_DEVICE_KINDS):
+        return []
+    cards = BaselineCard.objects.filter(owner_id=owner_id, state=BaselineCard.State.PENDING).select_related("release")
+    return [card_frame(card, card.release) for card in cards]
+
+
 def card_message(card: BaselineCard, answer: str) -> bytes:
     """The canonical form of a card and an answer, which the owner's device signs."""
     return "\n".join(["yimi-release-card-v1", str(card.id), card.release.build_id, ",".join(card.areas), answer]).encode()
