@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.db import IntegrityError, transaction
-from django.db.models import Max
 
 from brain.companion_models import PersonaVersion
 from yimi_project.errors import YimiError
@@ -167,10 +166,6 @@ def point_back(owner_id: int) -> PersonaVersion:
     log_event("persona_pointed_back", owner=owner_id, version=target.version, from_version=now.version)
     target.effective = True
     return target
-
-
-def latest_version(owner_id: int) -> int:
-    return int(PersonaVersion.objects.filter(owner_id=owner_id).aggregate(m=Max("version"))["m"] or 0)
 
 
 def render(version: PersonaVersion) -> str:
