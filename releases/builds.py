@@ -157,7 +157,7 @@ def build_directory_release(
     except BaseException:
         remove_tree(staging)
         raise
-    progress(f"built {build_id} at {final.name}")
+    progress(f"release directory {final.name} ready")
     return services.record_release(
         build_id=build_id, kind="directory", commit=commit, base_commit=base_commit, path=str(final), message=message
     )

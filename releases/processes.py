@@ -9,7 +9,9 @@ release's ``release.json``; ``yimi_project.views.health`` reports it to loopback
 
 The services of a host are listed in ``<releases root>/services.json``:
 ``[{"name": "web", "argv": ["{release}/venv/bin/daphne", …], "health_url": "http://…",
-"env": {…}}]`` — the deployer's file, read by ``manage.py release switch|rollback``.
+"env": {…}}]`` — the deployer's file, read by ``manage.py release switch|rollback``. Each
+service's pid is kept in ``<root>/run/<name>.pid`` (with the process's start time), so the
+next invocation stops the process an earlier one started.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ class ProcessService:
         ready_seconds: float = 60.0,
         stop_seconds: float = 15.0,
         sleep: Callable[[float], None] = time.sleep,
+        run_dir: Path | None = None,
     ) -> None:
         if not argv:
             raise YimiError("invalid_request", f"service {name!r} has no command")
@@ -54,8 +57,27 @@ class ProcessService:
         self.ready_seconds = ready_seconds
         self.stop_seconds = stop_seconds
         self.sleep = sleep
+        self.run_dir = run_dir
         self.process: subprocess.Popen[bytes] | None = None
         self.release: Path | None = None
+
+    # A process started by another invocation (an earlier ``release switch``) is found
+    # through its pid file: pid plus the kernel's start time, so a reused pid is never hit.
+
+    @property
+    def pid_file(self) -> Path | None:
+        return self.run_dir / f"{self.name}.pid" if self.run_dir else None
+
+    def _recorded(self) -> int | None:
+        path = self.pid_file
+        if path is None or not path.is_file():
+            return None
+        try:
+            body = json.loads(path.read_text())
+            pid, started = int(body["pid"]), str(body["started"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        return pid if _start_time(pid) == started else None
 
     def _expand(self, text: str, release: Path) -> str:
         return text.replace("{release}", str(release))
@@ -78,6 +100,9 @@ class ProcessService:
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
+        if self.pid_file is not None:
+            self.pid_file.parent.mkdir(parents=True, exist_ok=True)
+            self.pid_file.write_text(json.dumps({"pid": self.process.pid, "started": _start_time(self.process.pid)}))
         deadline = time.monotonic() + self.ready_seconds
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -88,16 +113,21 @@ class ProcessService:
 
     def stop(self) -> None:
         process, self.process = self.process, None
-        if process is None or process.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=self.stop_seconds)
-        except subprocess.TimeoutExpired:
+        if process is not None and process.poll() is None:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+                os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout=self.stop_seconds)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+        recorded = self._recorded()
+        if recorded is not None:
+            _stop_group(recorded, self.stop_seconds, self.sleep)
+        if self.pid_file is not None:
+            with contextlib.suppress(FileNotFoundError):
+                self.pid_file.unlink()
 
     def _answer(self) -> dict[str, Any] | None:
         try:
@@ -110,7 +140,9 @@ class ProcessService:
             return None
 
     def running(self) -> bool:
-        return self.process is not None and self.process.poll() is None
+        if self.process is not None:
+            return self.process.poll() is None
+        return self._recorded() is not None
 
     def health(self) -> bool:
         answer = self._answer()
@@ -120,6 +152,33 @@ class ProcessService:
         answer = self._answer()
         build = answer.get("build") if answer else None
         return str(build) if build else None
+
+
+def _start_time(pid: int) -> str | None:
+    """The process's start time in clock ticks (``/proc/<pid>/stat`` field 22); None when
+    it is gone or a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return None if fields[0] == "Z" else fields[19]
+
+
+def _stop_group(pid: int, seconds: float, sleep: Callable[[float], None]) -> None:
+    """SIGTERM to the process group of ``pid`` (a process of another invocation), then
+    SIGKILL if it is still there after ``seconds``."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGTERM)
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)  # reaps it when it happens to be our own child
+        if _start_time(pid) is None:
+            return
+        sleep(0.05)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGKILL)
 
 
 def load_services(root: Path) -> list[ProcessService]:
@@ -134,7 +193,9 @@ def load_services(root: Path) -> list[ProcessService]:
     try:
         rows = json.loads(path.read_text())
         return [
-            ProcessService(str(r["name"]), [str(a) for a in r["argv"]], health_url=str(r["health_url"]), env=r.get("env"))
+            ProcessService(
+                str(r["name"]), [str(a) for a in r["argv"]], health_url=str(r["health_url"]), env=r.get("env"), run_dir=root / "run"
+            )
             for r in rows
         ]
     except (ValueError, KeyError, TypeError) as exc:

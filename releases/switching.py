@@ -1,13 +1,15 @@
 """Putting a gated candidate live on this host (F5 steps 7–10, F6 steps 2–3).
 
-``switch_release``: 1. **re-check**: the candidate's base must be the commit ``current``
+``switch_release``: 0. a candidate touching the protected baseline goes on only once the
+owner approved its card (``releases.baseline.require_clear``); 1. **re-check**: the candidate's base must be the commit ``current``
 runs at this moment, or the candidate is ``void`` (rebuild it on the live version); 2.
 **wait for idle** (``releases.idle``); 3. **switch** (``releases.pointers.switch``:
 backup, stop, ``previous ← current``, ``current ← candidate``, start, verify; back to the
 previous release on failure), with ``expected_current`` = the build the re-check saw, so
 a release that took over meanwhile makes this one fail (``current_changed``) instead of
 being replaced; 4. the row: ``switched`` or ``failed``; 5. the owner gets a system
-message with the fix's first line (≤200 characters).
+message with the fix's first line (≤200 characters); 6. memory the previous version added
+while it ran after a rollback is imported (``releases.memory_bridge``).
 
 ``rollback_release``: the plain immediate rollback of the operator command
 (``pointers.rollback_to_previous``), recorded on both rows.
@@ -26,7 +28,7 @@ from django.utils import timezone
 from accounts.services import get_owner
 from memory.services import append_entry
 from releases import backup as release_backup
-from releases import idle, pointers
+from releases import baseline, idle, memory_bridge, pointers
 from releases import services as release_services
 from releases.models import Release
 from releases.pointers import ReleaseDir, Service, SwitchResult
@@ -97,6 +99,7 @@ def switch_release(
     root = root or pointers.releases_root()
     if release.state != Release.State.GATED:
         raise YimiError("release_not_gated", f"release {release.build_id} is {release.state}; only a gated release is switched in")
+    baseline.require_clear(release)  # a candidate touching the protected baseline goes on only once approved
     progress("re-checking the base against the live commit")
     live_build = recheck_base(release, root=root)
     progress("waiting for idle")
@@ -115,9 +118,27 @@ def switch_release(
     if result.ok:
         release_services.advance(release, Release.State.SWITCHED, expected=(Release.State.GATED,), reason="switched in", switched_at=timezone.now())
         idle.acknowledge_oom(root, idle.setting_paths("YIMI_RELEASE_OOM_FILES"))  # the services started afresh
+        _import_memory_added_meanwhile(result, progress)
     elif result.state != "backup_failed":
         release_services.advance(release, Release.State.FAILED, expected=(Release.State.GATED,), reason=result.summary()[:2000])
     return result
+
+
+def _import_memory_added_meanwhile(result: SwitchResult, progress: Callable[[str], None]) -> None:
+    """Upgrading again after a rollback: the core memory entries the old version added
+    while it ran (``releases.memory_bridge``; nothing when it never ran after a rollback)."""
+    owner = get_owner()
+    previous = pointers.read_pointers(None if result.release is None else result.release.path.parent).previous
+    if owner is None or previous is None:
+        return
+    try:
+        reports = memory_bridge.import_added_meanwhile(previous.path, owner.id)
+    except Exception as exc:  # noqa: BLE001 - the switch stands; the operator sees what did not come over
+        progress(f"memory added under the previous version was not imported: {type(exc).__name__}: {exc}")
+        log_event("release_memory_import_failed", logging.WARNING, error=type(exc).__name__)
+        return
+    if reports:
+        progress("imported memory the previous version added: " + ", ".join(sorted(reports)))
 
 
 def rollback_release(

@@ -75,8 +75,10 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def web_service(port: int) -> ProcessService:
-    return ProcessService("web", ["{release}/venv/bin/python", "serve.py", str(port)], health_url=f"http://127.0.0.1:{port}/healthz")
+def web_service(port: int, *, run_dir: Path | None = None) -> ProcessService:
+    return ProcessService(
+        "web", ["{release}/venv/bin/python", "serve.py", str(port)], health_url=f"http://127.0.0.1:{port}/healthz", run_dir=run_dir
+    )
 
 
 # A service that is not healthy stays unhealthy: three looks are enough, and no test waits on time.
