@@ -88,8 +88,9 @@ class ContentCardForm(forms.ModelForm):  # type: ignore[type-arg]
 
 
 @admin.register(ContentCard)
-class ContentCardAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
-    """Maintained by the owner or staff (ordinary model permissions); each change is a new version."""
+class ContentCardAdmin(OwnerContentAdmin):
+    """Maintained by the owner (every admin page is the owner's: tests/test_owner_boundary);
+    each change is a new version."""
 
     form = ContentCardForm
     list_display = ("id", "version", "mode", "title", "active", "estimated_duration", "story_told_as")
