@@ -92,7 +92,7 @@ class Thresholds:
 @dataclass(frozen=True)
 class Pointers:
     """The host's pointers as the watchdog reads them: ``switch_id`` names the switch that
-    made ``current`` current (a re-release of the same build is a new switch)."""
+    made ``current`` current ('' when no switch did: a first install is not watched)."""
 
     current: str | None
     previous: str | None
@@ -175,8 +175,8 @@ def step(state: WatchState | None, obs: Observation, th: Thresholds) -> tuple[Wa
     """
     p = obs.pointers
     if state is None or (state.phase in ENDED and _new_switch(state, p)):
-        if not p.current or not p.previous:
-            return state, []  # nothing switched in yet, or nothing to go back to
+        if not p.current or not p.previous or not p.switch_id:
+            return state, []  # nothing switched in (a first install is not watched), or nothing to go back to
         state = WatchState(new_build=p.current, previous_build=p.previous, switch_id=p.switch_id, started_at=obs.at,
                            restarts_seen=obs.restarts)
     else:

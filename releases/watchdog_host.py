@@ -88,11 +88,12 @@ def docker_restarts(containers: Sequence[str]) -> int:
 
 
 def switch_id(root: Path, current: str | None) -> str:
-    """The time of the switch that made ``current`` current (from the history), else the build."""
+    """The time of the switch that made ``current`` current (from the history); '' when no
+    switch did (a release installed by hand, or the first one)."""
     for row in reversed(pointers.read_history(root)):
         if row.get("kind") == "switch" and row.get("to_build") == current:
             return str(row.get("at") or current)
-    return str(current or "")
+    return ""
 
 
 def observer(root: Path, probe: HealthProbe, *, containers: Sequence[str] = (), clock: Callable[[], float] = time.time) -> Callable[[], Observation]:

@@ -212,6 +212,18 @@ def test_nothing_to_go_back_to_is_not_watched(store: StateFile) -> None:
     assert host.rollbacks == [] and store.load() is None
 
 
+def test_a_release_no_switch_brought_in_is_not_watched(store: StateFile) -> None:
+    host = Host(healthy=False)
+
+    def observe() -> Observation:
+        return Observation(host.now, Pointers(host.current, host.previous, ""), host.healthy, host.restarts)
+
+    run_once(store, observe, host.rollback, host.notify, TH)
+    host.now += 1000
+    run_once(store, observe, host.rollback, host.notify, TH)
+    assert host.rollbacks == [] and store.load() is None
+
+
 @pytest.mark.parametrize(
     ("u", "w", "l", "missing"),
     [(None, None, None, ["U", "W", "L"]), ("180", None, "3", ["W"]), ("180", "180", "", ["L"])],
