@@ -2,4 +2,7 @@
 
 from __future__ import annotations
 
-from releases import request_admin  # noqa: F401  (registers RollbackRequest and BaselineCard)
+from releases import (
+    release_admin,  # noqa: F401  (registers Release and ReleaseEvent, read-only)
+    request_admin,  # noqa: F401  (registers RollbackRequest and BaselineCard)
+)

@@ -249,3 +249,19 @@ def test_backup_holds_the_database_and_the_model_settings_master_key(tmp_path: P
     if manifest["database"] == "postgresql":
         listing = subprocess.run(["pg_restore", "--list", str(dump)], capture_output=True, text=True, check=True).stdout
         assert "releases_release" in listing and "brain_modelrole" in listing
+
+
+def test_the_owner_sees_releases_and_their_history_read_only(repo: Repo, root: Path, owner: Any, client: Any, django_user_model: Any) -> None:
+    a = build(repo, repo.commit("The first version"), root)
+    client.force_login(owner)
+    listing = client.get("/admin/releases/release/")
+    assert listing.status_code == 200 and a.build_id[:20] in listing.content.decode()
+    page = client.get(f"/admin/releases/release/{a.id}/change/")
+    assert page.status_code == 200 and "The first version" in page.content.decode() and "build" in page.content.decode()
+    assert 'name="_save"' not in page.content.decode()  # nothing to save: read-only
+    assert client.get("/admin/releases/releaseevent/").status_code == 200
+    assert client.post(f"/admin/releases/release/{a.id}/delete/", {"post": "yes"}).status_code == 403
+    assert Release.objects.filter(id=a.id).exists()
+    other = django_user_model.objects.create_user("staff", password="x" * 12, is_staff=True, is_superuser=True)
+    client.force_login(other)
+    assert client.get("/admin/releases/release/").status_code == 403
