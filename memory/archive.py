@@ -275,26 +275,41 @@ def ensure_collections(dav: WebDAV, owner_id: int) -> str:
 
 def _seal(objs: list[RawObject], start: int, *, seal_bytes: int, over_budget: Callable[[], bool],
           report: RoundReport) -> tuple[coldpack.PackBuilder, int, dict[str, str]]:
+    """Fill one pack from ``objs[start:]`` (module docstring, step 4). Originals are read
+    and coded in groups (one ffmpeg call for a group's audio: starting ffmpeg costs more
+    than coding half a second of it); a group stops once its raw bytes would take the pack
+    to ``seal_bytes`` (coding only shrinks them), so a pack passes the seal size by at
+    most one group's compressed bytes. Returns the builder, the next index and the
+    expected (id → SHA-256) of what went in."""
     builder = coldpack.PackBuilder(max_objects=MAX_OBJECTS)
     expected: dict[str, str] = {}
     index = start
-    while index < len(objs) and builder.size < seal_bytes and len(builder.chunks) < MAX_OBJECTS:
-        obj = objs[index]
-        if not builder.fits(obj.size):
-            if builder.chunks:
-                break  # the next pack takes it
-            report.skipped.append(obj.pk)  # bigger than any pack may decode to: never packable
-            log_event("archive_object_too_large", logging.WARNING, raw_id=obj.pk, size=obj.size)
+    full = False
+    while not full and index < len(objs) and builder.size < seal_bytes and len(builder.chunks) < MAX_OBJECTS:
+        group: list[tuple[str, str, bytes]] = []
+        raw = 0
+        while index < len(objs) and len(group) < coldpack.FFMPEG_GROUP and builder.size + raw < seal_bytes:
+            obj = objs[index]
+            if (len(builder.chunks) + len(group) >= MAX_OBJECTS
+                    or builder.decoded_size + raw + obj.size > coldpack.MAX_DECODED_BYTES):
+                if builder.chunks or group:
+                    full = True  # the next pack takes it
+                    break
+                report.skipped.append(obj.pk)  # bigger than any pack may decode to: never packable
+                log_event("archive_object_too_large", logging.WARNING, raw_id=obj.pk, size=obj.size)
+                index += 1
+                continue
+            data = _hot_bytes(obj)
             index += 1
-            continue
-        data = _hot_bytes(obj)
-        index += 1
-        if data is None:
-            report.skipped.append(obj.pk)
-            log_event("archive_hot_copy_bad", logging.WARNING, raw_id=obj.pk)
-            continue
-        builder.add(str(obj.pk), obj.codec, data)
-        expected[str(obj.pk)] = obj.sha256
+            if data is None:
+                report.skipped.append(obj.pk)
+                log_event("archive_hot_copy_bad", logging.WARNING, raw_id=obj.pk)
+                continue
+            group.append((str(obj.pk), obj.codec, data))
+            raw += len(data)
+            expected[str(obj.pk)] = obj.sha256
+        if group:
+            builder.add_many(group)
         if builder.chunks and over_budget():
             break  # sealed small: the budget is spent
     return builder, index, expected

@@ -77,6 +77,19 @@ def test_flac_round_trip_is_bit_exact() -> None:
     assert coldpack.flac_decode(encoded) == pcm
     # An odd byte count is not 16-bit PCM: kept losslessly with gzip instead.
     assert coldpack.encode_chunk(PCM, pcm[:-1])[0] == "gzip"
+    # A pack of many short batches is coded in grouped ffmpeg calls, each stream still its own FLAC.
+    batches = [speechlike(0.5, seed=s) for s in range(6)]
+    builder = coldpack.PackBuilder()
+    builder.add_many([(str(i), PCM, b) for i, b in enumerate(batches)])
+    data = builder.seal()
+    assert all(c.codec == "flac" for c in builder.chunks)
+    assert [out for _c, out in coldpack.decode_pack(data)] == batches
+    header = coldpack.decode_header(data)
+    broken = bytearray(data)
+    broken[header.data_start + header.chunks[3].offset + header.chunks[3].size // 2] ^= 0x55
+    with pytest.raises(Exception) as err:
+        list(coldpack.decode_pack(bytes(broken)))
+    assert getattr(err.value, "code", "") == "pack_invalid" and "chunk 3" in str(err.value)
 
 
 def test_header_limits_before_and_after_compression() -> None:
