@@ -204,7 +204,7 @@ def _switch(candidate: PackCandidate, expected: str | None) -> tuple[PackVersion
     """Step 4: compare-and-swap the online version from ``expected`` to the candidate."""
     RegisteredPack.objects.get_or_create(name=candidate.name)
     with transaction.atomic():
-        entry = RegisteredPack.objects.select_for_update().select_related("active").get(name=candidate.name)
+        entry = RegisteredPack.objects.select_for_update(of=("self",)).select_related("active").get(name=candidate.name)
         previous = entry.active
         if (previous.digest if previous is not None else None) != expected:
             raise YimiError("online_version_changed", "the online version changed while the candidate was being preloaded")
