@@ -265,3 +265,23 @@ def test_the_owner_sees_releases_and_their_history_read_only(repo: Repo, root: P
     other = django_user_model.objects.create_user("staff", password="x" * 12, is_staff=True, is_superuser=True)
     client.force_login(other)
     assert client.get("/admin/releases/release/").status_code == 403
+
+
+def test_health_reports_the_build_of_the_release_directory_it_runs_from(tmp_path: Path, settings: Any, owner: Any) -> None:
+    from django.test import Client
+
+    from yimi_project import views
+
+    release = tmp_path / "abc-123"
+    (release / "code").mkdir(parents=True)
+    pointers.ReleaseDir(path=release, build_id="dir:" + "a" * 64, commit="c" * 40).write()
+    settings.BASE_DIR = release / "code"
+    views.running_build.cache_clear()
+    try:
+        assert Client(REMOTE_ADDR="127.0.0.1").get("/api/health/").json()["build"] == "dir:" + "a" * 64
+        assert Client(REMOTE_ADDR="203.0.113.9").get("/api/health/").json() == {"status": "ok"}  # not told to the public
+        settings.BASE_DIR = tmp_path / "checkout"
+        views.running_build.cache_clear()
+        assert Client(REMOTE_ADDR="127.0.0.1").get("/api/health/").json()["build"] is None  # not a release directory
+    finally:
+        views.running_build.cache_clear()

@@ -1,6 +1,9 @@
 from __future__ import annotations
 
+import functools
 import ipaddress
+import json
+from pathlib import Path
 from typing import Any
 
 from django.conf import settings
@@ -16,12 +19,23 @@ def is_loopback(address: str | None) -> bool:
 
 
 def shows_health_details(request: HttpRequest) -> bool:
-    """Details (database vendor, channel layer, brain mode) only for a loopback peer
+    """Details (database vendor, channel layer, brain mode, release build) only for a loopback peer
     (``REMOTE_ADDR``: a local monitor, the end-to-end tests) or the logged-in owner."""
     if is_loopback(request.META.get("REMOTE_ADDR")):
         return True
     user = getattr(request, "user", None)
     return bool(user is not None and user.is_authenticated and getattr(user, "is_owner", False))
+
+
+@functools.lru_cache(maxsize=1)
+def running_build() -> str | None:
+    """The build id of the release directory this code runs from (``<release>/code`` beside
+    ``<release>/release.json``, releases.builds), or None outside one. A switch verifies
+    each service by it."""
+    try:
+        return str(json.loads((Path(settings.BASE_DIR).parent / "release.json").read_text())["build_id"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def health(request: HttpRequest) -> JsonResponse:
@@ -33,6 +47,7 @@ def health(request: HttpRequest) -> JsonResponse:
         "database": connection.vendor,
         "channel_layer": "redis" if settings.REDIS_URL else "in-memory",
         "brain": "demo" if settings.BRAIN_IS_DEMO else "configured",
+        "build": running_build(),
     }
     status = "ok"
     with connection.cursor() as cursor:
