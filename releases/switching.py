@@ -18,6 +18,7 @@ while it ran after a rollback is imported (``releases.memory_bridge``).
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
@@ -75,6 +76,10 @@ def notify_owner(release: Release) -> int | None:
     return entry.seq
 
 
+def _tell_owner(release: Release) -> None:
+    notify_owner(release)
+
+
 def _announce(owner_id: int, seq: int, text: str) -> None:
     try:
         push.to_owner_sync(owner_id, {"type": "notice", "seq": seq, "code": NOTICE_CODE, "text": text, "run_id": None, "reply_to_seq": None})
@@ -103,8 +108,9 @@ def switch_release(
     progress("re-checking the base against the live commit")
     live_build = recheck_base(release, root=root)
     progress("waiting for idle")
-    wait = {"sleep": sleep} if sleep is not None else {}
-    idle.wait_for_idle(timeout=idle_timeout, progress=progress, check=idle_check or partial(idle.blockers, root=root), **wait)
+    idle.wait_for_idle(
+        timeout=idle_timeout, progress=progress, check=idle_check or partial(idle.blockers, root=root), sleep=sleep or time.sleep
+    )
     progress(f"switching {live_build or '(none)'} -> {release.build_id}")
     result = pointers.switch(
         ReleaseDir.read(Path(release.path)),
@@ -113,7 +119,7 @@ def switch_release(
         verify=verify,
         root=root,
         expected_current=live_build,
-        notify=lambda _result: notify_owner(release),
+        notify=lambda _result: _tell_owner(release),
     )
     if result.ok:
         release_services.advance(release, Release.State.SWITCHED, expected=(Release.State.GATED,), reason="switched in", switched_at=timezone.now())
