@@ -21,7 +21,7 @@ class BrainConfig(AppConfig):
     def ready(self) -> None:
         # Here, not at the top: these modules import models, which exist only once the app
         # registry is ready (memory.embeddings is a layer below; no cycle is being dodged).
-        from brain import call_snapshot, privacy_epoch
+        from brain import call_snapshot, privacy_epoch, topic_state
         from brain.agents import agent_categories, redact_payload
         from brain.dispatch import start_payment
         from brain.execution_tasks import execute_payment_task
@@ -36,5 +36,6 @@ class BrainConfig(AppConfig):
         authorities.register_run_binder(run_binding)  # the gateway binds each call to its run
         authorities.register_agent_limit(agent_categories)  # a self-check agent only observes
         push.register_starter(execute_payment_task.name, start_payment)  # an auto-payment, once authorized
+        privacy_epoch.register_invalidator("topics", topic_state.invalidate)  # summaries and topic rows, in the bump's transaction
         # A Celery worker recovers the runs a dead worker left (brain.recovery) when it is ready.
         worker_ready.connect(_recover_runs_on_worker_start, weak=False, dispatch_uid="brain.recover_runs")
