@@ -15,11 +15,13 @@ from typing import Any
 
 from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async
+from django.utils import timezone
 
 from accounts import voice as identity
 from accounts.models import VoiceCall
-from brain import call_snapshot, roles
+from brain import call_events, call_snapshot, roles
 from brain.dispatch import dispatch_run
+from brain.topic_tasks import dispatch_call_summary
 from devices import services as device_services
 from devices.consumers import DeviceConsumer
 from devices.voice import ambient, asr, audio, config, realtime, tts
@@ -43,6 +45,7 @@ class VoiceConsumer(DeviceConsumer):
     speaker: tts.ReplySpeaker | None = None  # speaks the replies of runs started here (devices/voice/tts.py)
     front: realtime.RealtimeFront | None = None  # the realtime front, when configured (devices/voice/realtime.py)
     _checked_at: float = 0.0
+    _audio_heard: bool = False  # the open call's first played audio was recorded (brain.call_events)
     archive: raw_store.ArchiveBatcher | None = None  # the stream's archive batches (memory/raw_store.py), owner devices only
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -63,7 +66,7 @@ class VoiceConsumer(DeviceConsumer):
 
     async def disconnect(self, code: int) -> None:
         if self.call is not None:
-            await database_sync_to_async(identity.end_call)(self.call)
+            await self._hang_up(self.call)
             self.call = None
         self._end_analysis()
         await self._end_archive(reply=False)
@@ -334,7 +337,7 @@ class VoiceConsumer(DeviceConsumer):
         await self._process(output)
         await self._end_archive()
         if self.call is not None:
-            await database_sync_to_async(identity.end_call)(self.call)
+            await self._hang_up(self.call)
             self.call = None
         self._end_analysis()
         self.session, self.enrollment = None, None
@@ -376,20 +379,40 @@ class VoiceConsumer(DeviceConsumer):
         assert self.device is not None
         if self.call is not None and frame.get("call_id") != self.call.call_id:  # the same call_id again: a retried start
             raise YimiError("call_in_progress", "a call is already open on this session; send call.end first")
+        asked = timezone.now()
         call = await database_sync_to_async(identity.start_call)(self.device, frame.get("call_id"), session.channel)
+        # A call that was open before this start is the same call again (a reconnect): one start per call.
+        call_events.record(call, "reconnect" if call.started_at < asked else "start")
+        self._audio_heard = False
         # The call's frozen snapshot (persona version, opening, background, card); reused when
         # this call is started again, e.g. after a reconnect (brain.call_snapshot).
         prepared = await database_sync_to_async(call_snapshot.prepare)(call)
+        call_events.record(call, "snapshot_failed" if prepared.snapshot.fallback else "snapshot_built", state=prepared.state)
         self.call = call
         ambient.analysis.scheduler.hold(f"call:{session.id}")  # analysis yields while the owner is in a call
         await self._send({"type": "call.started", "id": frame.get("id"), "call_id": call.call_id, "snapshot": prepared.frame()})
+
+    async def _hang_up(self, call: VoiceCall) -> None:
+        """End the call (``identity.end_call``); the hang-up that ended it records the
+        ``end`` event and sends the end-of-call summary (``brain.topic_tasks``), off the
+        audio path."""
+        if await database_sync_to_async(identity.end_call)(call):
+            call_events.record(call, "end")
+            await dispatch_call_summary(call.pk)
+
+    def _first_audio(self, via: str) -> None:
+        """The device reported the call's first played audio (``ack`` ``played`` or
+        ``tts.played``): its time is the end of the call's first-audio latency."""
+        if self.call is not None and not self._audio_heard:
+            self._audio_heard = True
+            call_events.record(self.call, "first_audio", via=via)
 
     async def _on_call_end(self, frame: dict[str, Any]) -> None:
         self._need_session()
         if self.call is None or frame.get("call_id") != self.call.call_id:
             raise YimiError("unknown_call", "there is no open call with this call_id on this session")
         call, self.call = self.call, None
-        await database_sync_to_async(identity.end_call)(call)
+        await self._hang_up(call)
         ambient.analysis.scheduler.release(f"call:{self.session.id}" if self.session else "")
         ambient.analysis.kick()
         await self._send({"type": "call.ended", "id": frame.get("id"), "call_id": call.call_id})
@@ -444,6 +467,8 @@ class VoiceConsumer(DeviceConsumer):
 
     async def _on_ack(self, frame: dict[str, Any]) -> None:
         await super()._on_ack(frame)
+        if frame.get("status") == "played":
+            self._first_audio("ack")
         if frame.get("status") == "played" and self.session is not None:
             # The reply was heard: the owner may answer without the wake word.
             self.session.open_request_window(self.session.position, config.followup_window_seconds(), preroll=0.0)
@@ -502,6 +527,8 @@ class VoiceConsumer(DeviceConsumer):
         await self._on_ack({"type": "ack", "seq": seq, "status": "played"})
 
     async def _stop_speech(self, reason: str) -> None:
+        if self.call is not None and reason == "barge_in":
+            call_events.record(self.call, "barge_in")
         if self.speaker is not None:
             await self.speaker.stop(reason)
         if self.front is not None and reason == "barge_in":
@@ -518,6 +545,7 @@ class VoiceConsumer(DeviceConsumer):
         if self.speaker is None:
             raise YimiError("unknown_run", "nothing is spoken on this socket")
         reply = await self.speaker.played(frame.get("run_id"), frame.get("sentence"))
+        self._first_audio("tts.played")
         await self._send({"type": "tts.played.ack", "id": frame.get("id"), "run_id": reply.run_id,
                           "sentence": frame.get("sentence"), "told": reply.told})
 
