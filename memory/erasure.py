@@ -10,7 +10,11 @@ memory pack; erasing never touches assertions.
    erased (at most ``MAX_ENTRIES``; more is ``erasure_too_large``: narrow the criteria).
    The preview lists exactly that set (timeline number, kind, time, an excerpt, the image
    original an ``image`` entry refers to, the embeddings held) and its ``digest`` (SHA-256
-   over the entries' numbers, the SHA-256 of their texts and their images). It returns a
+   over the entries' numbers, the SHA-256 of their texts and their images, and the L5
+   originals). L5 originals (``memory.raw_store``: audio batches, images, sensor events)
+   are in the set when the criteria are only a time range with a ``before`` (a range that
+   no new recording can enter; at most ``MAX_ORIGINALS``), plus the raw copy of every
+   image an erased entry refers to; the preview counts them per kind. It returns a
    ``preview_token``: the owner, the criteria and the digest, signed (``SECRET_KEY``,
    salt ``yimi.erasure.preview``), valid ``TOKEN_TTL_SECONDS``.
 2. **Erase** (``erase``), in one transaction under the owner's memory lock:
@@ -27,7 +31,9 @@ memory pack; erasing never touches assertions.
       models, which is also where ``brain.vector_index`` keeps the catalog model's index)
       and the process's vector cache is dropped;
    f. every image original an erased ``image`` entry refers to is purged (row kept as a
-      tombstone; its files are deleted once the transaction has committed);
+      tombstone; its files are deleted once the transaction has committed); the selected
+      L5 originals are erased (``memory.raw_store.erase_originals``: hot files after
+      commit, the cold side asked to rewrite or tombstone its packs);
    g. copies of the erased texts in other apps (the ledger's arguments and results,
       consent card previews, sub-agent goals, the ambient log) are redacted through
       ``memory.copies``, as forgetting does; a redactor that fails rolls everything back;
@@ -37,7 +43,9 @@ memory pack; erasing never touches assertions.
 3. **Result** (``result``): the stored result of an erasure, by its id or its token.
 
 What is not erased: devices that already synced an entry keep their own copy until they
-sync again; one-way fingerprints in the ledger stay (they hold no text).
+sync again; one-way fingerprints in the ledger stay (they hold no text); backups of the
+data directory keep what they hold; cold copies of originals the cold side has not yet
+rewritten stay until it does (``originals.cold_pending``).
 """
 
 from __future__ import annotations
@@ -56,15 +64,17 @@ from django.db import transaction
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from memory import copies, source_changes
+from memory import copies, raw_store, source_changes
 from memory.embeddings import clear_vector_cache
 from memory.image_models import ImageRecord
 from memory.locks import lock_owner_memory
 from memory.models import MemoryReceipt, TimelineEmbedding, TimelineEntry
+from memory.raw_models import RawObject
 from yimi_project.errors import YimiError
 from yimi_project.logs import log_event
 
 MAX_ENTRIES = 500
+MAX_ORIGINALS = 200_000  # a day of audio is about 173,000 archive batches
 MAX_SEQS = 500
 MIN_TEXT_MATCH = 2
 EXCERPT = 80
@@ -97,11 +107,14 @@ class Preview:
     token: str = ""
     embeddings: int = 0
     images: list[str] = field(default_factory=list)
+    originals: list[int] = field(default_factory=list)  # L5 raw object ids
+    originals_by_kind: dict[str, int] = field(default_factory=dict)
 
     def payload(self) -> dict[str, Any]:
         return {
             "preview_token": self.token, "digest": self.digest, "count": len(self.entries), "entries": self.entries,
             "images": self.images, "embeddings": self.embeddings, "criteria": self.criteria.payload(),
+            "originals": {"count": len(self.originals), "by_kind": self.originals_by_kind},
             "expires_in_seconds": TOKEN_TTL_SECONDS,
         }
 
@@ -165,7 +178,29 @@ def _describe(owner_id: int, criteria: Criteria, entries: list[TimelineEntry]) -
             "truncated": len(e.text) > EXCERPT, "image_id": images.get(e.id),
         })
     embeddings = TimelineEmbedding.objects.filter(entry_id__in=ids).count() if ids else 0
-    return Preview(owner_id, criteria, listed, digest.hexdigest(), embeddings=embeddings, images=sorted(images.values()))
+    originals = _originals(owner_id, criteria, sorted(images.values()))
+    by_kind: dict[str, int] = {}
+    for raw_id, kind in originals:
+        digest.update(f"raw:{raw_id}\n".encode())
+        by_kind[kind] = by_kind.get(kind, 0) + 1
+    return Preview(owner_id, criteria, listed, digest.hexdigest(), embeddings=embeddings, images=sorted(images.values()),
+                   originals=[raw_id for raw_id, _ in originals], originals_by_kind=by_kind)
+
+
+def _originals(owner_id: int, criteria: Criteria, image_ids: list[str]) -> list[tuple[int, str]]:
+    """The L5 originals an erasure takes (module docstring, step 1): (id, kind), by id."""
+    rows = RawObject.objects.filter(owner_id=owner_id, erased_at__isnull=True)
+    found: dict[int, str] = {}
+    if criteria.before and not criteria.seqs and not criteria.text:
+        in_range = rows.filter(started_at__lt=criteria.before)
+        if criteria.after:
+            in_range = in_range.filter(started_at__gte=criteria.after)
+        found.update(in_range.order_by("id").values_list("id", "kind")[: MAX_ORIGINALS + 1])
+        if len(found) > MAX_ORIGINALS:
+            raise YimiError("erasure_too_large", f"more than {MAX_ORIGINALS} originals are in this range: narrow it", limit=MAX_ORIGINALS)
+    if image_ids:
+        found.update(rows.filter(kind=RawObject.Kind.IMAGE, meta__image_id__in=image_ids).values_list("id", "kind"))
+    return sorted(found.items())
 
 
 def preview(owner_id: int, data: Any) -> Preview:
@@ -213,8 +248,8 @@ def erase(owner_id: int, token: Any, *, now: datetime | None = None) -> dict[str
                 "erasure_changed", "what these criteria select changed since the preview: nothing was erased; preview again",
                 previewed_digest=digest, current_digest=current.digest, current_count=len(current.entries),
             )
-        if not entries:
-            raise YimiError("nothing_to_erase", "the preview selected no entries: nothing was erased")
+        if not entries and not current.originals:
+            raise YimiError("nothing_to_erase", "the preview selected no entries and no originals: nothing was erased")
         ids = [e.id for e in entries]
         texts = [e.text for e in entries if e.text.strip()]
         TimelineEntry.objects.filter(id__in=ids, erased_at__isnull=True).update(text="", erased_at=now)
@@ -224,20 +259,38 @@ def erase(owner_id: int, token: Any, *, now: datetime | None = None) -> dict[str
             state=ImageRecord.State.PURGED, path="", people=[], purged_at=now
         )
         removed = [p for _, p in images if p]
+        originals = raw_store.erase_originals(owner_id, current.originals, now=now) if current.originals else None
         redacted = copies.redact_copies(owner_id, copies.ForgottenContent(texts))
         source_changes.notify(source_changes.SourceChange(owner_id, source_changes.ERASED, entry_ids=tuple(ids)))
         result = {
             "erasure_id": erasure_id(owner_id, digest), "digest": digest, "erased_at": now.isoformat(),
             "entries": [{"seq": e["seq"], "kind": e["kind"], "created_at": e["created_at"]} for e in current.entries],
             "images": current.images, "embeddings": embeddings, "redacted": redacted,
-            "not_erased": ["copies devices already synced, until they sync again", "one-way fingerprints in the ledger (they hold no text)"],
+            "originals": _originals_result(originals, current.originals_by_kind),
+            "not_erased": [
+                "copies devices already synced, until they sync again", "one-way fingerprints in the ledger (they hold no text)",
+                *(originals["remains"] if originals else []),
+            ],
             "replayed": False,
         }
         MemoryReceipt.objects.create(owner_id=owner_id, request_id=digest[:64], kind=RECEIPT_KIND, fingerprint=digest[:64], result=result)
         transaction.on_commit(lambda: _remove_originals(removed))
     clear_vector_cache()
-    log_event("timeline_erased", entries=len(ids), images=len(images), embeddings=embeddings)
+    log_event("timeline_erased", entries=len(ids), images=len(images), embeddings=embeddings,
+              originals=len(current.originals))
     return result
+
+
+def _originals_result(erased: dict[str, Any] | None, by_kind: dict[str, int]) -> dict[str, Any]:
+    """What an erasure says of the L5 originals: counts, and the ids when they are few."""
+    if erased is None:
+        return {"erased": 0, "by_kind": {}, "hot_files_deleted": 0, "cold_erased": 0, "cold_pending": 0, "cold_packs": []}
+    listed = len(erased["erased"]) <= 1000
+    return {
+        "erased": len(erased["erased"]), "by_kind": by_kind, "hot_files_deleted": len(erased["hot_files_deleted"]),
+        "cold_erased": len(erased["cold_erased"]), "cold_pending": len(erased["cold_pending"]), "cold_packs": erased["cold_packs"],
+        **({"ids": erased["erased"], "cold_pending_ids": erased["cold_pending"]} if listed else {}),
+    }
 
 
 def _remove_originals(relative_paths: list[str]) -> None:

@@ -14,7 +14,11 @@
    client id of a text or voice request); idempotent by the frame's id. Then the image
    analyzers run (``register_image_analyzer``): what they recognize (people the owner
    enrolled) is stored as facts for the vision request.
-3. **Retention**: an owner's image is kept; a guest's image (a guest device) only until
+3. **L5 original** (``archive_image``): an image the owner keeps is also stored as a raw
+   original in the hot store (``memory.raw_store``, kind ``image``, ``meta.image_id``), from
+   where it moves to a cold pack like any original; disk admission may refuse it (the
+   timeline says so) without undoing the attach.
+4. **Retention**: an owner's image is kept; a guest's image (a guest device) only until
    the request it served has ended (``release_after_run``), or, unused, until the request
    window has passed (``purge_stale``), unless the owner keeps it (``keep_image``).
    Purging deletes both files and keeps the row as a tombstone (no path, no people).
@@ -42,10 +46,12 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 from PIL import Image, UnidentifiedImageError
 
+from memory import raw_store
 from memory import services as timeline
 from memory.admission import admit_write
 from memory.image_models import ImageRecord
 from memory.models import TimelineEntry
+from memory.raw_models import RawObject
 from yimi_project.errors import YimiError
 from yimi_project.ids import uuid_or_nil
 from yimi_project.logs import log_event
@@ -218,7 +224,30 @@ def attach_image(
         return AttachedImage(existing, existing.entry, True)
     _update_sidecar(image)
     analyze(image)
+    archive_image(image)
     return AttachedImage(image, entry, False)
+
+
+def archive_image(image: ImageRecord) -> int | None:
+    """Store a kept, attached image as an L5 original (step 3); returns the raw object's
+    id, or None: not kept, not attached, already stored, or refused by disk admission
+    (``memory.raw_store`` told the timeline). Idempotent per image."""
+    if image.retention != ImageRecord.Retention.KEEP or image.state != ImageRecord.State.ATTACHED or not image.path:
+        return None
+    if RawObject.objects.filter(owner_id=image.owner_id, kind=RawObject.Kind.IMAGE, meta__image_id=str(image.id)).exists():
+        return None
+    at = image.captured_at or image.attached_at or image.uploaded_at
+    source = raw_store.device_capture(image.device) if image.device is not None else raw_store.Capture(image.owner_id, None, "unknown")
+    try:
+        obj = raw_store.store_original(
+            source, kind=RawObject.Kind.IMAGE, codec=image.content_type, data=read_bytes(image), started_at=at, ended_at=at,
+            meta={"image_id": str(image.id), "width": image.width, "height": image.height},
+        )
+    except YimiError as exc:
+        if exc.code != "storage_full":
+            raise
+        return None
+    return obj.pk
 
 
 def _update_sidecar(image: ImageRecord) -> None:
@@ -365,12 +394,17 @@ def release_after_run(image_id: Any) -> bool:
 
 
 def keep_image(owner_id: int, image_id: Any) -> bool:
-    """The owner asked to keep a request-only image (a guest's): it is kept from now on."""
-    return bool(
+    """The owner asked to keep a request-only image (a guest's): it is kept from now on,
+    and becomes an L5 original (``archive_image``)."""
+    kept = bool(
         ImageRecord.objects.filter(id=uuid_or_nil(image_id), owner_id=owner_id, retention=ImageRecord.Retention.REQUEST)
         .exclude(state=ImageRecord.State.PURGED)
         .update(retention=ImageRecord.Retention.KEEP)
     )
+    if kept:
+        image = ImageRecord.objects.select_related("device").get(id=uuid_or_nil(image_id))
+        archive_image(image)
+    return kept
 
 
 def purge_stale(now: datetime | None = None) -> int:

@@ -50,6 +50,8 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Value
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from memory import admission
@@ -67,7 +69,8 @@ MAX_OBJECT_BYTES = 64 * 1024 * 1024  # a cold pack decodes to at most 64 MiB: no
 KINDS = {k.value for k in RawObject.Kind}
 NOTICE_STORAGE_LOW = "storage_low"
 NOTICE_NOT_STORED = "original_not_stored"
-NOT_STORED_REPEAT_SECONDS = 60  # one "not stored" entry per device, channel and kind per minute
+NOT_STORED_REPEAT_SECONDS = 60
+ERASE_CHUNK = 5_000  # one "not stored" entry per device, channel and kind per minute
 
 
 def hot_root() -> Path:
@@ -552,10 +555,15 @@ def erase_originals(owner_id: int, ids: Iterable[int], *, now: datetime | None =
     exist) and backups, which this does not reach."""
     now = now or timezone.now()
     wanted = list(dict.fromkeys(int(i) for i in ids))
+    rows: list[RawObject] = []
     with transaction.atomic():
-        rows = list(RawObject.objects.select_for_update().filter(owner_id=owner_id, id__in=wanted, erased_at__isnull=True))
+        for i in range(0, len(wanted), ERASE_CHUNK):  # PostgreSQL takes at most 65,535 parameters per query
+            chunk = list(
+                RawObject.objects.select_for_update().filter(owner_id=owner_id, id__in=wanted[i : i + ERASE_CHUNK], erased_at__isnull=True)
+            )
+            RawObject.objects.filter(id__in=[o.pk for o in chunk]).update(erased_at=now, hot_deleted_at=Coalesce("hot_deleted_at", Value(now)))
+            rows += chunk
         hot = [o for o in rows if o.hot_deleted_at is None]
-        RawObject.objects.filter(id__in=[o.pk for o in rows]).update(erased_at=now, hot_deleted_at=now)
         paths = [hot_file(o) for o in hot]
 
         def remove() -> None:

@@ -495,3 +495,65 @@ async def test_a_sensor_event_is_kept_as_its_original_or_said_not_stored(make_de
     finally:
         await comm.disconnect()
     assert await db_async(RawObject.objects.count)() == 1
+
+
+# --- erasure of originals through memory.erasure, and images as originals -------------------------------------------
+
+
+def test_erasing_a_closed_time_range_erases_its_originals_and_says_what_remains(
+    owner: Any, disk: Disk, django_capture_on_commit_callbacks: Any
+) -> None:
+    from django.utils import timezone
+
+    from memory import erasure
+
+    now = timezone.now()
+    inside = [store(owner, at=now - timedelta(minutes=10)), store(owner, kind="sensor", at=now - timedelta(minutes=9))]
+    outside = store(owner, at=now - timedelta(hours=2))
+    criteria = {"after": (now - timedelta(minutes=30)).isoformat(), "before": (now - timedelta(minutes=1)).isoformat()}
+    seen = erasure.preview(owner.pk, criteria)
+    assert seen.payload()["originals"] == {"count": 2, "by_kind": {"audio": 1, "sensor": 1}} and seen.entries == []
+    open_ended = erasure.preview(owner.pk, {"after": criteria["after"]})  # a range new recordings can still enter
+    assert open_ended.payload()["originals"]["count"] == 0
+    with django_capture_on_commit_callbacks(execute=True):
+        result = erasure.erase(owner.pk, seen.token)
+    originals = result["originals"]
+    assert (originals["erased"], originals["hot_files_deleted"], originals["by_kind"]) == (2, 2, {"audio": 1, "sensor": 1})
+    assert originals["ids"] == sorted(o.pk for o in inside) and originals["cold_pending"] == 0
+    assert any("backups" in line for line in result["not_erased"])
+    assert not any(raw_store.hot_file(o).exists() for o in inside) and raw_store.hot_file(outside).exists()
+    assert RawObject.objects.filter(erased_at__isnull=False).count() == 2
+    assert erasure.erase(owner.pk, seen.token)["replayed"] is True
+
+
+def test_a_kept_image_becomes_an_original_and_erasing_its_entry_erases_it(
+    owner: Any, make_device: Any, disk: Disk, django_capture_on_commit_callbacks: Any
+) -> None:
+    from memory import erasure
+    from memory import images as image_store
+    from tests.test_images import picture
+
+    glasses = make_device("glasses", capture_channels=["glasses"]).device
+    data = picture()
+    uploaded = image_store.store_upload(device=glasses, scope="owner", data=data)
+    attached = image_store.attach_image(device=glasses, scope="owner", image_id=uploaded.id, client_id="img-1", captured_at=T0)
+    obj = RawObject.objects.get(kind="image")
+    assert (obj.meta["image_id"], obj.channel, obj.device_id, obj.codec, obj.started_at) == (str(uploaded.id), "glasses", glasses.id, "image/jpeg", T0)
+    assert raw_store.read_original(obj).data == data
+    assert image_store.archive_image(attached.image) is None and RawObject.objects.count() == 1  # once per image
+    seen = erasure.preview(owner.pk, {"seqs": [attached.entry.seq]})
+    assert seen.payload()["originals"] == {"count": 1, "by_kind": {"image": 1}}
+    with django_capture_on_commit_callbacks(execute=True):
+        result = erasure.erase(owner.pk, seen.token)
+    assert result["images"] == [str(uploaded.id)] and result["originals"]["ids"] == [obj.pk]
+    assert not raw_store.hot_file(obj).exists() and RawObject.objects.get(pk=obj.pk).erased_at is not None
+
+
+def test_a_guests_image_is_not_an_original(owner: Any, make_device: Any, disk: Disk) -> None:
+    from memory import images as image_store
+    from tests.test_images import picture
+
+    guest = make_device("phone", guest=True).device
+    uploaded = image_store.store_upload(device=guest, scope="guest", data=picture())
+    image_store.attach_image(device=guest, scope="guest", image_id=uploaded.id, client_id="g-1", captured_at=None)
+    assert not RawObject.objects.exists()
