@@ -356,6 +356,8 @@ def switch(
     """
     root = (root or releases_root()).resolve()
     release = candidate if isinstance(candidate, ReleaseDir) else ReleaseDir.read(Path(candidate))
+    if release.path.resolve().parent != root:
+        raise YimiError("release_invalid", f"{release.path} is not a release directory under {root}")
     check = verify or verify_services
     with pointer_lock(root):
         before = read_pointers(root)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -149,6 +150,26 @@ def test_rollback_to_previous_swaps_the_pointers_once_and_checks_the_expected_cu
     assert web.build_id() == a.build_id
     event = ReleaseEvent.objects.get(kind="rollback")
     assert (event.from_build, event.to_build, event.reason) == (b.build_id, a.build_id, "the owner does not want it")
+
+
+def test_a_switch_that_lost_the_race_or_names_a_foreign_directory_moves_nothing(repo: Repo, root: Path, web: Any, tmp_path: Path) -> None:
+    a = build(repo, repo.commit("first"), root)
+    b = build(repo, repo.commit("second"), root)
+    pointers.switch(Path(a.path), services=[web], backup=no_backup, verify=quick_verify, root=root)
+    backups: list[int] = []
+
+    def counted() -> None:
+        backups.append(1)
+
+    with pytest.raises(YimiError) as lost:  # another release took over since the re-check saw "none"
+        pointers.switch(Path(b.path), services=[web], backup=counted, verify=quick_verify, root=root, expected_current=None)
+    assert lost.value.code == "current_changed"
+    elsewhere = tmp_path / "elsewhere"
+    shutil.copytree(a.path, elsewhere / "copy", symlinks=True)
+    with pytest.raises(YimiError) as foreign:
+        pointers.switch(elsewhere / "copy", services=[web], backup=counted, verify=quick_verify, root=root)
+    assert foreign.value.code == "release_invalid"
+    assert backups == [] and read_pointers(root).current_build == a.build_id and web.build_id() == a.build_id
 
 
 def test_rollback_without_previous_is_refused(repo: Repo, root: Path, web: Any) -> None:
