@@ -164,3 +164,9 @@ def test_a_limit_the_kernel_refuses_fails_the_run(tmp_path: Path) -> None:
     assert refused.value.code == "sandbox_unavailable"
     assert "cpu.cfs_quota_us" in refused.value.message
     assert leftover_cgroups() == []
+
+
+def test_output_cannot_fill_the_hosts_disk(tmp_path: Path) -> None:
+    result = run(tmp_path, "import sys\nchunk = 'x' * 65536\nfor _ in range(400):\n    sys.stdout.write(chunk)\nprint('ALL WRITTEN')\n")
+    assert not result.ok and "ALL WRITTEN" not in result.stdout  # 25 MiB > the 8 MiB file size limit
+    assert result.returncode == 1 and "File too large" in result.stderr  # EFBIG (Python ignores SIGXFSZ)

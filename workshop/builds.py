@@ -187,8 +187,29 @@ def execute_build(
     build = WorkshopBuild.objects.get(id=build_id)
     if claimed != 1:
         return build
+    try:
+        return _attempts_loop(build, repair, progress)
+    except Exception as exc:
+        _finish(build, WorkshopBuild.State.FAILED, code="internal_error", message=f"the build stopped: {type(exc).__name__}")
+        raise
+
+
+def _pack_name(build: WorkshopBuild) -> str:
+    """The name the build's pack will have ("" for a draft whose manifest cannot be read:
+    its static checks will say why)."""
+    if not build.source:
+        return str(build.spec["name"])
+    try:
+        manifest = json.loads((Path(build.source) / "plugin.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return ""
+    return str(manifest.get("name", "")) if isinstance(manifest, dict) else ""
+
+
+def _attempts_loop(build: WorkshopBuild, repair: Repair, progress: Callable[[str], None]) -> WorkshopBuild:
     spec = dict(build.spec)
     root = Path(settings.YIMI_WORKSHOP_DIR) / "builds" / str(build.id)
+    built_against = registry.online_digest(_pack_name(build))  # the version online when the build started
     for attempt in range(1, build.max_attempts + 1):
         _update(build, attempts=attempt, state=WorkshopBuild.State.BUILDING)
         progress(f"attempt {attempt}/{build.max_attempts}: building")
@@ -204,8 +225,7 @@ def execute_build(
         _update(build, log_tail=log[-LOG_TAIL_CHARS:])
         if passed:
             progress(f"attempt {attempt}: self-test passed; handing the pack to the registry")
-            name = json.loads((pack / "plugin.json").read_text(encoding="utf-8"))["name"]
-            candidate = registry.add_candidate(pack, origin="workshop", built_against=registry.online_digest(name), progress=progress)
+            candidate = registry.add_candidate(pack, origin="workshop", built_against=built_against, progress=progress)
             return _finish(
                 build, WorkshopBuild.State.SUCCEEDED, candidate_digest=candidate.digest, candidate_state=candidate.state
             )

@@ -48,8 +48,14 @@ CONTROLLERS = ("memory", "cpu", "pids")
 TAIL_BYTES = 4000
 # sh joins each cgroup named before "--" (its own pid: the pid bwrap will have after exec),
 # then execs the rest. A join that fails exits 125 before anything of the build ran.
+# It also caps the size of any file the sandbox writes (``ulimit -f``, 512-byte blocks: 8 MiB),
+# so its stdout and stderr, which are files on the host, cannot fill the host's disk.
 JOIN_FAILED = "yimi-workshop: cannot join the cgroup"
-JOIN_SCRIPT = 'while [ "$1" != "--" ]; do echo $$ > "$1" || { echo "' + JOIN_FAILED + ' $1" >&2; exit 125; }; shift; done; shift; exec "$@"'
+OUTPUT_BLOCKS = 16384
+JOIN_SCRIPT = (
+    f"ulimit -f {OUTPUT_BLOCKS} || exit 125; "
+    'while [ "$1" != "--" ]; do echo $$ > "$1" || { echo "' + JOIN_FAILED + ' $1" >&2; exit 125; }; shift; done; shift; exec "$@"'
+)
 
 
 @dataclass(frozen=True)
@@ -216,11 +222,11 @@ def create_cgroup(name: str, limits: SandboxLimits, root: Path = CGROUP_ROOT) ->
         parent = Path(point) / own[""].lstrip("/")
         try:
             available = set((parent / "cgroup.controllers").read_text().split())
+            enabled = set((parent / "cgroup.subtree_control").read_text().split())
         except OSError:
             continue
         if not set(CONTROLLERS) <= available:
             continue
-        enabled = set((parent / "cgroup.subtree_control").read_text().split())
         if not set(CONTROLLERS) <= enabled:
             _write(parent / "cgroup.subtree_control", " ".join(f"+{c}" for c in CONTROLLERS))
         group = Cgroup("v2")
