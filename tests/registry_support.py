@@ -6,6 +6,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from capabilities.registry import add_candidate
+from capabilities.registry_models import PackCandidate
+from tests.gateway_support import write_pack
+
 HONEST_TOOLS = '''
 from capabilities.packkit import ToolRegistry, receipt, value
 
@@ -164,3 +168,39 @@ def memo_honesty(path: Path) -> Any:
     if digest not in _HONESTY:
         _HONESTY[digest] = honesty_check(path)
     return _HONESTY[digest]
+
+
+SECOND_TOOLS = HONEST_TOOLS + '''
+
+@TOOLS("The parcels that arrived today.", {"type": "object", "properties": {}})
+def arrived(args):
+    return receipt("succeeded", values=[value("arrived", 1, "parcels", "parcel service")])
+'''
+SECOND_CONTRACT = """cases:
+  - name: count and arrived
+    steps:
+      - {tool: count, args: {}, expect: {status: succeeded}}
+      - {tool: arrived, args: {}, expect: {status: succeeded}}
+"""
+
+
+def use_registry(tmp_path: Path, settings: Any) -> Path:
+    """A platform with one shipped pack (``demo``) and a registry of its own; the
+    shipped packs' directory."""
+    settings.YIMI_PACK_REGISTRY_DIR = tmp_path / "registry"
+    settings.YIMI_PACKS_DIR = tmp_path / "shipped"
+    write_pack(settings.YIMI_PACKS_DIR, "demo")
+    return settings.YIMI_PACKS_DIR
+
+
+def candidate(root: Path, version: int, built_against: str | None) -> PackCandidate:
+    """Version 1 serves ``count``; version 2 also ``arrived``."""
+    if version == 1:
+        path = write_candidate(root / "v1")
+    else:
+        tools = {"count": {"effect": "observe"}, "arrived": {"effect": "observe"}}
+        data = candidate_manifest(version="2.0.0", tools=tools)
+        path = write_candidate(root / "v2", tools_py=SECOND_TOOLS, manifest=data, contract=SECOND_CONTRACT)
+    made = add_candidate(path, origin="workshop", built_against=built_against, honesty=memo_honesty)
+    assert made.state == PackCandidate.State.PASSED, (made.static_report, made.honesty_report)
+    return made

@@ -20,48 +20,15 @@ from capabilities.registry import add_candidate, online_digest, publish, revert,
 from capabilities.registry.publish import record_shipped_versions
 from capabilities.registry_models import PackCandidate, PackVersion, RegisteredPack
 from tests.gateway_support import manifest, write_pack
-from tests.registry_support import HONEST_TOOLS, memo_honesty, write_candidate
+from tests.registry_support import candidate, memo_honesty, use_registry, write_candidate
 from yimi_project.errors import YimiError
 
 pytestmark = pytest.mark.django_db
 
-SECOND_TOOLS = HONEST_TOOLS + '''
-
-@TOOLS("The parcels that arrived today.", {"type": "object", "properties": {}})
-def arrived(args):
-    return receipt("succeeded", values=[value("arrived", 1, "parcels", "parcel service")])
-'''
-SECOND_CONTRACT = """cases:
-  - name: count and arrived
-    steps:
-      - {tool: count, args: {}, expect: {status: succeeded}}
-      - {tool: arrived, args: {}, expect: {status: succeeded}}
-"""
-
 
 @pytest.fixture
 def shipped(tmp_path: Path, settings: Any) -> Path:
-    """A platform with one shipped pack (``demo``) and a registry of its own."""
-    settings.YIMI_PACK_REGISTRY_DIR = tmp_path / "registry"
-    settings.YIMI_PACKS_DIR = tmp_path / "shipped"
-    write_pack(settings.YIMI_PACKS_DIR, "demo")
-    return settings.YIMI_PACKS_DIR
-
-
-def candidate(root: Path, version: int, built_against: str | None) -> PackCandidate:
-    """Version 1 serves ``count``; version 2 also ``arrived``."""
-    from tests.registry_support import candidate_manifest
-
-    if version == 1:
-        path = write_candidate(root / "v1")
-    else:
-        tools = {"count": {"effect": "observe"}, "arrived": {"effect": "observe"}}
-        data = candidate_manifest(version="2.0.0", tools=tools)
-        path = write_candidate(root / "v2", tools_py=SECOND_TOOLS, manifest=data, contract=SECOND_CONTRACT)
-    made = add_candidate(path, origin="workshop", built_against=built_against, honesty=memo_honesty)
-    assert made.state == PackCandidate.State.PASSED, (made.static_report, made.honesty_report)
-    return made
-
+    return use_registry(tmp_path, settings)
 
 def test_a_published_pack_is_served_next_to_the_shipped_ones_and_reverting_a_first_version_removes_it(
     shipped: Path, tmp_path: Path
