@@ -53,13 +53,18 @@ def disk(monkeypatch: Any, settings: Any, tmp_path: Path) -> Disk:
     return measured
 
 
-@pytest.fixture
+@pytest.fixture(autouse=True)
 def hooks() -> Iterator[list[Any]]:
-    """Hooks a test registers are removed afterwards."""
+    """Each test starts with no cold-side hook registered (a configured cold store registers
+    them at start-up) and gets back what was there; hooks it registers are removed."""
+    registries = (raw_store._reclaimers, raw_store._cold_readers, raw_store._cold_verifiers, raw_store._cold_erasers)
+    saved = [list(r) for r in registries]
+    for registry in registries:
+        registry.clear()
     registered: list[Any] = []
     yield registered
-    for fn in registered:
-        raw_store.unregister(fn)
+    for registry, before in zip(registries, saved, strict=True):
+        registry[:] = before
 
 
 def capture(owner: Any, device: Any = None, channel: str = "glasses") -> Capture:
