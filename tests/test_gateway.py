@@ -229,10 +229,9 @@ def test_observe_and_workspace_are_allowed(run: Run) -> None:
     assert call(run, "demo__note", text="n").decision == "rewrite"  # allowed, with trusted fields
 
 
-@pytest.mark.parametrize("action, code", [("fix", "releases_authority_missing")])
-def test_categories_whose_authority_is_missing_are_blocked_naming_it(run: Run, action: str, code: str) -> None:
-    decision = call(run, "demo__act", action=action)
-    assert (decision.decision, decision.code) == ("block", code)
+def test_self_change_the_owner_did_not_ask_for_is_blocked_by_the_release_authority(run: Run) -> None:
+    decision = call(run, "demo__act", action="fix")
+    assert (decision.decision, decision.code) == ("block", "owner_request_required")
     assert decision.arguments is None
 
 

@@ -15,9 +15,9 @@ def with_tools(tools: dict[str, Any], **overrides: Any) -> dict[str, Any]:
     return data
 
 
-SHIPPED_PACKS = ("workspace", "messaging", "schedule", "shop", "memory", "delivery", "model_settings", "owner-mac", "phone", "erasure", "mijia", "personal", "location", "health", "desktop", "workshop")
+SHIPPED_PACKS = ("workspace", "messaging", "schedule", "shop", "memory", "delivery", "model_settings", "owner-mac", "phone", "erasure", "mijia", "personal", "location", "health", "desktop", "workshop", "release")
 # Shipped packs whose manifest says ``enabled_by_default: false`` (on with YIMI_PACKS_ENABLE).
-OFF_BY_DEFAULT: tuple[str, ...] = ("owner-mac", "phone", "mijia", "desktop", "workshop")
+OFF_BY_DEFAULT: tuple[str, ...] = ("owner-mac", "phone", "mijia", "desktop", "workshop", "release")
 
 
 @pytest.mark.parametrize("name", SHIPPED_PACKS)

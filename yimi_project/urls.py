@@ -22,6 +22,7 @@ urlpatterns = [
     path("internal/location/", include("brain.location_urls")),  # the location pack (brain/location_views.py)
     path("internal/health/", include("memory.health_urls")),  # the health pack (memory/health_views.py)
     path("internal/workshop/", include("workshop.internal_urls")),  # the workshop pack (workshop/internal_views.py)
+    path("internal/releases/", include("releases.internal_urls")),  # the release pack (releases/internal_views.py)
     path("internal/", include("brain.internal_urls")),
     path("", include("devices.home_urls")),  # the owner's home
 ]
