@@ -170,3 +170,12 @@ def test_output_cannot_fill_the_hosts_disk(tmp_path: Path) -> None:
     result = run(tmp_path, "import sys\nchunk = 'x' * 65536\nfor _ in range(400):\n    sys.stdout.write(chunk)\nprint('ALL WRITTEN')\n")
     assert not result.ok and "ALL WRITTEN" not in result.stdout  # 25 MiB > the 8 MiB file size limit
     assert result.returncode == 1 and "File too large" in result.stderr  # EFBIG (Python ignores SIGXFSZ)
+
+
+def test_a_busy_build_is_held_to_half_a_cpu(tmp_path: Path) -> None:
+    # Well over 50 ms of CPU on any machine: more than one 100 ms period's quota of 50 ms.
+    result = run(tmp_path, "n = 0\nfor i in range(30_000_000):\n    n += i\nprint(n)\n")
+    assert result.ok
+    assert result.cpu_throttled > 0
+    quota = sandbox.WORKSHOP_LIMITS
+    assert (quota.cpu_quota_us, quota.cpu_period_us, quota.memory_bytes, quota.pids) == (50_000, 100_000, 256 * 1024 * 1024, 128)

@@ -23,8 +23,9 @@ unlimited:
   fallback. The cgroup is removed afterwards (any process left in it is killed first).
 
 ``run_sandboxed`` returns what happened: exit status, the tails of stdout and stderr, and
-whether the memory limit killed something (``oom_killed``) or the process limit refused a
-fork (``pids_limited``), read from the cgroup's own counters.
+whether the memory limit killed something (``oom_killed``), the process limit refused a
+fork (``pids_limited``) or the CPU quota held it back (``cpu_throttled`` periods), read from
+the cgroup's own counters.
 """
 
 from __future__ import annotations
@@ -77,6 +78,7 @@ class SandboxResult:
     timed_out: bool = False
     oom_killed: bool = False
     pids_limited: bool = False
+    cpu_throttled: int = 0  # periods in which the CPU quota stopped it (cpu.stat nr_throttled)
     cgroup_version: str = ""
 
     @property
@@ -153,6 +155,9 @@ class Cgroup:
     def pids_limited(self) -> bool:
         controller = "pids" if self.version == "v1" else ""
         return self._counter(self._read(controller, "pids.events"), "max") > 0
+
+    def cpu_throttled(self) -> int:
+        return self._counter(self._read("cpu" if self.version == "v1" else "", "cpu.stat"), "nr_throttled")
 
     def remove(self) -> None:
         """Kill whatever is left in the cgroup, then remove its directories."""
@@ -308,7 +313,8 @@ def run_sandboxed(
                 raise unavailable(_tail(err).strip()[:300])
             return SandboxResult(
                 returncode=returncode, stdout=_tail(out), stderr=_tail(err), timed_out=timed_out,
-                oom_killed=group.oom_killed(), pids_limited=group.pids_limited(), cgroup_version=group.version,
+                oom_killed=group.oom_killed(), pids_limited=group.pids_limited(), cpu_throttled=group.cpu_throttled(),
+                cgroup_version=group.version,
             )
     finally:
         group.remove()
