@@ -59,3 +59,7 @@ class ReceiptRecordAdmin(ReadOnlyOwnerAdmin):
     @admin.display(description="receipt")
     def summary(self, obj: ReceiptRecord) -> str:
         return receipt_line(obj)
+
+
+# The pack registry's admin (packs, versions, candidates) has its own module.
+from capabilities import registry_admin  # noqa: E402, F401
