@@ -63,7 +63,10 @@ def erased_receipt(result: dict[str, Any], *, effects_of_this_call: bool = True)
     entries, images = result.get("entries", []), result.get("images", [])
     redacted = result.get("redacted", {}) or {}
     replayed = bool(result.get("replayed"))
+    originals = result.get("originals") or {}
     summary = f"erased {len(entries)} timeline entries, {len(images)} image originals and {result.get('embeddings', 0)} embeddings"
+    if originals.get("erased"):
+        summary += f", and {originals['erased']} raw recordings, images and events ({originals.get('cold_pending', 0)} cold copies still to be rewritten)"
     if replayed:
         summary += " (erased by the earlier call)"
     if not effects_of_this_call:
@@ -76,9 +79,11 @@ def erased_receipt(result: dict[str, Any], *, effects_of_this_call: bool = True)
         "succeeded", summary=summary, effects=effects,
         values=[value("entries_erased", len(entries), "entry", SOURCE), value("images_erased", len(images), "image", SOURCE),
                 value("embeddings_erased", result.get("embeddings", 0), "embedding", SOURCE),
-                value("copies_redacted", sum(redacted.values()), "copy", SOURCE), value("replayed", replayed, None, SOURCE)],
+                value("copies_redacted", sum(redacted.values()), "copy", SOURCE), value("replayed", replayed, None, SOURCE),
+                value("originals_erased", int(originals.get("erased", 0)), "original", SOURCE),
+                value("cold_copies_pending", int(originals.get("cold_pending", 0)), "original", SOURCE)],
         content={"erasure_id": result.get("erasure_id"), "digest": result.get("digest"), "items": entries, "images": images,
-                 "redacted": redacted, "not_erased": result.get("not_erased", [])},
+                 "redacted": redacted, "originals": originals, "not_erased": result.get("not_erased", [])},
         retry="forbidden",
     )
 
@@ -98,9 +103,11 @@ def preview(args: dict[str, Any]) -> dict[str, Any]:
     return receipt(
         "succeeded", summary=f"{count} timeline entries would be erased ({len(payload.get('images', []))} image originals, {payload.get('embeddings', 0)} embeddings)",
         values=[value("entries", count, "entry", SOURCE), value("images", len(payload.get("images", [])), "image", SOURCE),
-                value("embeddings", payload.get("embeddings", 0), "embedding", SOURCE)],
+                value("embeddings", payload.get("embeddings", 0), "embedding", SOURCE),
+                value("originals", int((payload.get("originals") or {}).get("count", 0)), "original", SOURCE)],
         content={"preview_token": payload["preview_token"], "digest": payload.get("digest"), "items": payload.get("entries", []),
-                 "images": payload.get("images", []), "expires_in_seconds": payload.get("expires_in_seconds")},
+                 "images": payload.get("images", []), "originals": payload.get("originals") or {"count": 0, "by_kind": {}},
+                 "expires_in_seconds": payload.get("expires_in_seconds")},
     )
 
 
