@@ -19,13 +19,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
 
+from accounts.services import get_owner
 from memory import core_import
 from memory.projections import MEMORY_MD, USER_MD, render
+from releases import pointers
 from yimi_project.errors import YimiError
 from yimi_project.logs import log_event
 
@@ -57,6 +60,19 @@ def project_for(release_path: Path, owner_id: int) -> Path:
     _write(target / MANIFEST, json.dumps(manifest, indent=1))
     log_event("release_memory_projected", entries=sum(len(v) for v in digests.values()))
     return target
+
+
+def before_rollback(before: pointers.Pointers) -> None:
+    """The ``before_switch`` hook of an automatic or operator rollback: project the owner's
+    core memory for the previous release. Best effort: going back never waits on the
+    database, so a failure is logged and the rollback goes on (a requested rollback, which
+    is not urgent, projects with ``project_for`` and stops if that fails)."""
+    try:
+        owner = get_owner()
+        if owner is not None and before.previous is not None:
+            project_for(before.previous.path, owner.id)
+    except Exception as exc:  # noqa: BLE001 - see above
+        log_event("release_memory_projection_failed", logging.WARNING, error=type(exc).__name__)
 
 
 def import_added_meanwhile(release_path: Path, owner_id: int) -> dict[str, core_import.ImportReport]:

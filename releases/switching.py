@@ -160,7 +160,10 @@ def rollback_release(
     if not reason.strip():
         raise YimiError("invalid_request", "a rollback needs a reason")
     before = pointers.read_pointers(root)
-    result = pointers.rollback_to_previous(reason, services=services, verify=verify, root=root, expected_current=before.current_build)
+    result = pointers.rollback_to_previous(
+        reason, services=services, verify=verify, root=root, expected_current=before.current_build,
+        before_switch=memory_bridge.before_rollback,  # the core memory projected for the old version first
+    )
     if result.ok and result.from_build:
         release_services.mark_rolled_back(result.from_build, reason)
     return result

@@ -27,7 +27,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from accounts.services import get_owner
 from releases import memory_bridge, notices, pointers, processes
 from releases import services as release_services
 from releases.models import Release
@@ -112,17 +111,9 @@ def health_urls(root: Path) -> dict[str, str]:
 
 def roller(root: Path, services: Callable[[], Sequence[pointers.Service]]) -> Callable[[Rollback], None]:
     def rollback(action: Rollback) -> None:
-        def project_memory(before: pointers.Pointers) -> None:
-            try:
-                owner = get_owner()
-                if owner is not None and before.previous is not None:
-                    memory_bridge.project_for(before.previous.path, owner.id)
-            except Exception as exc:  # noqa: BLE001 - going back does not wait for the memory projection
-                log_event("watchdog_memory_projection_failed", logging.WARNING, error=type(exc).__name__)
-
         result = pointers.rollback_to_previous(
             f"watchdog: {action.reason}", services=services(), root=root, expected_current=action.from_build,
-            before_switch=project_memory,
+            before_switch=memory_bridge.before_rollback,  # best effort: going back does not wait for it
         )
         if not result.ok:
             raise YimiError("rollback_failed", result.summary())

@@ -336,3 +336,13 @@ def test_the_owner_refuses_a_baseline_card_in_the_console(owner: Any, client: An
     card.refresh_from_db()
     release.refresh_from_db()
     assert card.state == "refused" and card.answered_via == "console" and release.state == "refused"
+
+
+@pytest.mark.django_db
+def test_an_operator_rollback_projects_the_core_memory_first(owner: Any, host: Path) -> None:
+    from releases import switching
+
+    note(owner, "likes green tea", "n1")
+    result = switching.rollback_release("the operator went back", services=[RecordingService()], root=host)
+    assert result.ok and pointers.read_pointers(host).current_build == "dir:a"
+    assert "likes green tea" in (host / "a" / "memory" / "MEMORY.md").read_text()
