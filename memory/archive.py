@@ -348,10 +348,13 @@ def _upload_and_verify(dav: WebDAV, owner_id: int, folder: str, builder: coldpac
         )
         if updated != 1:
             raise YimiError("conflict", "the pack changed state while it was being verified")
-        for chunk in header.chunks:
-            ObjectLocation.objects.update_or_create(object_id=int(chunk.id), defaults={
-                "pack": pack, "offset": header.data_start + chunk.offset, "size": chunk.size,
-                "codec": chunk.codec, "decoded_size": chunk.decoded_size})
+        ids = [int(chunk.id) for chunk in header.chunks]
+        ObjectLocation.objects.filter(object_id__in=ids).delete()  # a rewrite moves them from the old pack
+        ObjectLocation.objects.bulk_create([
+            ObjectLocation(object_id=int(chunk.id), pack=pack, offset=header.data_start + chunk.offset, size=chunk.size,
+                           codec=chunk.codec, decoded_size=chunk.decoded_size)
+            for chunk in header.chunks
+        ])
     pack.refresh_from_db()
     log_event("archive_pack_verified", pack=str(pack.pk), objects=pack.object_count, size=pack.size)
     return pack

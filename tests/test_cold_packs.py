@@ -244,7 +244,7 @@ def test_upload_verification_failure_keeps_hot_copies(cold: WsgiDAVServer, owner
 
 
 def test_retention_then_second_verification_deletes_hot_copies(cold: WsgiDAVServer, owner: Any, settings: Any) -> None:
-    settings.COLD_HOT_RETENTION_SECONDS = 2 * 86400
+    assert settings.COLD_HOT_RETENTION_SECONDS == 2 * 86400  # the default
     objs = three(owner)
     archive.migrate_round(owner.pk, clock=Clock(), now=Now())
     pack = ColdPack.objects.get()
@@ -403,3 +403,21 @@ def test_the_admin_shows_the_archive_figures_packs_and_alerts(cold: WsgiDAVServe
     assert "Archive status" in page and "waiting for a cold copy: 0" in page and "packs: pending 0, verified 1" in page
     assert ColdPack.objects.get().path in page
     assert "pack x failed" in client.get("/admin/memory/coldalert/").content.decode()
+
+
+def test_round_discovers_at_most_8192_candidates_and_packs_at_most_2048_a_pack(cold: WsgiDAVServer, owner: Any) -> None:
+    # Set-up only: 8,193 small originals written straight to the hot root and indexed in bulk
+    # (storing each through raw_store would fsync 8,193 times).
+    root = raw_store.hot_root() / "bulk"
+    root.mkdir(parents=True)
+    rows = []
+    for i in range(archive.MAX_CANDIDATES + 1):
+        data = f"event {i}".encode()
+        (root / f"{i}.json").write_bytes(data)
+        rows.append(RawObject(owner=owner, channel="watch", kind="sensor", codec="application/json", started_at=T0, ended_at=T0,
+                              size=len(data), sha256=hashlib.sha256(data).hexdigest(), hot_path=f"bulk/{i}.json"))
+    RawObject.objects.bulk_create(rows)
+    report = archive.migrate_round(owner.pk, clock=Clock(), now=Now())
+    assert report.candidates == archive.MAX_CANDIDATES == 8192
+    assert [p.object_count for p in ColdPack.objects.order_by("started_at")] == [2048, 2048]
+    assert report.stopped == "packs" and ObjectLocation.objects.count() == 4096
