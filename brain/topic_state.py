@@ -29,6 +29,7 @@ from datetime import datetime
 from typing import Any
 
 from django.db import IntegrityError, transaction
+from django.db.models import F
 from django.utils import timezone
 
 from accounts.models import VoiceCall
@@ -38,7 +39,7 @@ from brain.topic_extractor import COOLDOWN, EXTRACTOR_VERSION, Change, Extractio
 from brain.topic_extractor import label as topic_label
 from brain.topic_models import CallSummary, TopicState
 from memory import source_changes
-from memory.assertions import payload_text, serialize_current
+from memory.assertions import payload_text
 from memory.models import Assertion, AssertionVersion, TimelineEntry
 from yimi_project.logs import log_event
 
@@ -112,13 +113,35 @@ def read_transcript(call: VoiceCall) -> Transcript:
     return Transcript(turns, owner_entries, digest, card_topic, labels)
 
 
-def current_states(owner_id: int, *, exclude_call: int | None = None) -> dict[str, TopicState]:
-    """Each topic's newest valid row (its state), optionally leaving one call's rows out."""
+@dataclass(frozen=True)
+class CurrentState:
+    """A topic's newest valid row, as ``current_states`` reads it."""
+
+    id: int
+    topic_key: str
+    label: str
+    state: str
+    quote: str
+    last_question: str
+    cooldown_until: datetime | None
+    source_call_id: int
+    source_entry_id: int
+    created_at: datetime
+    position: int
+
+
+CURRENT_FIELDS = tuple(f.name for f in CurrentState.__dataclass_fields__.values())
+
+
+def current_states(owner_id: int, *, exclude_call: int | None = None) -> dict[str, CurrentState]:
+    """Each topic's newest valid row (its state), optionally leaving one call's rows out.
+    A row quoting an utterance erased meanwhile never counts, even before its invalidation."""
     rows = TopicState.objects.filter(owner_id=owner_id, invalidated_at=None, source_entry__erased_at=None)
     if exclude_call is not None:
         rows = rows.exclude(source_call_id=exclude_call)
-    latest: dict[str, TopicState] = {}
-    for row in rows.order_by("-created_at", "-id")[:TOPIC_ROWS_READ]:
+    latest: dict[str, CurrentState] = {}
+    for values in rows.order_by("-created_at", "-id").values_list(*CURRENT_FIELDS)[:TOPIC_ROWS_READ]:
+        row = CurrentState(*values)
         latest.setdefault(row.topic_key, row)
     return latest
 
@@ -330,6 +353,8 @@ def _summary_text(latest: str, out: dict[str, Any]) -> str:
 
 
 def _current_facts(owner_id: int, recent: list[Any]) -> list[dict[str, Any]]:
+    """The assertions the recent summaries cite, each once (by id, newest summary first),
+    with the payload of its *current* version; forgotten ones are left out. One query."""
     seen: list[str] = []
     for summary in recent:
         for aid in summary["facts"] or {}:
@@ -337,15 +362,19 @@ def _current_facts(owner_id: int, recent: list[Any]) -> list[dict[str, Any]]:
                 seen.append(aid)
     if not seen:
         return []
-    rows = list(Assertion.objects.filter(owner_id=owner_id, id__in=seen[: FACTS_MAX * 2], state=Assertion.State.ACTIVE, current_version__gt=0))
-    by_id = {str(a["id"]): a for a in serialize_current(rows)}
+    current = {
+        str(aid): (version, predicate, payload)
+        for aid, version, predicate, payload in AssertionVersion.objects.filter(
+            assertion__owner_id=owner_id, assertion_id__in=seen[: FACTS_MAX * 2], assertion__state=Assertion.State.ACTIVE,
+            version=F("assertion__current_version"), erased=False,
+        ).values_list("assertion_id", "version", "assertion__predicate", "payload")
+    }
     facts = []
     for aid in seen:
-        current = by_id.get(aid)
-        if current is None:
+        if aid not in current:
             continue
-        facts.append({"assertion_id": aid, "version": current["version"], "predicate": current["predicate"],
-                      "text": payload_text(current["payload"])[:FACT_CHARS]})
+        version, predicate, payload = current[aid]
+        facts.append({"assertion_id": aid, "version": version, "predicate": predicate, "text": payload_text(payload)[:FACT_CHARS]})
         if len(facts) == FACTS_MAX:
             break
     return facts
