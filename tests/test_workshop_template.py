@@ -180,3 +180,33 @@ def test_a_reuse_build_wraps_the_reused_source_and_passes_its_self_test(tmp_path
     result = self_test(pack)
     assert result.ok, result.stdout + result.stderr
     assert "PASS a marathon in miles" in result.stdout
+
+
+GREETER = '''import os
+
+from capabilities.packkit import ToolRegistry, receipt
+
+TOOLS = ToolRegistry()
+GREETING = os.environ.get("GREETING", "hello")
+
+
+@TOOLS("Greet someone.", {"type": "object", "properties": {"name": {"type": "string"}}})
+def greet(args):
+    return receipt("succeeded", summary=f"{GREETING} {args.get('name', '')}", content={"text": GREETING, "items": [{"to": args.get("name")}]})
+'''
+
+
+def test_the_self_test_runs_env_cases_on_a_fresh_import_and_substitutes_saved_values(tmp_path: Path) -> None:
+    need(usable(), "the workshop sandbox (bubblewrap, writable cgroups) is needed")
+    step = {"tool": "greet", "args": {"name": "Ada"}}
+    spec = spec_with(name="greeter", tools={"greet": {"description": "Greet.", "effect": "observe"}}, adapter=GREETER, contract={"cases": [
+        {"name": "default", "steps": [{**step, "save": {"word": "content.text"}, "expect": {"content_text": "hello"}}]},
+        {"name": "with a variable", "env": {"GREETING": "hi"}, "steps": [{**step, "expect": {"summary_contains": "hi Ada"}}]},
+        {"name": "default again", "steps": [{"tool": "greet", "args": {"name": "${word}"},
+                                             "expect": {"summary_contains": "hello hello", "content_items": [{"to": "hello"}]}}]},
+        {"name": "only real", "only": "real", "steps": [{**step, "expect": {"content_text": "never run on the fake"}}]},
+    ]})
+    result = self_test(fill_template(spec, tmp_path))
+    assert result.ok, result.stdout + result.stderr
+    assert json.loads(result.stdout.strip().splitlines()[-1])["passed"] == 3
+    assert "only real" not in result.stdout

@@ -134,9 +134,14 @@ def main(argv: list[str]) -> int:
     for case in contract["cases"]:
         if case.get("only") not in (None, implementation):
             continue
-        if case.get("env"):
+        if case.get("env"):  # this case's variables, for a fresh import of the tools, then the old ones again
+            saved = dict(os.environ)
             os.environ.update({k: str(substitute(v, variables)) for k, v in case["env"].items()})
-            failures = run_case(pack, load_tools(pack, fake), case, variables)
+            try:
+                failures = run_case(pack, load_tools(pack, fake), case, variables)
+            finally:
+                os.environ.clear()
+                os.environ.update(saved)
         else:
             failures = run_case(pack, tools, case, variables)
         passed, failed = passed + (not failures), failed + bool(failures)
