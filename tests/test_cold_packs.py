@@ -421,3 +421,36 @@ def test_round_discovers_at_most_8192_candidates_and_packs_at_most_2048_a_pack(c
     assert report.candidates == archive.MAX_CANDIDATES == 8192
     assert [p.object_count for p in ColdPack.objects.order_by("started_at")] == [2048, 2048]
     assert report.stopped == "packs" and ObjectLocation.objects.count() == 4096
+
+
+def test_webdav_client_speaks_to_a_real_server_with_basic_auth(webdav: WsgiDAVServer) -> None:  # noqa: F811
+    with WebDAV(webdav.url, USER, PASSWORD) as dav:
+        assert dav.mkcol("l5") is True and dav.mkcol("l5") is False
+        dav.put("l5/a.bin", b"0123456789")
+        assert dav.get("l5/a.bin") == b"0123456789" and dav.get_range("l5/a.bin", 3, 4) == b"3456"
+        listing = {e.path: e for e in dav.propfind("l5")}
+        assert listing["l5/a.bin"].size == 10 and listing["l5/"].collection
+        assert dav.delete("l5/a.bin") is True and dav.delete("l5/a.bin") is False
+        with pytest.raises(Exception) as err:
+            dav.get("l5/a.bin")
+        assert getattr(err.value, "code", "") == "not_found"
+    with WebDAV(webdav.url, USER, "wrong") as dav, pytest.raises(Exception) as err:
+        dav.put("l5/b.bin", b"x")
+    assert getattr(err.value, "code", "") == "cold_storage_unavailable" and "401" in str(err.value)
+    assert not (webdav.root / "l5" / "b.bin").exists()
+
+
+def test_erasure_while_the_server_is_down_is_pending_and_a_later_round_finishes_it(cold: WsgiDAVServer, owner: Any) -> None:
+    objs = three(owner)
+    archive.migrate_round(owner.pk, clock=Clock(), now=Now())
+    old = ColdPack.objects.get()
+    cold.stop()
+    result = raw_store.erase_originals(owner.pk, [objs[2].pk])
+    assert result["erased"] == [objs[2].pk] and result["cold_erased"] == [] and result["cold_pending"] == [objs[2].pk]
+    assert any("cold_pending" in line for line in result["remains"])
+    cold.start()
+    archive.migrate_round(owner.pk, clock=Clock(), now=Now(T0 + timedelta(minutes=1)))
+    new = ColdPack.objects.get(state="verified")
+    assert new != old and cold.files() == [new.path]
+    assert [c.id for c, _ in coldpack.decode_pack((cold.root / new.path).read_bytes())] == [str(objs[0].pk), str(objs[1].pk)]
+    assert not ObjectLocation.objects.filter(object=objs[2]).exists()
