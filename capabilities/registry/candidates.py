@@ -79,7 +79,8 @@ def add_candidate(
         raise YimiError("invalid_request", "built_against must be a content digest (64 hex digits) or None")
     say("static checks")
     report = check_pack(Path(directory), origin=origin)
-    name = report.manifest.get("name") if isinstance(report.manifest.get("name"), str) else ""
+    raw_name = report.manifest.get("name")
+    name = raw_name if isinstance(raw_name, str) else ""
     path = ""
     honesty_result: dict = {}
     if report.passed:

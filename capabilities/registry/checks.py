@@ -306,7 +306,8 @@ def _check_manifest(root: Path, contents: dict[str, bytes], origin: str, report:
 
 def _forbidden_branches(ext: dict[str, Any]) -> list[tuple[str, str]]:
     found = []
-    tools = ext.get("tools") if isinstance(ext.get("tools"), dict) else {}
+    raw_tools = ext.get("tools")
+    tools: dict[str, Any] = raw_tools if isinstance(raw_tools, dict) else {}
     for name, spec in sorted(tools.items()):
         if not isinstance(spec, dict):
             continue

@@ -198,8 +198,8 @@ def pack_events(trace: str) -> list[TraceEvent]:
             continue
         name, args, ret = call["name"], call["args"], call["ret"]
         if name == "execve" and ret == "0":
-            path = PATH_ARG.search(args)
-            if path and not path.group(1).endswith("/bwrap"):
+            program = PATH_ARG.search(args)
+            if program and not program.group(1).endswith("/bwrap"):
                 pack_pids.add(pid)
             continue
         if pid not in pack_pids:
