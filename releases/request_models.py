@@ -35,6 +35,7 @@ class RollbackRequest(models.Model):
     state = models.CharField(max_length=16, choices=State.choices, default=State.PENDING, db_index=True)
     state_reason = models.TextField(blank=True)
     requested_at = models.DateTimeField()
+    claimed_at = models.DateTimeField(null=True, blank=True, help_text="when an executor took it")
     decided_at = models.DateTimeField(null=True, blank=True)
     notice = models.ForeignKey("memory.TimelineEntry", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
 

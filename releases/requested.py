@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,7 @@ from yimi_project.errors import YimiError
 from yimi_project.logs import log_event
 
 REASON_MAX = 2000
+INTERRUPTED_AFTER = timedelta(minutes=15)  # far longer than a rollback's stop, start and verify
 WHAT_A_ROLLBACK_IS = (
     "Only code and configuration were replaced: the database was not restored, and nothing already done "
     "outside (messages sent, payments made) was undone."
@@ -114,6 +115,7 @@ def execute_pending(
     first; 5. ``executed`` or ``failed``; the owner is told either way, with what a
     rollback does and does not do.
     """
+    settle_interrupted(now=now)
     if not RollbackRequest.objects.filter(state=RollbackRequest.State.PENDING).exists():
         return []
     blocking = list(idle_check())
@@ -123,12 +125,26 @@ def execute_pending(
     outcomes = []
     for request in RollbackRequest.objects.filter(state=RollbackRequest.State.PENDING).order_by("requested_at"):
         claimed = RollbackRequest.objects.filter(id=request.id, state=RollbackRequest.State.PENDING).update(
-            state=RollbackRequest.State.EXECUTING
+            state=RollbackRequest.State.EXECUTING, claimed_at=now or timezone.now()
         )
         if claimed != 1:
             continue
         outcomes.append(_execute(request, services=services, root=root, verify=verify, now=now))
     return outcomes
+
+
+def settle_interrupted(*, now: datetime | None = None) -> int:
+    """A request whose executor died mid-way stays ``executing``: after
+    ``INTERRUPTED_AFTER`` it is ``failed`` ("interrupted"), never run again, and the owner
+    is told to check; whether the pointers moved is in the release history."""
+    now = now or timezone.now()
+    settled = 0
+    for request in RollbackRequest.objects.filter(state=RollbackRequest.State.EXECUTING, claimed_at__lt=now - INTERRUPTED_AFTER):
+        _finish(request, RollbackRequest.State.FAILED,
+                "it was interrupted while being carried out; it is not tried again (the release history says whether the version changed)",
+                now=now)
+        settled += 1
+    return settled
 
 
 def _execute(request: RollbackRequest, *, services: Sequence[pointers.Service], root: Path | None,
@@ -169,11 +185,17 @@ def _mark_rolled_back(build_id: str | None, reason: str) -> None:
 
 
 def _finish(request: RollbackRequest, state: str, detail: str, *, now: datetime, to_build: str = "") -> Outcome:
-    """``executing`` → the outcome, the history line and the owner's notice."""
+    """``executing`` → the outcome, the history line and the owner's notice. A request no
+    longer ``executing`` (settled as interrupted meanwhile, or the reverse) is left as it is:
+    only the first outcome is recorded and told."""
     with transaction.atomic():
-        RollbackRequest.objects.filter(id=request.id, state=RollbackRequest.State.EXECUTING).update(
+        changed = RollbackRequest.objects.filter(id=request.id, state=RollbackRequest.State.EXECUTING).update(
             state=state, state_reason=detail[:2000], decided_at=now, to_build=to_build
         )
+        if changed != 1:
+            request.refresh_from_db()
+            log_event("rollback_request_already_finished", request_id=str(request.id), state=request.state)
+            return Outcome(request, request.state, request.state_reason)
         kind = {"executed": "rollback_request_done", "refused": "rollback_refused", "failed": "rollback_failed"}[state]
         release_services.record_event(kind, build_id=request.from_build, from_build=request.from_build, to_build=to_build,
                                       reason=detail, details={"request_id": str(request.id)}, now=now)

@@ -346,3 +346,17 @@ def test_an_operator_rollback_projects_the_core_memory_first(owner: Any, host: P
     result = switching.rollback_release("the operator went back", services=[RecordingService()], root=host)
     assert result.ok and pointers.read_pointers(host).current_build == "dir:a"
     assert "likes green tea" in (host / "a" / "memory" / "MEMORY.md").read_text()
+
+
+@pytest.mark.django_db
+def test_a_request_whose_executor_died_ends_failed_and_is_not_run_again(owner: Any, host: Path) -> None:
+    from datetime import timedelta
+
+    request = requested.request_rollback(owner, "go back", root=host)
+    claimed_at = timezone.now() - timedelta(minutes=16)
+    RollbackRequest.objects.filter(id=request.id).update(state="executing", claimed_at=claimed_at)  # a worker took it and died
+    assert requested.execute_pending(idle_check=list, services=[RecordingService()], root=host) == []
+    request.refresh_from_db()
+    assert request.state == "failed" and "interrupted" in request.state_reason
+    assert pointers.read_pointers(host).current_build == "dir:b"
+    assert "did not work" in TimelineEntry.objects.get(id=request.notice_id).text

@@ -92,3 +92,52 @@ def test_a_broken_release_is_rolled_back_once_by_the_command(owner: Any, tmp_pat
     finally:
         processes.load_services(root)[0].stop()
     assert fetch(health) is None
+
+
+@pytest.mark.django_db
+def test_the_watchdog_process_carries_out_the_owners_request(owner: Any, tmp_path: Path, settings: Any) -> None:
+    """A requested rollback is executed by the watchdog (no rollback stops it), and the
+    Celery task leaves it alone when it runs inside a service the rollback would stop."""
+    from releases import requested, tasks
+
+    root = (tmp_path / "releases").resolve()
+    root.mkdir()
+    settings.YIMI_RELEASES_ROOT = str(root)
+    port = free_port()
+    health = f"http://127.0.0.1:{port}/api/health/"
+    (root / processes.SERVICES_FILE).write_text(json.dumps([
+        {"name": "web", "argv": [sys.executable, "{release}/serve.py", str(port)], "health_url": health},
+    ]))
+    a, b = release(root, "a"), release(root, "b")  # both healthy: the watchdog itself has nothing to do
+    pointers.set_pointer(root, pointers.PREVIOUS, a)
+    pointers.set_pointer(root, pointers.CURRENT, b)
+    pointers.append_history(root, "switch", {"from_build": a.build_id, "to_build": b.build_id})
+    web = processes.load_services(root)[0]
+    web.start(b.path)
+    try:
+        request = requested.request_rollback(owner, "这个版本不好用", root=root)
+        assert not tasks.inside_a_service(processes.load_services(root))  # this test process is no service
+        tick(root)
+        request.refresh_from_db()
+        assert request.state == "executed" and pointers.read_pointers(root).current_build == "dir:a"
+        assert fetch(health) == (200, {"status": "ok", "build": "dir:a"})
+        assert [r["kind"] for r in pointers.read_history(root)] == ["switch", "rollback"]
+    finally:
+        processes.load_services(root)[0].stop()
+
+
+def test_a_worker_inside_a_service_leaves_the_rollback_to_the_watchdog(tmp_path: Path) -> None:
+    import os
+
+    from releases import tasks
+
+    root = (tmp_path / "releases").resolve()
+    root.mkdir()
+    (root / processes.SERVICES_FILE).write_text(json.dumps([
+        {"name": "worker", "argv": [sys.executable, "-c", "pass"], "health_url": "http://127.0.0.1:9/"},
+    ]))
+    [worker] = processes.load_services(root)
+    assert not tasks.inside_a_service([worker])
+    worker.pid_file.parent.mkdir(parents=True, exist_ok=True)
+    worker.pid_file.write_text(json.dumps({"pid": os.getpgid(0), "started": "0"}))  # as if this process group were the worker's
+    assert tasks.inside_a_service([worker])

@@ -32,6 +32,7 @@ class Migration(migrations.Migration):
                 ('state', models.CharField(choices=[('pending', 'Pending'), ('executing', 'Executing'), ('executed', 'Executed'), ('refused', 'Refused'), ('failed', 'Failed')], db_index=True, default='pending', max_length=16)),
                 ('state_reason', models.TextField(blank=True)),
                 ('requested_at', models.DateTimeField()),
+                ('claimed_at', models.DateTimeField(blank=True, help_text='when an executor took it', null=True)),
                 ('decided_at', models.DateTimeField(blank=True, null=True)),
                 ('notice', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to='memory.timelineentry')),
                 ('owner', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='rollback_requests', to=settings.AUTH_USER_MODEL)),

@@ -3,21 +3,25 @@ the web and worker processes (docker/compose.yaml service ``watchdog``).
 
 It refuses to start without ``U``, ``W`` and ``L`` (options or environment): they have no
 built-in defaults. Each tick is ``releases.watchdog.run_once`` on the real host
-(``releases.watchdog_host``); ``--once`` runs one tick and exits.
+(``releases.watchdog_host``), then the owner's waiting rollback requests at an idle moment
+(``releases.requested``); ``--once`` runs one tick and exits.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from releases import pointers, processes, watchdog, watchdog_host
+from releases import idle, pointers, processes, requested, watchdog, watchdog_host
 from yimi_project.errors import YimiError
+from yimi_project.logs import log_event
 
 ENV = {
     "unhealthy_seconds": "YIMI_WATCHDOG_UNHEALTHY_SECONDS",
@@ -78,9 +82,24 @@ class Command(BaseCommand):
             if line != last:
                 self.stdout.write(line)
                 last = line
+            for outcome in self._requests(root):
+                self.stdout.write(f"rollback request {outcome.request.id}: {outcome.state} ({outcome.detail})")
             if options["once"]:
                 return
             time.sleep(options["interval"])
+
+    @staticmethod
+    def _requests(root: Path) -> list[requested.Outcome]:
+        """The owner's rollback requests, executed here at an idle moment: no rollback stops
+        this process (a worker running one would stop itself, ``releases.tasks``). The
+        database not answering is no reason to stop watching."""
+        try:
+            return requested.execute_pending(
+                idle_check=partial(idle.blockers, root=root), services=processes.load_services(root), root=root
+            )
+        except Exception as exc:  # noqa: BLE001 - logged; tried again next look
+            log_event("watchdog_requests_failed", logging.WARNING, error=type(exc).__name__)
+            return []
 
     @staticmethod
     def _describe(tick: watchdog.Tick) -> str:
