@@ -10,6 +10,7 @@ channel group (``reply.chunk`` / ``reply.done``) and are ACKed ``played``.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from typing import Any
 
@@ -53,7 +54,7 @@ class VoiceConsumer(DeviceConsumer):
         self._fronted: set[str] = set()  # utterances given to the realtime front (no device transcript for them)
         self._archive_lock = asyncio.Lock()  # one archive write at a time, in stream order
         self._archive_timer: asyncio.TimerHandle | None = None
-        self._archive_refused: list[tuple[int, int]] = []  # stream sample ranges the disk refused
+        self._archive_refused: list[tuple[int, int, str]] = []  # stream sample ranges not stored, and why (error code)
         self._archive_capture: raw_store.Capture | None = None
         self._archive_tasks: set[asyncio.Task[None]] = set()  # batches the timer is writing
 
@@ -129,10 +130,11 @@ class VoiceConsumer(DeviceConsumer):
             self._archive_timer = asyncio.get_running_loop().call_later(left, self._archive_due)
 
     async def _store_batch(self, batch: raw_store.Batch, *, reply: bool = True) -> None:
-        """Write one batch durably. Refused by disk admission: the range is remembered (its
-        speech is not analysed) and the device is told in an ``error`` frame
-        (``storage_full``, ``original``: what was not stored; ``seq``: the timeline entry
-        that says so, null when a recent one already did)."""
+        """Write one batch durably. Not stored — refused by disk admission (``storage_full``)
+        or failed (``internal_error``, logged) — the range is remembered (its speech is not
+        analysed) and the device is told in an ``error`` frame (``original``: what was not
+        stored; ``seq``: the timeline entry that says so, null when a recent one already
+        did or none was written)."""
         assert self._archive_capture is not None
         session_id = self.session.id if self.session is not None else ""
         async with self._archive_lock:
@@ -142,25 +144,31 @@ class VoiceConsumer(DeviceConsumer):
             except YimiError as exc:
                 if exc.code != "storage_full":
                     raise
-                self._archive_refused.append((batch.start_sample, batch.end_sample))
-                if reply:
-                    await self._send({
-                        "type": "error", "code": exc.code, "message": exc.message, "seq": exc.details.get("seq"),
-                        "original": {"kind": "audio", "start_ms": ms(batch.start_sample), "end_ms": ms(batch.end_sample),
-                                     "stored": False, "reason": exc.details.get("reason")},
-                    })
+                code, message, seq, reason = exc.code, exc.message, exc.details.get("seq"), exc.details.get("reason")
+            except Exception as exc:  # noqa: BLE001 - a failed write is said, never passed over as stored
+                log_event("raw_batch_failed", logging.ERROR, error=type(exc).__name__)
+                code, message, seq, reason = "internal_error", "the server failed writing this audio: it was not stored", None, None
+            keep_from = batch.start_sample - 120 * SAMPLE_RATE  # no utterance reaches further back
+            self._archive_refused = [r for r in self._archive_refused if r[1] > keep_from]
+            self._archive_refused.append((batch.start_sample, batch.end_sample, code))
+            if reply:
+                await self._send({
+                    "type": "error", "code": code, "message": message, "seq": seq,
+                    "original": {"kind": "audio", "start_ms": ms(batch.start_sample), "end_ms": ms(batch.end_sample),
+                                 "stored": False, "reason": reason},
+                })
 
-    async def _archived_through(self, start: int, end: int) -> bool:
+    async def _archived_through(self, start: int, end: int) -> str | None:
         """Wait until the stream up to sample ``end`` is written (the batch holding it is
-        written now, not at its threshold); True when ``[start, end)`` was stored, False
-        when the disk refused part of it. Without an archive (a guest device) True."""
+        written now, not at its threshold); None when ``[start, end)`` was stored, else the
+        error code of the part that was not. Without an archive (a guest device) None."""
         if self.archive is None:
-            return True
+            return None
         if self.archive.position < end and (batch := self.archive.flush()) is not None:
             await self._store_batch(batch)
         if self._archive_tasks:  # a batch the timer cut is written first
             await asyncio.gather(*self._archive_tasks, return_exceptions=True)
-        return not any(s < end and start < e for s, e in self._archive_refused)
+        return next((code for s, e, code in self._archive_refused if s < end and start < e), None)
 
     async def _end_archive(self, *, reply: bool = True) -> None:
         if self._archive_timer is not None:
@@ -256,8 +264,8 @@ class VoiceConsumer(DeviceConsumer):
         assert session is not None and device is not None
         if session.transcriber is None or device.is_guest:
             return {"analysis": "off"}
-        if not await self._archived_through(utt.start_sample, utt.end_sample):
-            return {"analysis": "refused", "code": "storage_full"}
+        if (not_stored := await self._archived_through(utt.start_sample, utt.end_sample)) is not None:
+            return {"analysis": "refused", "code": not_stored}
         record, decision = outcome.record, outcome.decision
         source = AmbientSource(device.id, device.name, session.channel, record.id, decision.scope, decision.reason)
         work = ambient.AmbientWork(session.transcriber, device.owner_id, source, utt.start_sample, utt.started_at)

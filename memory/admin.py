@@ -300,4 +300,6 @@ class HealthRecordAdmin(ReadOnlyOwnerAdmin):
     ordering = ("-start",)
     readonly_fields = ("kind", "start", "end", "metrics", "device_label", "device_kind", "client_id", "received_at")
     exclude = ("owner", "device")
-from memory import cold_admin  # noqa: E402,F401  (cold packs and their alerts: memory/cold_admin.py)
+# Pages of their own modules, registered with this admin: cold packs and their alerts
+# (memory/cold_admin.py), L5 originals (memory/raw_admin.py).
+from memory import cold_admin, raw_admin  # noqa: E402,F401

@@ -562,3 +562,16 @@ def test_a_guests_image_is_not_an_original(owner: Any, make_device: Any, disk: D
     uploaded = image_store.store_upload(device=guest, scope="guest", data=picture())
     image_store.attach_image(device=guest, scope="guest", image_id=uploaded.id, client_id="g-1", captured_at=None)
     assert not RawObject.objects.exists()
+
+
+def test_the_owner_sees_the_originals_in_the_admin_read_only(owner: Any, disk: Disk) -> None:
+    from django.test import Client
+
+    kept, gone = store(owner, kind="sensor"), store(owner)
+    RawObject.objects.filter(pk=gone.pk).update(hot_deleted_at=T0)
+    client = Client()
+    client.force_login(owner)
+    page = client.get("/admin/memory/rawobject/").content.decode()
+    assert "application/json" in page and "deleted (cold only)" in page and kept.hot_path not in page
+    assert client.get(f"/admin/memory/rawobject/{kept.pk}/change/").status_code == 200
+    assert client.get("/admin/memory/rawobject/add/").status_code == 403
