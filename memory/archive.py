@@ -24,7 +24,7 @@ A **migration round** (``migrate_round``, the ``archive_round`` Celery task ever
    the pack becomes ``verified`` and its ``ObjectLocation`` rows are written. An upload that
    fails (the server gone mid-round) marks the pack failed and ends the round; nothing of
    the hot store changed, so the objects go into a pack of a later round. A verification
-   that fails also raises an alert (``ColdAlert`` + log).
+   that fails also raises an alert (``ColdAlert`` + log) and ends the round too.
 
 **Release** (``release_due``, after each round): a verified pack whose newest original is
 older than ``COLD_HOT_RETENTION_SECONDS`` (2 days) is downloaded and verified again;
@@ -114,7 +114,9 @@ class RoundReport:
     packs_failed: list[str] = field(default_factory=list)
     objects_packed: int = 0
     skipped: list[int] = field(default_factory=list)  # hot copy unreadable or not matching
-    stopped: str = "done"  # done | budget | busy:<reason> | spacing | packs | cold_storage_unavailable | not_configured | round_running
+    # done | budget | busy:<reason> | spacing | packs | round_running | not_configured, or the error
+    # code that ended it: cold_storage_unavailable, pack_invalid, flac_timeout, flac_failed
+    stopped: str = "done"
     released: list[str] = field(default_factory=list)
     progress: list[str] = field(default_factory=list)
 
@@ -424,7 +426,12 @@ def migrate_round(
                 if after is not None and now() < after:
                     report.stopped = "spacing"
                     break
-                builder, index, expected = _seal(objs, index, seal_bytes=seal_bytes, over_budget=over_budget, report=report)
+                try:
+                    builder, index, expected = _seal(objs, index, seal_bytes=seal_bytes, over_budget=over_budget, report=report)
+                except YimiError as exc:  # ffmpeg refused or timed out: nothing was uploaded
+                    report.stopped = exc.code
+                    say(f"sealing failed: {exc.code}: {exc.message}")
+                    break
                 if not builder.chunks:
                     continue
                 say(f"pack {len(report.packs_verified) + len(report.packs_failed) + 1}: {len(builder.chunks)} originals, "
@@ -432,12 +439,12 @@ def migrate_round(
                 try:
                     pack = _upload_and_verify(dav, owner_id, folder, builder, expected, now=now)
                 except YimiError as exc:
+                    # The storage is down or gave back other bytes: another pack now would fare
+                    # no better (and a bad storage would raise an alert a pack).
                     report.packs_failed.append(exc.code)
+                    report.stopped = exc.code
                     say(f"pack failed: {exc.code}")
-                    if exc.code == "cold_storage_unavailable":
-                        report.stopped = exc.code
-                        break
-                    continue
+                    break
                 report.packs_verified.append(pack.path)
                 report.objects_packed += pack.object_count
                 say(f"pack {pack.path} verified ({pack.object_count} originals)")

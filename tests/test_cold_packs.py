@@ -229,7 +229,7 @@ def test_upload_verification_failure_keeps_hot_copies(cold: WsgiDAVServer, owner
 
     dav.put = put_then_rot  # type: ignore[method-assign]
     report = archive.migrate_round(owner.pk, clock=Clock(), now=Now(), dav=dav)
-    assert report.packs_failed == ["pack_invalid"] and not report.packs_verified
+    assert report.packs_failed == ["pack_invalid"] and not report.packs_verified and report.stopped == "pack_invalid"
     pack = ColdPack.objects.get()
     assert pack.state == "failed" and not ObjectLocation.objects.exists()
     alert = ColdAlert.objects.get()
