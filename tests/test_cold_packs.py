@@ -92,6 +92,13 @@ def test_flac_round_trip_is_bit_exact() -> None:
     assert getattr(err.value, "code", "") == "pack_invalid" and "chunk 3" in str(err.value)
 
 
+def test_an_ffmpeg_call_over_its_time_limit_is_killed_and_is_an_error(monkeypatch: Any) -> None:
+    monkeypatch.setattr(coldpack, "FFMPEG_SECONDS", 0.001)  # no ffmpeg starts in a millisecond
+    with pytest.raises(Exception) as err:
+        coldpack.encode_chunk(PCM, speechlike(0.5))
+    assert getattr(err.value, "code", "") == "flac_timeout"
+
+
 def test_header_limits_before_and_after_compression() -> None:
     many = [coldpack.Chunk(f"{i:09d}" + "x" * 60, "gzip", i, 1, 1, hashlib.sha256(str(i).encode()).hexdigest()) for i in range(9000)]
     with pytest.raises(Exception) as err:
