@@ -256,8 +256,14 @@ def _undo(version: PackVersion, previous: PackVersion | None, reason: str) -> st
 
 
 def _sync(name: str) -> None:
+    """The selection file from the database (a failure is the caller's), then this
+    process's host for the pack. A host that fails to refresh is only logged: the change
+    is made, and the host manager restarts a host of another version at its next use."""
     write_selection()
-    runtime.refresh_pack_if_running(name)
+    try:
+        runtime.refresh_pack_if_running(name)
+    except Exception as exc:  # noqa: BLE001 - logged; see the docstring
+        log_event("pack_host_refresh_failed", pack=name, error=type(exc).__name__)
 
 
 def record_shipped_versions(packs_dir: Path | None = None) -> list[PackVersion]:
