@@ -36,6 +36,7 @@ from yimi_project.errors import YimiError
 from yimi_project.logs import log_event
 
 DEVICE_RECHECK_SECONDS = 1.0
+ARCHIVE_MAX_PENDING = 64  # archive batches being written before a socket waits (about 32 s of audio)
 
 
 class VoiceConsumer(DeviceConsumer):
@@ -56,7 +57,7 @@ class VoiceConsumer(DeviceConsumer):
         self._archive_timer: asyncio.TimerHandle | None = None
         self._archive_refused: list[tuple[int, int, str]] = []  # stream sample ranges not stored, and why (error code)
         self._archive_capture: raw_store.Capture | None = None
-        self._archive_tasks: set[asyncio.Task[None]] = set()  # batches the timer is writing
+        self._archive_tasks: set[asyncio.Task[None]] = set()  # batches being written
 
     # --- frames ------------------------------------------------------------------------------
 
@@ -111,21 +112,29 @@ class VoiceConsumer(DeviceConsumer):
 
     async def _archive_frame(self, frame: bytes) -> None:
         """Add one frame; write the batch a threshold completed, or make sure the time
-        threshold writes it even if no frame follows."""
+        threshold writes it even if no frame follows. Writes run beside the live path (a
+        task each, in order under ``_archive_lock``): a slow disk or a reclaim does not hold
+        up speech detection. Only beyond ``ARCHIVE_MAX_PENDING`` batches waiting does the
+        socket wait for the oldest (bounded memory)."""
         if self.archive is None:
             return
         batch = self.archive.add(frame)
         if batch is not None:
-            await self._store_batch(batch)
+            self._spawn_store(batch)
+            while len(self._archive_tasks) > ARCHIVE_MAX_PENDING:
+                await asyncio.wait(set(self._archive_tasks), return_when=asyncio.FIRST_COMPLETED)
         elif self._archive_timer is None and (left := self.archive.seconds_left()) is not None:
             self._archive_timer = asyncio.get_running_loop().call_later(left, self._archive_due)
+
+    def _spawn_store(self, batch: raw_store.Batch) -> None:
+        task = asyncio.get_running_loop().create_task(self._store_batch(batch))
+        self._archive_tasks.add(task)
+        task.add_done_callback(self._archive_tasks.discard)
 
     def _archive_due(self) -> None:
         self._archive_timer = None
         if self.archive is not None and (batch := self.archive.due()) is not None:
-            task = asyncio.get_running_loop().create_task(self._store_batch(batch))
-            self._archive_tasks.add(task)
-            task.add_done_callback(self._archive_tasks.discard)
+            self._spawn_store(batch)
         elif self.archive is not None and (left := self.archive.seconds_left()) is not None:
             self._archive_timer = asyncio.get_running_loop().call_later(left, self._archive_due)
 
@@ -165,8 +174,8 @@ class VoiceConsumer(DeviceConsumer):
         if self.archive is None:
             return None
         if self.archive.position < end and (batch := self.archive.flush()) is not None:
-            await self._store_batch(batch)
-        if self._archive_tasks:  # a batch the timer cut is written first
+            self._spawn_store(batch)
+        if self._archive_tasks:  # every batch cut so far, in order
             await asyncio.gather(*self._archive_tasks, return_exceptions=True)
         return next((code for s, e, code in self._archive_refused if s < end and start < e), None)
 
