@@ -69,6 +69,13 @@ class OwnerContentAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         return is_owner(request.user) and super().has_delete_permission(request, obj)
 
 
+class PlatformAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    """Base for an admin over the platform's own rows, not the owner's content (the pack
+    registry, which staff review). Django's model permissions decide who sees it; every
+    such admin is named in ``tests/test_owner_boundary.py``, so a new one is a reviewed
+    decision, never a default."""
+
+
 class ReadOnlyOwnerAdmin(OwnerContentAdmin):
     """An owner page over rows that only their app's services write: nothing is added,
     edited or deleted here (actions that call a service stay)."""

@@ -23,6 +23,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils.html import format_html
 
+from accounts.owner_admin import PlatformAdmin
 from capabilities.manifest import load_packs
 from capabilities.registry.publish import revert, set_enabled
 from capabilities.registry_models import PackCandidate, PackVersion, RegisteredPack
@@ -33,7 +34,7 @@ def pretty(data: Any) -> str:
     return format_html("<pre style='white-space:pre-wrap'>{}</pre>", json.dumps(data, ensure_ascii=False, indent=2, sort_keys=True))
 
 
-class ReviewOnlyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class ReviewOnlyAdmin(PlatformAdmin):
     """Rows only the registry's services write: viewed here, never added, edited or deleted."""
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:

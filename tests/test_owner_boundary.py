@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from accounts import voice, voiceprint
 from accounts.models import AdmissionRecord
-from accounts.owner_admin import OwnerContentAdmin
+from accounts.owner_admin import OwnerContentAdmin, PlatformAdmin
 from accounts.services import admit_text, admit_voice
 from accounts.voiceprint import EnrollmentSegment
 from brain.services import accept_utterance
@@ -143,11 +143,21 @@ def test_a_device_of_another_account_never_gets_owner_scope(owner: Any, second_s
 # --- the admin --------------------------------------------------------------------------------
 
 
+# The platform's own rows, which staff review (issue 18: "staff review packs in the admin"):
+# pack switches, versions and candidates hold manifests and check results, not the owner's words.
+PLATFORM_ADMINS = {"capabilities.RegisteredPack", "capabilities.PackCandidate"}
+
+
 def test_every_admin_showing_owner_content_is_owner_only() -> None:
-    """A new admin must opt in: everything registered is owner content except Django's groups."""
+    """A new admin must opt in: everything registered is owner content except Django's groups
+    and the reviewed platform admins above."""
+    platform = set()
     for model, model_admin in admin.site._registry.items():
-        if model._meta.label != "auth.Group":
+        if isinstance(model_admin, PlatformAdmin):
+            platform.add(model._meta.label)
+        elif model._meta.label != "auth.Group":
             assert isinstance(model_admin, OwnerContentAdmin), model._meta.label
+    assert platform == PLATFORM_ADMINS
 
 
 def test_only_the_owner_reads_owner_content_in_the_admin(owner: Any, second_superuser: Any, make_device: Any) -> None:
