@@ -22,6 +22,7 @@ from accounts.voice import end_call, start_call
 from memory import archive, coldpack, raw_store
 from memory.cold_models import ColdAlert, ColdPack, ObjectLocation
 from memory.raw_models import RawObject
+from memory.tasks import archive_round_task
 from memory.webdav import WebDAV
 from tests.webdav_support import PASSWORD, USER, WsgiDAVServer, webdav  # noqa: F401  (fixture)
 
@@ -461,3 +462,12 @@ def test_erasure_while_the_server_is_down_is_pending_and_a_later_round_finishes_
     assert new != old and cold.files() == [new.path]
     assert [c.id for c, _ in coldpack.decode_pack((cold.root / new.path).read_bytes())] == [str(objs[0].pk), str(objs[1].pk)]
     assert not ObjectLocation.objects.filter(object=objs[2]).exists()
+
+
+def test_the_beat_task_runs_one_round_for_the_owner(cold: WsgiDAVServer, owner: Any, settings: Any) -> None:
+    three(owner)
+    assert settings.CELERY_BEAT_SCHEDULE["archive-round"]["task"] == archive_round_task.name
+    result = archive_round_task.apply().get()
+    assert result["objects_packed"] == 3 and result["stopped"] == "done" and ColdPack.objects.get().state == "verified"
+    settings.COLD_WEBDAV_URL = ""
+    assert archive_round_task.apply().get()["stopped"] == "not_configured"
