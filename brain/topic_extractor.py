@@ -14,8 +14,9 @@ The rules, in the order they are tried on each of the owner's utterances (a bare
    不聊了") is not a refusal of anything: it is rule 2.
 2. **Fatigue** ("累了", "不聊了", "先这样"): the owner wants to stop; no topic changes
    (``stats["ended_by_owner"]``).
-3. **Short reply** ("嗯", "好", "哦", at most two characters): the second in a row makes
-   the topic in focus a ``cooldown`` candidate (until ``COOLDOWN``), never a refusal.
+3. **Short reply** ("嗯", "好", "哦", one character, or a word of ``SHORT_WORDS``): the
+   second in a row makes the topic in focus a ``cooldown`` candidate (until ``COOLDOWN``),
+   never a refusal; every second one in a row counts a short-reply loop.
 4. **Finished** ("讲完了", "听完了", "猜出来了"): the topic in focus (or the call's card)
    is ``done``; it is never offered again as an unfinished thread.
 5. **Correction** ("不对，是东风机床厂"): the topics it names (else the last one answered)
@@ -207,10 +208,11 @@ def extract(
             continue
         if is_short(text):
             short_run += 1
-            if short_run == 2:
+            if short_run % 2 == 0:  # every second short reply in a row: a loop (counted), the topic cools down once
                 out.stats["short_reply_loops"] += 1
                 key = asked_topic or focus or OPEN_CHAT
-                change(key, "cooldown", "short_replies", turn, question if key == asked_topic else "")
+                if state.get(key) != "cooldown":
+                    change(key, "cooldown", "short_replies", turn, question if key == asked_topic else "")
             continue
         short_run = 0
         if FINISHED.search(text):

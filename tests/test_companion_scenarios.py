@@ -308,12 +308,15 @@ async def test_tired_ends_the_turn_and_a_barge_in_is_recorded(phone: Phone) -> N
     assert "疲惫就收尾" in system_of(messages) and messages[-1]["content"] == "累了，不聊了"
     assert phone.comm is not None
     await phone.comm.send_json_to({"type": "tts.stop"})  # the device noticed the owner talking over her
+    again = await Phone(phone.sim, phone.brain).open()  # the device's second socket starts the open call again
+    assert (await again.start("tired"))["snapshot"]["state"] == "reused"
     summary = await phone.hang_up()
+    await again.close()
     assert summary is not None and summary.stats["ended_by_owner"] is True
     assert await db_async(states)(phone.sim.device.owner_id) == {"craft.lathe": ("answered", "我以前修车床")}  # tired is no refusal
     await db_async(call_events.flush)()
     kinds = await db_async(lambda: list(CallEvent.objects.filter(call__call_id="tired").order_by("at", "id").values_list("kind", flat=True)))()
-    assert kinds == ["start", "snapshot_built", "first_audio", "barge_in", "end"]
+    assert kinds == ["start", "snapshot_built", "first_audio", "barge_in", "reconnect", "snapshot_built", "end"]
 
 
 # 11 ----------------------------------------------------------------------------------------------

@@ -177,3 +177,43 @@ def test_a_cooldown_expires(phone: Any) -> None:
     assert topic_state.continuity_for(phone.owner_id)["cooling"] == ["听戏"]
     later = timezone.now() + timedelta(days=3)
     assert topic_state.continuity_for(phone.owner_id, now=later)["cooling"] == []
+
+
+# --- call events and the companion report -------------------------------------------------------
+
+
+def test_first_audio_latency_and_counts_per_owner_on_an_injected_clock(phone: Any) -> None:
+    from django.core.management import call_command
+
+    from brain import call_events
+
+    clock = {"now": timezone.now()}
+    buffer = call_events.EventBuffer(clock=lambda: clock["now"], background=False)
+    for i, latency_ms in enumerate([100, 200, 300, 400, 1000]):
+        call = TranscribedCall(phone, f"timed-{i}").call
+        buffer.record(call.pk, call.owner_id, "start")
+        clock["now"] += timedelta(milliseconds=latency_ms)
+        buffer.record(call.pk, call.owner_id, "first_audio", via="ack")
+        buffer.record(call.pk, call.owner_id, "first_audio", via="ack")  # only the first counts
+        clock["now"] += timedelta(seconds=5)
+    failed = TranscribedCall(phone, "failed").call
+    buffer.record(failed.pk, failed.owner_id, "start")
+    buffer.record(failed.pk, failed.owner_id, "snapshot_failed")
+    buffer.record(failed.pk, failed.owner_id, "barge_in")
+    assert buffer.flush() == 18 and buffer.flush() == 0
+    talk(phone, "loops", [("owner", "我喜欢听戏"), ("owner", "嗯"), ("owner", "嗯"), ("yimi", "哪出戏？"), ("owner", "好"), ("owner", "嗯")])
+    [row] = call_events.report(owner_id=phone.owner_id)
+    assert (row["calls"], row["first_audio_n"], row["first_audio_p50_ms"], row["first_audio_p95_ms"]) == (6, 5, 300, 1000)
+    assert (row["snapshot_failures"], row["barge_ins"], row["short_reply_loops"]) == (1, 1, 2)
+    import io
+
+    out = io.StringIO()
+    call_command("companion_report", "--json", stdout=out, stderr=io.StringIO())
+    assert '"first_audio_p50_ms": 300' in out.getvalue()
+
+
+def test_an_unknown_event_kind_is_refused() -> None:
+    from brain import call_events
+
+    with pytest.raises(ValueError):
+        call_events.EventBuffer(background=False).record(1, 1, "lunch")
