@@ -23,6 +23,7 @@ from brain.fake_server import Rule
 from brain.topic_models import CallEvent, CallSummary, TopicState
 from devices.models import VoiceUtterance
 from devices.signatures import auth_message
+from memory.models import TimelineEntry
 from tests.companion_support import TranscribedCall, second_owner_device, states
 from tests.conftest import db_async, device_socket, receive_until
 
@@ -329,18 +330,21 @@ async def test_forgetting_and_another_owner_never_leak(phone: Phone) -> None:
     await phone.start("secret")
     await phone.say("别聊我老伴")
     await phone.say("我在红星机床厂干了三十年")
-    await phone.hang_up()
     owner_id = phone.sim.device.owner_id
-    entry = await db_async(lambda: TopicState.objects.get(topic_key="work.factory").source_entry)()
+    said = await db_async(TimelineEntry.objects.get)(owner_id=owner_id, kind="utterance", text="我在红星机床厂干了三十年")
+    # Memory keeps the fact from the owner's words during the call (as the memory tool would).
     fact = await db_async(assertions.commit)(CommitRequest(owner_id=owner_id, request_id=uuid.uuid4().hex, predicate="work.history",
-                                                           payload={"text": "在红星机床厂干了三十年"}, expected_version=0, evidence=(entry.seq,)))
+                                                           payload={"text": "在红星机床厂干了三十年"}, expected_version=0, evidence=(said.seq,)))
+    summary = await phone.hang_up()
+    assert summary is not None and summary.facts == {fact.assertion_id: {"version": 1, "seqs": [said.seq]}}
+    facts = (await db_async(topic_state.continuity_for)(owner_id))["facts"]
+    assert [(f["assertion_id"], f["text"]) for f in facts] == [(fact.assertion_id, "在红星机床厂干了三十年")]
     other = await db_async(second_owner_device)()
     other_call = await db_async(TranscribedCall)(other, "theirs")
     prepared = await db_async(call_snapshot.prepare)(other_call.call)
     assert "老伴" not in str(prepared.snapshot.background) and "红星" not in str(prepared.snapshot.background)
-    # The owner forgets the fact: the topic row quoting its source and the summary go at once.
-    summary = await db_async(CallSummary.objects.get)(call__call_id="secret")
-    await db_async(lambda: CallSummary.objects.filter(id=summary.id).update(facts={fact.assertion_id: {"version": 1, "seqs": [entry.seq]}}))()
+    assert (await db_async(topic_state.continuity_for)(other.owner_id))["facts"] == []
+    # The owner forgets the fact: the summary citing it and the topic row quoting its source go at once.
     epoch = await db_async(privacy_epoch.current)(owner_id)
     await db_async(assertions.forget)(owner_id, fact.assertion_id, request_id=uuid.uuid4().hex)
     assert await db_async(privacy_epoch.current)(owner_id) == epoch + 1
