@@ -23,6 +23,7 @@ from accounts.models import VoiceCall
 from brain import call_events, call_snapshot, roles
 from brain.dispatch import dispatch_run
 from brain.topic_tasks import dispatch_call_summary
+from devices import push_to_talk
 from devices import services as device_services
 from devices.consumers import DeviceConsumer
 from devices.voice import ambient, asr, audio, config, realtime, tts
@@ -58,6 +59,7 @@ class VoiceConsumer(DeviceConsumer):
         self._archive_refused: list[tuple[int, int, str]] = []  # stream sample ranges not stored, and why (error code)
         self._archive_capture: raw_store.Capture | None = None
         self._archive_tasks: set[asyncio.Task[None]] = set()  # batches being written
+        self._ptt_recorded: str | None = None  # the session whose push-to-talk hold is recorded (devices.push_to_talk)
 
     # --- frames ------------------------------------------------------------------------------
 
@@ -71,6 +73,7 @@ class VoiceConsumer(DeviceConsumer):
             await self._hang_up(self.call)
             self.call = None
         self._end_analysis()
+        await self._end_push_to_talk()
         await self._end_archive(reply=False)
         self.session = None
         await self._end_speech("session_end")
@@ -284,6 +287,12 @@ class VoiceConsumer(DeviceConsumer):
             return {"analysis": "refused", "code": exc.code}
         return {"analysis": "queued", "chunks": len(submitted.queued), "dropped": len(submitted.dropped)}
 
+    async def _end_push_to_talk(self) -> None:
+        """Drop the recorded push-to-talk hold, if any (key up, voice.stop, socket closed)."""
+        if self._ptt_recorded is not None:
+            session_id, self._ptt_recorded = self._ptt_recorded, None
+            await database_sync_to_async(push_to_talk.release)(session_id)
+
     def _end_analysis(self) -> None:
         """The stream ended: its analysis slot is free, a call's hold is released."""
         if self.session is not None:
@@ -357,6 +366,7 @@ class VoiceConsumer(DeviceConsumer):
             await self._hang_up(self.call)
             self.call = None
         self._end_analysis()
+        await self._end_push_to_talk()
         self.session, self.enrollment = None, None
         await self._end_speech("session_end")
         await self._send({"type": "voice.stopped", "id": frame.get("id"), "session_id": session.id, "stream_ms": ms(session.position)})
@@ -374,18 +384,23 @@ class VoiceConsumer(DeviceConsumer):
 
     async def _on_push_to_talk(self, frame: dict[str, Any]) -> None:
         """``push_to_talk`` ``down``: speech from ``at_ms`` on is a request (a window of at
-        most ``PTT_HOLD_SECONDS``) and ambient analysis yields; ``up``: the window ends there
-        and analysis resumes."""
+        most ``PTT_HOLD_SECONDS``), ambient analysis yields and no cold pack starts (the
+        hold is recorded for every process, ``devices.push_to_talk``); ``up``: the window
+        ends there, analysis resumes and the record goes."""
         session = self._need_session()
         state, at = frame.get("state"), self._position(frame)
         key = f"ptt:{session.id}"
         if state == "down":
             window = session.open_request_window(at, ambient.PTT_HOLD_SECONDS, preroll=0.0)
             ambient.analysis.scheduler.hold(key, ambient.PTT_HOLD_SECONDS)
+            # Where the worker's cold-pack round sees it too (devices.push_to_talk).
+            await database_sync_to_async(push_to_talk.hold)(session.id, self.device)
+            self._ptt_recorded = session.id
         elif state == "up":
             window = session.end_request_window(at) or (at, at)
             ambient.analysis.scheduler.release(key)
             ambient.analysis.kick()
+            await self._end_push_to_talk()
         else:
             raise YimiError("invalid_frame", "push_to_talk state must be down or up")
         await self._send({"type": "push_to_talk.ack", "id": frame.get("id"), "state": state,
