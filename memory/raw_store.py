@@ -506,6 +506,29 @@ def read_original(obj: RawObject) -> Original:
     raise YimiError("original_unavailable", "the hot copy is gone and there is no cold copy", reason="no_cold_copy")
 
 
+def restore_hot_copy(obj: RawObject, *, now: datetime | None = None) -> Original:
+    """Put the hot copy of ``obj`` back from its cold copy (``manage.py archive restore``):
+    read it (one range read, checked against the original's SHA-256), disk admission like
+    any write (``storage_full`` changes nothing), written durably at its old hot path, then
+    ``hot_deleted_at`` cleared. An intact hot copy is left as it is (``source`` ``hot``).
+    The restored copy stays until erasure or an emergency reclaim asks the pack again: its
+    pack was already released, so retention does not take it a second time."""
+    obj.refresh_from_db()
+    original = read_original(obj)  # original_erased / original_unavailable before anything is written
+    if original.source == "hot":
+        return original
+    path = hot_file(obj)
+    admit(path.parent, len(original.data), owner_id=obj.owner_id, now=now)
+    write_durably(path, original.data)
+    if not RawObject.objects.filter(pk=obj.pk, erased_at__isnull=True).update(hot_deleted_at=None):
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()  # erased meanwhile: the copy must not outlive the erasure
+        raise YimiError("original_erased", "this original was erased")
+    obj.hot_deleted_at = None
+    log_event("raw_hot_copy_restored", raw_id=obj.pk, size=len(original.data))
+    return original
+
+
 # --- deleting hot copies ------------------------------------------------------------------------------
 
 

@@ -380,10 +380,49 @@ def test_archive_command_prints_status_and_progress(cold: WsgiDAVServer, owner: 
     call_command("archive", "verify", str(pack.pk))
     assert "verified: 3 chunks" in capsys.readouterr().out
     call_command("archive", "restore", str(objs[0].pk))
-    assert "restored" in capsys.readouterr().out
+    assert "the hot copy is there and intact" in capsys.readouterr().out
     with pytest.raises(Exception) as err:
         call_command("archive", "verify", "not-a-pack")
     assert "not_found" in str(err.value) or "no pack" in str(err.value)
+
+
+def test_restore_puts_the_hot_copy_back_with_admission_or_writes_a_file(
+    cold: WsgiDAVServer, owner: Any, capsys: Any, settings: Any, tmp_path: Path, monkeypatch: Any
+) -> None:
+    objs = three(owner)
+    archive.migrate_round(owner.pk, clock=Clock(), now=Now())
+    with ServerDAV(cold) as dav:
+        archive.release_due(owner.pk, now=Now(T0 + timedelta(days=3)), dav=dav)
+    audio, image = (RawObject.objects.get(pk=o.pk) for o in objs[:2])
+    assert audio.hot_deleted_at is not None and not raw_store.hot_file(audio).exists()
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)  # nothing may land in the current directory
+
+    # --out: the file only; the hot copy stays gone.
+    out = tmp_path / "out" / "image.bin"
+    out.parent.mkdir()
+    call_command("archive", "restore", str(image.pk), "--out", str(out))
+    assert "wrote the cold copy to" in capsys.readouterr().out
+    assert hashlib.sha256(out.read_bytes()).hexdigest() == image.sha256
+    assert RawObject.objects.get(pk=image.pk).hot_deleted_at is not None and not raw_store.hot_file(image).exists()
+
+    # Admission refuses: nothing is written and the row is unchanged.
+    settings.DISK_RESERVE_BYTES = 2**62
+    with pytest.raises(Exception) as err:
+        call_command("archive", "restore", str(audio.pk))
+    assert "storage_full" in str(err.value)
+    assert RawObject.objects.get(pk=audio.pk).hot_deleted_at is not None and not raw_store.hot_file(audio).exists()
+
+    # The default: the hot copy back, at its path, read from one range of the pack.
+    settings.DISK_RESERVE_BYTES = 0
+    call_command("archive", "restore", str(audio.pk))
+    assert "restored the hot copy from its cold pack" in capsys.readouterr().out
+    assert hot_intact(audio) and raw_store.read_original(RawObject.objects.get(pk=audio.pk)).source == "hot"
+    assert list(cwd.iterdir()) == []
+    with pytest.raises(Exception) as err:
+        call_command("archive", "restore", "999999999")
+    assert "not_found" in str(err.value)
 
 
 def test_emergency_reclaim_verifies_again_deletes_early_and_alerts(cold: WsgiDAVServer, owner: Any) -> None:

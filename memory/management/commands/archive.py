@@ -3,7 +3,8 @@
     archive status            hot bytes, free bytes and inodes, originals waiting, packs pending/verified/failed
     archive migrate           one migration round now (progress per pack), then due releases
     archive verify PACK       download one verified pack and check it whole
-    archive restore OBJECT --out FILE   fetch one original (hot copy, or one range read from its pack)
+    archive restore OBJECT    put the original's hot copy back from its pack (one range read,
+                              disk admission like any write); --out FILE writes it to FILE instead
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ class Command(BaseCommand):
         verify.add_argument("pack", help="the pack's id (see the admin or status)")
         restore = sub.add_parser("restore")
         restore.add_argument("object", type=int, help="the original's id")
-        restore.add_argument("--out", type=Path, help="write the original here (default: raw-<id>.bin in the current directory)")
+        restore.add_argument("--out", type=Path, help="write the original to this file instead of restoring its hot copy")
 
     def handle(self, *args: Any, **options: Any) -> None:
         owner = get_owner()
@@ -60,8 +61,16 @@ class Command(BaseCommand):
         if obj is None:
             raise YimiError("not_found", f"no original {object_id}")
         self.stdout.write(f"original {obj.pk}: {obj.kind} {obj.codec}, {obj.size} bytes")
+        if out is None:
+            had_hot = obj.hot_deleted_at is None
+            original = raw_store.restore_hot_copy(obj)
+            if original.source == "hot":
+                self.stdout.write(f"the hot copy is there and intact ({raw_store.hot_file(obj)}); nothing to restore")
+            else:
+                self.stdout.write(f"{'repaired' if had_hot else 'restored'} the hot copy from its cold pack to "
+                                  f"{raw_store.hot_file(obj)} (SHA-256 {hashlib.sha256(original.data).hexdigest()[:16]}… matches)")
+            return
         original = raw_store.read_original(obj)
-        target = out or Path(f"raw-{obj.pk}.bin")
-        target.write_bytes(original.data)
-        self.stdout.write(f"restored from the {original.source} copy to {target} "
+        out.write_bytes(original.data)
+        self.stdout.write(f"wrote the {original.source} copy to {out} "
                           f"(SHA-256 {hashlib.sha256(original.data).hexdigest()[:16]}… matches)")
