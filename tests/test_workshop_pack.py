@@ -14,7 +14,8 @@ import redis
 from django.conf import settings as django_settings
 
 from capabilities.contract import run_contract
-from capabilities.manifest import load_pack
+from capabilities.manifest import load_pack, load_packs
+from capabilities.registry_models import PackVersion
 from tests.conftest import internal_client, pack_capability
 from tests.process_support import publishing_to
 from tests.test_workshop_template import SPEC
@@ -30,17 +31,18 @@ def report_text(report: Any) -> str:
     return "\n".join(f"{c.name}: {c.failures}" for c in report.cases) + "\n" + "\n".join(report.errors)
 
 
-def test_the_manifest_declares_find_build_and_builds_off_by_default() -> None:
+def test_the_manifest_declares_find_build_builds_and_pack_revert_off_by_default() -> None:
     pack = load_pack(PACK)
     assert {name: pack.tools[name].resolve_category({}) for name in pack.tools} == {
-        "find": "observe", "build": "workspace", "builds": "observe"}
+        "find": "observe", "build": "workspace", "builds": "observe", "pack_revert": "owner_data"}
     assert (pack.platform_api, pack.enabled_by_default, pack.tools["build"].check_with) == (["workshop"], False, "builds")
+    assert pack.tools["pack_revert"].check_with == "builds"
 
 
 def test_the_workshop_contract_passes_on_the_fake() -> None:
     report = run_contract(PACK, fake=True)
     assert report.passed, report_text(report)
-    assert len(report.cases) == 5
+    assert len(report.cases) == 7
 
 
 @pytest.mark.django_db(transaction=True)
@@ -90,3 +92,86 @@ def test_find_through_the_endpoint_reports_its_sources(owner: Any, settings: Any
                                                               content_type="application/json").json()
     assert found["results"][0]["id"] == "unit-converter"
     assert [(s["name"], s["status"]) for s in found["sources"]] == [("packs", "ok"), ("skills", "ok"), ("mcp", "unavailable")]
+
+
+def revert_client(owner: Any, name: str, *, category: str = "owner_data", tool: str = "workshop__pack_revert") -> Any:
+    """The internal client of a ``workshop__pack_revert`` call the gateway decided on ``name``."""
+    return internal_client(**{CAP: pack_capability(owner.pk, pack="workshop", category=category, apis=["workshop"], tool=tool, name=name)})
+
+
+def revert_answer(client: Any, **body: Any) -> Any:
+    return client.post(URL, {"action": "revert", **body}, content_type="application/json")
+
+
+@pytest.mark.django_db
+def test_pack_revert_takes_a_yimi_built_pack_back_and_says_which_version_is_online(owner: Any, settings: Any, tmp_path: Path) -> None:
+    """F4 step 10 ("用回之前那版"): version 2 → version 1, then the first version is removed;
+    the answer names the version online, read back from the registry."""
+    from capabilities.registry import online_digest, publish
+    from tests.registry_support import candidate, use_registry
+
+    use_registry(tmp_path, settings)
+    v1 = candidate(tmp_path, 1, None)
+    publish(v1.digest)
+    v2 = candidate(tmp_path, 2, v1.digest)
+    publish(v2.digest)
+    client = revert_client(owner, "parcelcount")
+    for refused, code in (
+        (revert_client(owner, "parcelcount", category="workspace"), "forbidden"),  # decided as another category
+        (revert_client(owner, "parcelcount", tool="workshop__build"), "forbidden"),
+        (revert_client(owner, "otherpack"), "forbidden"),  # the call was decided on another pack
+    ):
+        answer = revert_answer(refused, name="parcelcount")
+        assert (answer.status_code, answer.json()["error"]["code"]) == (403, code)
+    stale = revert_answer(client, name="parcelcount", digest=v1.digest)  # the owner looked at v1: v2 is online
+    assert (stale.status_code, stale.json()["error"]["code"]) == (400, "online_version_changed")
+    assert online_digest("parcelcount") == v2.digest
+
+    back = revert_answer(client, name="parcelcount", digest=v2.digest).json()["revert"]
+    assert back == {"pack": "parcelcount", "reverted": {"version": "2.0.0", "digest": v2.digest},
+                    "online": {"version": "1.0.0", "digest": v1.digest}, "removed": False}
+    assert online_digest("parcelcount") == v1.digest
+    assert PackVersion.objects.get(digest=v2.digest).end_reason == "the owner asked for the previous version"
+    gone = revert_answer(client, name="parcelcount").json()["revert"]
+    assert gone == {"pack": "parcelcount", "reverted": {"version": "1.0.0", "digest": v1.digest}, "online": None, "removed": True}
+    assert online_digest("parcelcount") is None and "parcelcount" not in load_packs().packs
+    nothing = revert_answer(client, name="parcelcount")
+    assert (nothing.status_code, nothing.json()["error"]["code"]) == (400, "nothing_to_revert")
+
+
+@pytest.mark.django_db
+def test_pack_revert_refuses_a_shipped_pack_and_an_operators_pack(owner: Any, settings: Any, tmp_path: Path) -> None:
+    from capabilities.registry import add_candidate, online_digest, publish
+    from tests.registry_support import candidate_manifest, memo_honesty, use_registry, write_candidate
+
+    use_registry(tmp_path, settings)  # ships "demo"
+    shipped = revert_answer(revert_client(owner, "demo"), name="demo")
+    assert (shipped.status_code, shipped.json()["error"]["code"]) == (400, "not_yimi_built")
+    assert "shipped pack" in shipped.json()["error"]["message"]
+    data = candidate_manifest("opspack", maintainer="lead", provenance={"source": "operator", "build": "test", "adapters": ["server/tools.py"]})
+    made = add_candidate(write_candidate(tmp_path, "opspack", manifest=data), origin="operator", built_against=None, honesty=memo_honesty)
+    assert made.state == "passed", (made.static_report, made.honesty_report)
+    publish(made.digest)
+    operators = revert_answer(revert_client(owner, "opspack"), name="opspack")
+    assert (operators.status_code, operators.json()["error"]["code"]) == (400, "not_yimi_built")
+    assert online_digest("opspack") == made.digest  # nothing changed
+    bad = revert_answer(revert_client(owner, "opspack"), name="opspack", digest="abc")
+    assert (bad.status_code, bad.json()["error"]["code"]) == (400, "invalid_request")
+
+
+def test_the_fake_reverts_its_yimi_built_pack_with_the_real_servers_receipt() -> None:
+    """The fake's one Yimi-built pack, through the server's tool code: the receipt names the
+    version online after the revert, then says the pack is removed."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("workshop_fake_for_test", PACK / "fake" / "tools.py")
+    assert spec is not None and spec.loader is not None
+    fake = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fake)
+    first = fake.server.pack_revert({"name": "parcel-notes"})
+    assert first["status"] == "succeeded" and first["next"]["retry"] == "forbidden"
+    assert first["summary"] == f"parcel-notes: 1.1.0 ({'2' * 12}) taken back; 1.0.0 ({'1' * 12}) is online now"
+    assert [(e["target"], e["action"], e["verification"]) for e in first["effects"]] == [("pack:parcel-notes", "revert", "verified")]
+    second = fake.server.pack_revert({"name": "parcel-notes"})
+    assert second["summary"] == f"parcel-notes: 1.0.0 ({'1' * 12}) taken back; no version is online now, the pack is removed"
+    assert fake.server.pack_revert({"name": "parcel-notes"})["error"]["code"] == "nothing_to_revert"

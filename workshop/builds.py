@@ -16,11 +16,22 @@ second worker that loses the race leaves it alone) and then, per attempt, up to
    workshop sandbox (``workshop.sandbox``: read-only root, no data or secrets, own network,
    256 MiB, 0.5 CPU, 128 processes). Its output's tail is kept in ``log_tail``;
 4. passed → ``capabilities.registry.add_candidate(dir, origin="workshop",
-   built_against=<digest online now or None>)``; the build succeeds and names the
+   built_against=<digest online when the build started, or None>)``; the build names the
    candidate (``candidate_digest``, ``candidate_state``: the registry's verdict);
    failed → back to the build step: the repair step (``workshop.repair``, the
    ``workshop_repair`` model) revises the spec from the failure, and the next attempt
-   starts; after the last attempt the build fails with ``selftest_failed``.
+   starts; after the last attempt the build fails with ``selftest_failed``;
+5. **publish** (Yimi's builds: ``start_build`` and the Celery task): a candidate that
+   passed the registry's checks goes online at once with ``registry.publish`` (F4 step 7:
+   no staging and no go-live confirmation for a Yimi-built pack; the registry's checks,
+   the sandbox, the runtime gates and monitoring are what guard it). The publish compares
+   the online version with ``built_against``: if it changed meanwhile the build fails
+   ``online_version_changed`` and nothing is published; any other refusal
+   (``preload_failed``, ``activation_failed``) ends it the same way, with the registry's
+   code and message. A refused candidate fails the build ``candidate_refused``. A build
+   that succeeds is live: ``published_version(build)`` says which version and whether it
+   is still the one online. ``build_candidate`` (``manage.py pack build``) stops before
+   this step: the operator publishes with ``manage.py pack publish``.
 
 A build from a pack draft has no spec to repair: it gets one attempt. ``sandbox_unavailable``
 (the limits cannot be enforced) fails the build at once; nothing ran.
@@ -41,7 +52,7 @@ from django.utils import timezone
 
 from capabilities import registry
 from capabilities.registry.checks import check_pack
-from capabilities.registry_models import PackCandidate
+from capabilities.registry_models import PackCandidate, PackVersion
 from workshop.drafts import fill_template, validate_spec
 from workshop.find import find_entry
 from workshop.models import WorkshopBuild
@@ -118,7 +129,7 @@ def build_candidate(source: Path, *, progress: Callable[[str], None] = _quiet) -
     else:
         raise YimiError("invalid_request", f"{source.name or source} holds neither {SPEC_FILE} (a build spec) nor plugin.json (a pack draft)")
     progress(f"build {build.id}")
-    build = execute_build(build.id, progress=progress)
+    build = execute_build(build.id, progress=progress, publish=False)
     if build.state != WorkshopBuild.State.SUCCEEDED:
         raise YimiError(build.error_code or "build_failed", build.error_message or "the build failed")
     return PackCandidate.objects.get(digest=build.candidate_digest)
@@ -174,12 +185,13 @@ def _self_test(pack: Path) -> tuple[bool, str]:
 
 
 def execute_build(
-    build_id: Any, *, repair: Repair = model_repair, progress: Callable[[str], None] = _quiet
+    build_id: Any, *, repair: Repair = model_repair, progress: Callable[[str], None] = _quiet, publish: bool = True
 ) -> WorkshopBuild:
     """Run a queued build to its end (see the module docstring); the build as it ended.
 
     Claims the row first (``queued`` → ``building``); a build someone else claimed is
-    returned as it is, untouched.
+    returned as it is, untouched. ``publish``: a passed candidate goes online (step 5);
+    False stops at the candidate (the operator's ``pack build``).
     """
     claimed = WorkshopBuild.objects.filter(id=build_id, state=WorkshopBuild.State.QUEUED).update(
         state=WorkshopBuild.State.BUILDING, updated_at=timezone.now()
@@ -188,7 +200,7 @@ def execute_build(
     if claimed != 1:
         return build
     try:
-        return _attempts_loop(build, repair, progress)
+        return _attempts_loop(build, repair, progress, publish)
     except Exception as exc:
         _finish(build, WorkshopBuild.State.FAILED, code="internal_error", message=f"the build stopped: {type(exc).__name__}")
         raise
@@ -206,7 +218,7 @@ def _pack_name(build: WorkshopBuild) -> str:
     return str(manifest.get("name", "")) if isinstance(manifest, dict) else ""
 
 
-def _attempts_loop(build: WorkshopBuild, repair: Repair, progress: Callable[[str], None]) -> WorkshopBuild:
+def _attempts_loop(build: WorkshopBuild, repair: Repair, progress: Callable[[str], None], publish: bool) -> WorkshopBuild:
     spec = dict(build.spec)
     root = Path(settings.YIMI_WORKSHOP_DIR) / "builds" / str(build.id)
     built_against = registry.online_digest(_pack_name(build))  # the version online when the build started
@@ -226,9 +238,10 @@ def _attempts_loop(build: WorkshopBuild, repair: Repair, progress: Callable[[str
         if passed:
             progress(f"attempt {attempt}: self-test passed; handing the pack to the registry")
             candidate = registry.add_candidate(pack, origin="workshop", built_against=built_against, progress=progress)
-            return _finish(
-                build, WorkshopBuild.State.SUCCEEDED, candidate_digest=candidate.digest, candidate_state=candidate.state
-            )
+            _update(build, candidate_digest=candidate.digest, candidate_state=candidate.state)
+            if not publish:
+                return _finish(build, WorkshopBuild.State.SUCCEEDED)
+            return _publish(build, candidate, progress)
         progress(f"attempt {attempt}: self-test failed")
         if attempt == build.max_attempts or build.source:
             break
@@ -242,3 +255,42 @@ def _attempts_loop(build: WorkshopBuild, repair: Repair, progress: Callable[[str
         build, WorkshopBuild.State.FAILED, code="selftest_failed",
         message=f"the self-test failed in each of {build.attempts} attempt(s); the last output is in the build's log",
     )
+
+
+# --- publishing -----------------------------------------------------------------------------------
+
+
+def _publish(build: WorkshopBuild, candidate: PackCandidate, progress: Callable[[str], None]) -> WorkshopBuild:
+    """Step 5: a passed candidate goes online; the build ends with the registry's word."""
+    if candidate.state != PackCandidate.State.PASSED:
+        codes = sorted({f["code"] for f in candidate.static_report} | {f["code"] for f in (candidate.honesty_report or {}).get("findings", [])})
+        return _finish(
+            build, WorkshopBuild.State.FAILED, code="candidate_refused",
+            message=f"the registry refused the candidate ({', '.join(codes) or 'see its check results'}); nothing was published",
+        )
+    progress(f"publishing {candidate.name} {candidate.version} ({candidate.digest[:12]})")
+    try:
+        version = registry.publish(candidate.digest, progress=progress)
+    except YimiError as exc:
+        if exc.code != "already_online":
+            return _finish(build, WorkshopBuild.State.FAILED, code=exc.code, message=f"not published: {exc.message}")
+        progress("this very version is already online")
+    else:
+        log_event("workshop_build_published", build_id=str(build.id), pack=version.pack.name, digest=version.digest[:12])
+    return _finish(build, WorkshopBuild.State.SUCCEEDED)
+
+
+def published_version(build: WorkshopBuild) -> dict[str, Any] | None:
+    """The registry's word on the version a build made: ``{name, version, digest, state,
+    online}`` (``state`` active, superseded or reverted; ``online``: it is the version
+    online now), or None when it was never published."""
+    if not build.candidate_digest:
+        return None
+    version = (
+        PackVersion.objects.select_related("pack").filter(digest=build.candidate_digest, origin=PackVersion.Origin.PUBLISHED)
+        .order_by("-activated_at").first()
+    )
+    if version is None:
+        return None
+    online = registry.online_digest(version.pack.name) == version.digest
+    return {"name": version.pack.name, "version": version.version, "digest": version.digest, "state": version.state, "online": online}

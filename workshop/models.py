@@ -18,7 +18,7 @@ class WorkshopBuild(models.Model):
         QUEUED = "queued"
         BUILDING = "building"  # copying and filling the template (or repairing the spec)
         TESTING = "testing"  # the self-test runs in the sandbox
-        SUCCEEDED = "succeeded"  # handed to the registry: candidate_digest names the candidate
+        SUCCEEDED = "succeeded"  # handed to the registry (candidate_digest) and, for Yimi's builds, published
         FAILED = "failed"  # error_code says why
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)

@@ -4,8 +4,10 @@ It loads ``server/tools.py`` and replaces its ``call``. The fake platform knows 
 installed packs (``delivery`` and ``schedule``) and one skill (``unit-converter``, with a
 local source); its MCP index is missing, as on a fresh install. It checks a spec as the
 platform does in outline (name, description, tools, adapter or reuse, a non-empty
-contract, no ``spend``/``self_change``) and records a build as ``queued``. Nothing leaves
-the process and nothing is built.
+contract, no ``spend``/``self_change``) and records a build as ``queued``. Its one
+Yimi-built pack online is ``parcel-notes`` (1.1.0 over 1.0.0) for ``pack_revert``; the
+shipped packs are refused as the platform refuses them. Nothing leaves the process and
+nothing is built.
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ SOURCES = [
 ]
 NAME = re.compile(r"^[a-z](?:[a-z0-9]|_(?!_)|-(?!-)){1,31}$")
 BUILDS: list[dict[str, Any]] = []
+SHIPPED = {"delivery", "schedule", "workshop"}
+BUILT = {"parcel-notes": [{"version": "1.0.0", "digest": "1" * 64}, {"version": "1.1.0", "digest": "2" * 64}]}  # oldest first
 
 
 def refuse(status: int, code: str, message: str) -> tuple[int, Any]:
@@ -76,7 +80,7 @@ def call(body: dict[str, Any]) -> tuple[int, Any]:
             return refuse(400, "invalid_spec", problem)
         made = {"id": str(uuid.uuid4()), "name": body["spec"]["name"], "state": "queued", "attempts": 0, "max_attempts": 3,
                 "error_code": "", "error_message": "", "candidate_digest": "", "candidate_state": "", "log_tail": "",
-                "created_at": "2026-01-01T00:00:00+00:00"}
+                "created_at": "2026-01-01T00:00:00+00:00", "published": None}
         BUILDS.insert(0, made)
         return 200, {"build": dict(made)}
     if action == "builds":
@@ -85,7 +89,24 @@ def call(body: dict[str, Any]) -> tuple[int, Any]:
             return 200, {"builds": [dict(b) for b in BUILDS[:10]]}
         found = [dict(b) for b in BUILDS if b["id"] == wanted]
         return (200, {"builds": found}) if found else refuse(404, "not_found", f"no build {wanted}")
-    return refuse(400, "invalid_request", "action is find, build or builds")
+    if action == "revert":
+        return revert(body.get("name"), body.get("digest"))
+    return refuse(400, "invalid_request", "action is find, build, builds or revert")
+
+
+def revert(name: Any, digest: Any) -> tuple[int, Any]:
+    if not isinstance(name, str) or not name or len(name) > 64:
+        return refuse(400, "invalid_request", "name is the pack's name")
+    if name in SHIPPED:
+        return refuse(400, "not_yimi_built", f"{name} is a shipped pack: it changes with a release, not with a revert")
+    versions = BUILT.get(name)
+    if not versions:
+        return refuse(400, "nothing_to_revert", f"no version of {name!r} that Yimi built is online")
+    if digest is not None and digest != versions[-1]["digest"]:
+        return refuse(400, "online_version_changed", "the version online is another one")
+    gone = versions.pop()
+    online = dict(versions[-1]) if versions else None
+    return 200, {"revert": {"pack": name, "reverted": dict(gone), "online": online, "removed": online is None}}
 
 
 server.call = call
