@@ -79,6 +79,10 @@ def test_a_yimi_build_goes_live_is_callable_without_a_restart_and_is_reverted_on
     [watched] = monitor_cycle()
     assert (watched["pack"], watched["digest"], watched["health"], watched["action"]) == ("units", build.candidate_digest, "ok", "stay")
 
+    # asked for by no one, the owner_data gate cards it and nothing is reverted
+    unasked = call(run_id, "workshop__pack_revert", {"name": "units", "digest": build.candidate_digest})
+    assert (unasked.decision, unasked.executed) == ("ask", False), unasked.model_text
+    assert online_digest("units") == build.candidate_digest
     # "I don't want this version": the owner asked, so the owner_data gate lets it through
     reverted = call(run_id, "workshop__pack_revert", {"name": "units", "owner_requested": True})
     assert reverted.decision in ("allow", "rewrite") and reverted.executed, reverted.model_text  # let through, not carded
