@@ -136,7 +136,8 @@ def ensure_embedded_sweeper() -> None:
     """Embedded default only (no Celery beat): recover runs left by a previous process
     and then every ``RUN_RECOVERY_SECONDS`` (30 s), and every ``DUE_SWEEP_SECONDS`` (10 s)
     fire due reminders and expire unanswered cards and unused authorizations, on the web
-    server's event loop. Started by the first websocket connection."""
+    server's event loop; every ``ARCHIVE_ROUND_SECONDS`` (60 s) start a cold-pack round
+    beside it (``_archive_round``). Started by the first websocket connection."""
     global _sweeper
     remember_loop()
     if uses_broker() or not settings.YIMI_EMBEDDED_SWEEPER or (_sweeper is not None and not _sweeper.done()):
@@ -155,16 +156,39 @@ async def stop_embedded_sweeper() -> None:
         await sweeper
 
 
+def _archive_round() -> asyncio.Task:
+    """Beat's ``archive-round`` for the embedded default: one cold-pack migration round
+    (``memory.tasks.archive_round``), as a task beside the sweep on a database thread of its
+    own, since a round uploads for seconds and must hold up neither the due sweeps nor the
+    sockets' database calls."""
+    from django.db import connections
+
+    from memory.tasks import archive_round_task
+
+    def one_round() -> None:
+        try:
+            archive_round_task()
+        finally:
+            connections.close_all()  # this pool thread's own connections
+
+    task = asyncio.ensure_future(sync_to_async(one_round, thread_sensitive=False)())
+    _keep(task)
+    return task
+
+
 async def _sweep_forever() -> None:
     from brain.recovery import recover_runs
 
     loop = asyncio.get_running_loop()
     last_recovery = loop.time() - settings.RUN_RECOVERY_SECONDS
+    last_archive, archive = loop.time() - settings.ARCHIVE_ROUND_SECONDS, None
     while True:
         try:
             if loop.time() - last_recovery >= settings.RUN_RECOVERY_SECONDS:
                 last_recovery = loop.time()
                 await recover_runs()
+            if loop.time() - last_archive >= settings.ARCHIVE_ROUND_SECONDS and (archive is None or archive.done()):
+                last_archive, archive = loop.time(), _archive_round()
             await sync_to_async(fire_due_reminders)()
             for run_id in await sync_to_async(fire_due_schedules)():
                 await dispatch_run(run_id)

@@ -4,8 +4,10 @@ PROPFIND, over httpx with basic auth.
 
 Configuration (settings): ``COLD_WEBDAV_URL`` (the collection packs go under, e.g.
 ``https://dav.example/yimi/``; empty = cold storage not configured), ``COLD_WEBDAV_USER``;
-the password is the ``cold_webdav_password`` file in the secrets directory, read when a
-client is made (a rotated password needs no restart). Every failure — the server
+the password is the ``cold_webdav_password`` file in the secrets directory, or — the
+embedded default's local server (``manage.py cold_webdav``), like the other generated
+secrets — the one generated 0600 in the data directory; read when a client is made (a
+rotated password needs no restart). Every failure — the server
 unreachable, a timeout, an unexpected status — is ``cold_storage_unavailable``; a missing
 file is ``not_found``. Nothing here retries: the migration round tries again next time.
 """
@@ -13,8 +15,10 @@ file is ``not_found``. Nothing here retries: the migration round tries again nex
 from __future__ import annotations
 
 import re
+import secrets
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
+from pathlib import Path
 from types import TracebackType
 from urllib.parse import quote, unquote, urlsplit
 
@@ -22,7 +26,7 @@ import httpx
 from django.conf import settings
 
 from yimi_project.errors import YimiError
-from yimi_project.secrets import read_secret
+from yimi_project.secrets import read_secret, write_private_file
 
 PASSWORD_SECRET = "cold_webdav_password"
 TIMEOUT = httpx.Timeout(30.0, connect=5.0)
@@ -126,6 +130,23 @@ def configured() -> bool:
     return bool(settings.COLD_WEBDAV_URL)
 
 
+def password() -> str:
+    """The deployer's ``cold_webdav_password`` in the secrets directory, else the one
+    generated in the data directory for the local server (``ensure_local_password``)."""
+    return read_secret(settings.SECRETS_DIR, PASSWORD_SECRET) or read_secret(settings.DATA_DIR, PASSWORD_SECRET)
+
+
+def ensure_local_password() -> str:
+    """The password the embedded default's local server requires: the deployer's, if the
+    secrets directory holds one; else generated once (0600, ``O_EXCL``: two processes agree)
+    in the data directory, the way the Django secret key and the internal token are."""
+    mounted = read_secret(settings.SECRETS_DIR, PASSWORD_SECRET)
+    if mounted:
+        return mounted
+    write_private_file(Path(settings.DATA_DIR) / PASSWORD_SECRET, secrets.token_urlsafe(32).encode())
+    return read_secret(settings.DATA_DIR, PASSWORD_SECRET)
+
+
 def client() -> WebDAV:
     """A client for the configured cold storage (``cold_storage_not_configured`` without one)."""
-    return WebDAV(settings.COLD_WEBDAV_URL, settings.COLD_WEBDAV_USER, read_secret(settings.SECRETS_DIR, PASSWORD_SECRET))
+    return WebDAV(settings.COLD_WEBDAV_URL, settings.COLD_WEBDAV_USER, password())

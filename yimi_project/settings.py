@@ -216,6 +216,8 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
 # often due reminders fire and unanswered cards and unused authorizations expire.
 RUN_RECOVERY_SECONDS = env.float("YIMI_RUN_RECOVERY_SECONDS", default=30.0)
 DUE_SWEEP_SECONDS = env.float("YIMI_DUE_SWEEP_SECONDS", default=10.0)
+# How often a cold-pack migration round runs (beat's archive-round, the embedded sweeper).
+ARCHIVE_ROUND_SECONDS = env.float("YIMI_ARCHIVE_ROUND_SECONDS", default=60.0)
 CELERY_BEAT_SCHEDULE = {
     "sweep-runs": {"task": "brain.tasks.sweep_runs", "schedule": RUN_RECOVERY_SECONDS},
     "fire-due-reminders": {"task": "brain.tasks.fire_due_reminders", "schedule": DUE_SWEEP_SECONDS},
@@ -226,7 +228,7 @@ CELERY_BEAT_SCHEDULE = {
     "index-timeline-embeddings": {"task": "memory.tasks.index_timeline_embeddings", "schedule": 60.0},
     "regenerate-projections": {"task": "memory.tasks.regenerate_projections", "schedule": 300.0},
     "monitor-packs": {"task": "capabilities.tasks.monitor_packs", "schedule": 300.0},  # pack registry (capabilities/registry/monitor.py)
-    "archive-round": {"task": "memory.tasks.archive_round", "schedule": 60.0},  # cold packs (memory/archive.py)
+    "archive-round": {"task": "memory.tasks.archive_round", "schedule": ARCHIVE_ROUND_SECONDS},  # cold packs (memory/archive.py)
     # The owner's rollback requests, executed at the next idle moment (releases/requested.py).
     "execute-rollback-requests": {"task": "releases.tasks.execute_rollback_requests", "schedule": 60.0},
 }
