@@ -1,9 +1,9 @@
 """The candidate gate: ``F_cand \\ F_base = ∅``.
 
 The candidate's test suites and the live base's run the same way: offline, with a
-read-only root, in bubblewrap (``bwrap --ro-bind / / --unshare-net --tmpfs /tmp``, the
-release directory bound read-only again over the fresh /tmp, one writable output
-directory for the JUnit XML), with the release's own interpreter. Each suite writes JUnit
+read-only root, in bubblewrap (``bwrap --ro-bind / / --unshare-net``, ``/tmp`` read-only
+like the rest, one writable output directory for the JUnit XML that is also ``TMPDIR`` and
+``HOME``), with the release's own interpreter. Each suite writes JUnit
 XML; its failure set is every test case with a ``failure`` or ``error`` (by
 ``classname::name``, prefixed with the suite's name).
 
@@ -93,19 +93,19 @@ def parse_junit(path: Path, suite: str) -> set[str]:
 
 
 def sandbox_argv(release: Path, out: Path, command: Sequence[str], env: Sequence[tuple[str, str]] = ()) -> list[str]:
-    """``command`` offline with a read-only root: every mount read-only, a private /tmp,
-    the release directory bound read-only over it again (it may live under /tmp), only
-    ``out`` writable, and none of this process's environment (no database URL, no
-    settings module, no secrets: the suite sets up what it needs itself)."""
+    """``command`` offline with a read-only root: every mount read-only (``/tmp`` too: a
+    release or the venv a shared release reads may live there, so it is not hidden behind
+    a private tmpfs), only ``out`` writable and given as ``TMPDIR`` and ``HOME``, and none
+    of this process's environment (no database URL, no settings module, no secrets: the
+    suite sets up what it needs itself)."""
     bwrap = shutil.which("bwrap")
     if bwrap is None:
         raise YimiError("sandbox_unavailable", "bubblewrap (bwrap) is not installed: the gate does not run tests unsandboxed")
     return [
-        bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
-        "--ro-bind", str(release), str(release), "--bind", str(out), str(out),
+        bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--bind", str(out), str(out),
         "--unshare-net", "--unshare-ipc", "--unshare-pid", "--die-with-parent", "--clearenv",
         "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin", "--setenv", "LANG", "C.UTF-8",
-        "--setenv", "PYTHONDONTWRITEBYTECODE", "1", "--setenv", "HOME", "/tmp",
+        "--setenv", "PYTHONDONTWRITEBYTECODE", "1", "--setenv", "HOME", str(out), "--setenv", "TMPDIR", str(out),
         *[arg for name, value in env for arg in ("--setenv", name, value)],
         "--chdir", str(release / "code"), *command,
     ]  # fmt: skip
