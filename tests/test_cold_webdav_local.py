@@ -18,7 +18,9 @@ from typing import Any
 
 import httpx
 import pytest
+from asgiref.sync import sync_to_async
 from django.conf import settings as django_settings
+from django.db import connections
 
 from brain import dispatch
 from brain.dispatch import stop_embedded_sweeper
@@ -140,4 +142,5 @@ async def test_the_embedded_sweeper_runs_migration_rounds(cold: WsgiDAVServer, o
         await comm.disconnect()
         await stop_embedded_sweeper()
         await asyncio.gather(*dispatch._tasks, return_exceptions=True)  # a round under way ends (and closes its connection)
+        await sync_to_async(connections.close_all)()  # the sweeper's database thread's connection
 
