@@ -157,19 +157,4 @@ class VoiceUtterance(models.Model):
 
 from devices.hud_models import DeviceState  # noqa: E402,F401  (registered with the devices app)
 from devices.mac_models import MacKey, MacOperation, MacPause  # noqa: E402,F401  (registered with the devices app)
-
-
-class PushToTalkHold(models.Model):
-    """A push-to-talk key held on one voice session, where every process sees it: the
-    Celery worker's cold-pack round starts no pack while one holds (``devices.push_to_talk``).
-    The release deletes the row; a release that never came ends at ``expires_at``
-    (``PTT_HOLD_SECONDS`` after the press). Written only by ``devices.push_to_talk``."""
-
-    session = models.CharField(max_length=64, primary_key=True, help_text="the voice session's id")
-    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
-    device = models.ForeignKey(Device, on_delete=models.CASCADE, related_name="+")
-    started_at = models.DateTimeField()
-    expires_at = models.DateTimeField()
-
-    class Meta:
-        indexes = [models.Index(fields=["owner", "expires_at"], name="ptt_hold_owner_expiry")]
+from devices.push_to_talk_models import PushToTalkHold  # noqa: E402,F401  (registered with the devices app)

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from devices import push_to_talk
-from devices.models import PushToTalkHold
+from devices.push_to_talk_models import PushToTalkHold
 from devices.voice.ambient import PTT_HOLD_SECONDS
 from memory import archive
 from memory.cold_models import ColdPack, ObjectLocation
