@@ -14,7 +14,9 @@ Measured, each ``--calls`` times, in this order of what sits before the first au
    of a new call (persona, background, opening, card, the frozen row), as the voice
    socket's ``call.start`` runs them;
 3. a retried start of the same call (the snapshot reused);
-4. the floor: ``SELECT 1`` on the same connection, measured in the same run.
+4. the floors, measured in the same run: ``SELECT 1`` on the same connection (the database
+   round trip) and one trivial ORM query (Django's compile + the round trip: what the
+   machine's CPU gives each of the ~30 queries of a call start right now).
 
 Goal (issue 21): call start to snapshot ready under 20 ms p99. Prints one table.
 Benchmarks are never assertions in the test suite.
@@ -152,9 +154,15 @@ def main() -> None:
         call = identity.start_call(device, f"bench-{i}", "phone_app")  # the same, still open: reused
         call_snapshot.prepare(call)
 
+    from brain.companion_models import CompanionSettings
+
+    def orm_one(_: int) -> None:
+        CompanionSettings.objects.filter(owner_id=owner.pk).values_list("continuity_enabled", flat=True).first()
+
     timed(select_one, 20)  # warm the connection
     floor = timed(select_one, args.calls)
     floor_p50 = statistics.median(floor)
+    orm_floor = timed(orm_one, args.calls)
     continuity = timed(lambda _: topic_state.continuity_for(owner.pk), args.calls)
     started = timed(start, args.calls)
     retried = timed(restart, args.calls)
@@ -167,6 +175,7 @@ def main() -> None:
         topic_state.continuity_for(owner.pk)
 
     rows.append(("floor: SELECT 1 (same connection)", f"p50 {floor_p50:.2f} ms", f"p99 {percentile(floor, 0.99):.2f} ms"))
+    row("floor: one trivial ORM query (compile + round trip)", orm_floor, floor_p50)
     row("continuity_for (1,000 summaries, 200 topic rows)", continuity, floor_p50)
     row("call start -> snapshot ready (new call)", started, floor_p50)
     rows.append(("  queries: continuity_for / whole call start", f"{len(during_continuity.captured_queries)} / {len(during_start.captured_queries)}", ""))

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
@@ -47,7 +47,7 @@ SUMMARIES_READ = 3  # the latest summaries the next call looks at (the newest be
 SUMMARY_IN_TEXT = 240  # of the newest summary, in latest_summary (call_snapshot keeps 400 in all)
 FACTS_MAX = 8
 FACT_CHARS = 120
-TOPIC_ROWS_READ = 2000  # newest valid rows considered per owner (200 is the design's expected size)
+TOPIC_ROWS_READ = 5000  # without DISTINCT ON (SQLite): newest valid rows considered per owner
 
 
 # --- the end-of-call job ---------------------------------------------------------------------
@@ -139,6 +139,9 @@ def current_states(owner_id: int, *, exclude_call: int | None = None) -> dict[st
     rows = TopicState.objects.filter(owner_id=owner_id, invalidated_at=None, source_entry__erased_at=None)
     if exclude_call is not None:
         rows = rows.exclude(source_call_id=exclude_call)
+    if connection.vendor == "postgresql":  # DISTINCT ON: one row per topic from the (owner, topic_key) index
+        newest = rows.order_by("topic_key", "-created_at", "-id").distinct("topic_key").values_list(*CURRENT_FIELDS)
+        return {row.topic_key: row for row in (CurrentState(*values) for values in newest)}
     latest: dict[str, CurrentState] = {}
     for values in rows.order_by("-created_at", "-id").values_list(*CURRENT_FIELDS)[:TOPIC_ROWS_READ]:
         row = CurrentState(*values)
