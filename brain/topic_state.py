@@ -135,8 +135,9 @@ CURRENT_FIELDS = tuple(f.name for f in CurrentState.__dataclass_fields__.values(
 
 def current_states(owner_id: int, *, exclude_call: int | None = None) -> dict[str, CurrentState]:
     """Each topic's newest valid row (its state), optionally leaving one call's rows out.
-    A row quoting an utterance erased meanwhile never counts, even before its invalidation."""
-    rows = TopicState.objects.filter(owner_id=owner_id, invalidated_at=None, source_entry__erased_at=None)
+    A row quoting an erased utterance was invalidated in the erasure's own transaction
+    (``invalidate``), so no join to the timeline is needed here."""
+    rows = TopicState.objects.filter(owner_id=owner_id, invalidated_at=None)
     if exclude_call is not None:
         rows = rows.exclude(source_call_id=exclude_call)
     if connection.vendor == "postgresql":  # DISTINCT ON: one row per topic from the (owner, topic_key) index
