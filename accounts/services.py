@@ -9,6 +9,7 @@ from typing import Any
 from django.db import transaction
 
 from accounts.models import AdmissionRecord, Scope, User
+from yimi_project import statements
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,10 @@ def is_owner_device(device: Any) -> bool:
     own account. A device of any other account (a second superuser's, say) never does."""
     if device.is_guest:
         return False
+    if device._meta.get_field("owner").is_cached(device):
+        # Read with the device in the same query (devices.services.active_device, on every
+        # frame): the account as of that read, without a second round trip.
+        return bool(device.owner.is_owner and device.owner.is_active)
     return User.objects.filter(pk=device.owner_id, is_owner=True, is_active=True).exists()
 
 
@@ -71,9 +76,11 @@ def admit_text(device) -> AdmissionRecord:  # type: ignore[no-untyped-def]
     device, and paired to the owner's account) runs in scope ``owner``; a guest device, or
     a device of any other account, runs in scope ``guest``."""
     scope, reason = device_scope_limit(device) or (Scope.OWNER, "paired_owner_device")
-    return AdmissionRecord.objects.create(
+    record = AdmissionRecord(
         owner_id=device.owner_id, device=device, channel=AdmissionRecord.Channel.TEXT, scope=scope, reason=reason
     )
+    statements.insert(record)  # on every typed utterance's way: SQL built once
+    return record
 
 
 def admit_scheduled(device) -> AdmissionRecord:  # type: ignore[no-untyped-def]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+from collections.abc import Coroutine
 from typing import Any
 
 from asgiref.sync import SyncToAsync, sync_to_async
@@ -32,15 +33,24 @@ def uses_broker() -> bool:
 async def dispatch_run(run_id: Any) -> None:
     """Start a run: on a Celery worker, or on this event loop. The time it was queued
     travels with it (the ``queued`` stage of its trace, ``brain.trace``)."""
-    stages = {"queued": now_ms()}
-    if uses_broker():
-        from brain.tasks import execute_run_task
-
-        await sync_to_async(execute_run_task.delay, thread_sensitive=False)(str(run_id), stages)
+    if uses_broker() and await sync_to_async(publish_run, thread_sensitive=False)(run_id):
         return
     from brain.runner import execute_run
 
-    _keep(asyncio.ensure_future(execute_run(run_id, stages=stages)))
+    _start(execute_run(run_id, stages={"queued": now_ms()}))
+
+
+def publish_run(run_id: Any) -> bool:
+    """From synchronous code, after the run's transaction committed: queue the run on
+    Celery (with its ``queued`` stage) and return True; False in the embedded default, where
+    the caller starts it with ``dispatch_run``. The device socket calls it in the same
+    database trip as the admission, so a text costs one thread hop, not two."""
+    if not uses_broker():
+        return False
+    from brain.tasks import execute_run_task
+
+    execute_run_task.delay(str(run_id), {"queued": now_ms()})
+    return True
 
 
 async def dispatch_task(task_id: Any) -> None:
@@ -52,7 +62,7 @@ async def dispatch_task(task_id: Any) -> None:
         return
     from brain.agent_loop import execute_agent_task
 
-    _keep(asyncio.ensure_future(execute_agent_task(task_id)))
+    _start(execute_agent_task(task_id))
 
 
 async def dispatch_card_execution(card_id: Any) -> None:
@@ -62,7 +72,7 @@ async def dispatch_card_execution(card_id: Any) -> None:
 
         await sync_to_async(execute_approved_task.delay, thread_sensitive=False)(str(card_id))
         return
-    _keep(asyncio.ensure_future(execute_approved(card_id)))
+    _start(execute_approved(card_id))
 
 
 async def dispatch_payment(authorization_id: Any, *, delay: float = 0.0) -> None:
@@ -78,7 +88,7 @@ async def dispatch_payment(authorization_id: Any, *, delay: float = 0.0) -> None
         await asyncio.sleep(delay)
         await execute_payment(authorization_id)
 
-    _keep(asyncio.ensure_future(later()))
+    _start(later())
 
 
 def start_payment(authorization_id: Any, *, delay: float) -> None:
@@ -118,6 +128,14 @@ async def keep_claim(beat: Any) -> None:
         await asyncio.sleep(settings.RUN_HEARTBEAT_SECONDS)
         if not await database_sync_to_async(beat)():
             return
+
+
+def _start(coro: Coroutine[Any, Any, Any]) -> None:
+    """An in-process task (the embedded default) in a fresh context: not the device
+    socket's that started it, whose database thread (``DeviceConsumer.__call__``) ends with
+    the socket while the run may go on. Its database calls go to the process's shared
+    thread, as before sockets had threads of their own."""
+    _keep(asyncio.get_running_loop().create_task(coro, context=contextvars.Context()))
 
 
 def _keep(task: asyncio.Task) -> None:

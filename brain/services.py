@@ -76,9 +76,11 @@ def accept_voice_utterance(
 def _accept(
     device: Device, client_id: str, text: str, admit: Any, thinking: bool | None = None, received_ms: float | None = None
 ) -> AcceptedUtterance:
-    existing = timeline.find_by_client_id(device.id, client_id)
-    if existing is not None:
-        return _duplicate(existing)
+    """Step 1 is the unique (device, client id) constraint itself, not a lookup first: a
+    resend (rare: a reconnect) fails the entry's INSERT, the transaction rolls back whole
+    (admission and sequence number too, no gap) and the stored entry is read then. The
+    usual utterance thus costs BEGIN, the admission, the sequence number, the entry, the
+    run and COMMIT, and nothing else (tests/test_admission_queries.py)."""
     try:
         with transaction.atomic():
             admission = admit()
@@ -92,12 +94,14 @@ def _accept(
             )
             trace = {"received": received_ms} if received_ms is not None else {}
             trace["admitted"] = now_ms()
-            run = Run.objects.create(
+            run = Run(
                 owner_id=device.owner_id, admission=admission, inbound=entry, origin_device=device, scope=admission.scope,
                 thinking=thinking, trace=trace,
             )
+            statements.insert(run)
     except IntegrityError:
-        # The same frame raced itself (two sockets of one device): the other one won.
+        # A resend of a stored frame, or the same frame racing itself (two sockets of one
+        # device) and the other one won.
         existing = timeline.find_by_client_id(device.id, client_id)
         if existing is None:
             raise

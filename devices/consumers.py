@@ -18,6 +18,7 @@ import re
 import secrets
 from typing import Any
 
+from asgiref.sync import ThreadSensitiveContext
 from channels.consumer import get_handler_name
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
@@ -29,7 +30,7 @@ from accounts.identity import instance_public_key_b64, sign_as_instance
 from accounts.models import Scope
 from accounts.services import device_scope_limit, is_owner_device
 from brain import catalog, geofences, model_settings, role_drafts
-from brain.dispatch import dispatch_card_execution, dispatch_payment, dispatch_run, ensure_embedded_sweeper
+from brain.dispatch import dispatch_card_execution, dispatch_payment, dispatch_run, ensure_embedded_sweeper, publish_run
 from brain.services import accept_utterance, add_trace_stages
 from brain.trace import now_ms
 from consent import services as consent
@@ -126,16 +127,22 @@ class DeviceConsumer(AsyncWebsocketConsumer):
         """Channels' dispatch loop, plus one rule: when Redis or the database fails (here
         or in the channel layer's receive loop), the device is told ``service_unavailable``
         with a ``retry_after`` and the socket closes with 1013, instead of the bare 1011
-        an uncaught exception gives."""
-        try:
-            await super().__call__(scope, receive, send)
-        except SERVICE_DOWN_ERRORS as exc:
-            log_event("ws_service_unavailable", error=type(exc).__name__)
-            if self._auth_timer is not None:
-                self._auth_timer.cancel()
-            await self._close_service_unavailable()
-            with contextlib.suppress(*SERVICE_DOWN_ERRORS):
-                await self.disconnect(CLOSE_TRY_AGAIN_LATER)
+        an uncaught exception gives.
+
+        The socket's database work runs on a thread of its own (``ThreadSensitiveContext``,
+        as Django gives each HTTP request), not on the one thread Channels' consumers share
+        by default: concurrent sockets' admissions run side by side, each borrowing a pooled
+        connection per call (``CONN_MAX_AGE`` 0). The thread ends with the socket."""
+        async with ThreadSensitiveContext():
+            try:
+                await super().__call__(scope, receive, send)
+            except SERVICE_DOWN_ERRORS as exc:
+                log_event("ws_service_unavailable", error=type(exc).__name__)
+                if self._auth_timer is not None:
+                    self._auth_timer.cancel()
+                await self._close_service_unavailable()
+                with contextlib.suppress(*SERVICE_DOWN_ERRORS):
+                    await self.disconnect(CLOSE_TRY_AGAIN_LATER)
 
     async def connect(self) -> None:
         ensure_embedded_sweeper()
@@ -217,8 +224,10 @@ class DeviceConsumer(AsyncWebsocketConsumer):
             return
         try:
             # Every frame re-checks the device, so a revocation takes effect even if the
-            # group message that closes us were lost.
-            self.device = await database_sync_to_async(device_services.active_device)(self.device.id)
+            # group message that closes us were lost; a text frame does it in its own
+            # database trip (``_on_text``: one trip per utterance, not two).
+            if frame["type"] not in self.RECHECKED_IN_HANDLER:
+                self.device = await database_sync_to_async(device_services.active_device)(self.device.id)
             await handler(self, frame)
         except YimiError as exc:
             if exc.code == "device_revoked":
@@ -294,9 +303,17 @@ class DeviceConsumer(AsyncWebsocketConsumer):
             raise YimiError("text_too_long", f"text is limited to {settings.WS_MAX_TEXT_CHARS} characters")
         assert self.device is not None
         thinking = frame.get("thinking") if isinstance(frame.get("thinking"), bool) else None
-        accepted = await database_sync_to_async(accept_utterance)(
-            self.device, client_id, text, thinking=thinking, received_ms=self._received_ms
-        )
+        device_id, received_ms = self.device.id, self._received_ms
+
+        def admit() -> tuple[Device, Any, bool]:
+            """One trip to this socket's database thread: the device re-check (with its
+            owner's account, which admission reads), admission + timeline entry + run in
+            one transaction, and after commit the run's Celery message (``publish_run``)."""
+            device = device_services.active_device(device_id)
+            accepted = accept_utterance(device, client_id, text, thinking=thinking, received_ms=received_ms)
+            return device, accepted, (not accepted.duplicate and publish_run(accepted.run_id))
+
+        self.device, accepted, published = await database_sync_to_async(admit)()
         await self._send(
             {
                 "type": "text.ack",
@@ -307,7 +324,8 @@ class DeviceConsumer(AsyncWebsocketConsumer):
             }
         )
         if not accepted.duplicate:
-            await dispatch_run(accepted.run_id)
+            if not published:  # the embedded default: the run starts on this event loop
+                await dispatch_run(accepted.run_id)
             await push.to_owner(self.device.owner_id, {"type": "timeline.new", "seq": accepted.entry.seq})
 
     async def _on_ack(self, frame: dict[str, Any]) -> None:
@@ -514,6 +532,9 @@ class DeviceConsumer(AsyncWebsocketConsumer):
             "type": "health.record.ok", "id": frame.get("id"), "record_id": str(stored.record.id), "duplicate": stored.duplicate,
             **(kept or {}),
         })
+
+    # Frames whose handler re-checks the device itself, in the database trip it makes anyway.
+    RECHECKED_IN_HANDLER = frozenset({"text"})
 
     HANDLERS = {
         "text": _on_text,

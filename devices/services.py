@@ -275,8 +275,10 @@ def _claim_code_and_create(request: PairingRequest, code: str, now: datetime) ->
 
 
 def active_device(device_id: Any) -> Device:
-    """The device, if it exists and is not revoked; raises otherwise."""
-    device = Device.objects.filter(id=uuid_or_nil(device_id)).first()
+    """The device, if it exists and is not revoked; raises otherwise. Its owner's account
+    comes in the same query (``accounts.services.is_owner_device`` reads it from there:
+    admission needs no second round trip)."""
+    device = Device.objects.select_related("owner").filter(id=uuid_or_nil(device_id)).first()
     if device is None:
         raise YimiError("not_authenticated", "unknown device")
     if device.revoked_at is not None:

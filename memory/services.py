@@ -1,24 +1,30 @@
 """The timeline (L4): the only code that writes ``TimelineEntry``.
 
 Sequence numbers are per owner, strictly increasing and gapless. ``append_entry`` takes
-the owner's counter row with ``SELECT ... FOR UPDATE`` inside the transaction that
-stores the entry, so two devices appending at once queue on that row: neither can read
-the same ``last_seq``, and a rolled-back append rolls its number back too (no gap).
+the owner's next number with one upsert of the owner's counter row (``INSERT ... ON
+CONFLICT DO UPDATE ... RETURNING``) inside the transaction that stores the entry; the
+upsert locks that row until the transaction ends, so two devices appending at once queue
+on it: neither can read the same ``last_seq``, and a rolled-back append rolls its number
+back too (no gap).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
 from django.db import transaction
 from django.db.models import Max, Q, QuerySet
 
 from memory.models import TimelineCounter, TimelineEntry
+from yimi_project import statements
 from yimi_project.errors import YimiError
 
 
-@transaction.atomic
+# Atomic without a savepoint of its own: every caller appends inside its own transaction
+# (or none) and lets an error end it; a savepoint would cost two round trips per append.
+@transaction.atomic(savepoint=False)
 def append_entry(
     *,
     owner_id: int,
@@ -32,16 +38,14 @@ def append_entry(
 ) -> TimelineEntry:
     """Store one entry with the owner's next sequence number.
 
-    Steps: 1. make sure the owner's counter row exists; 2. lock it; 3. increment it;
-    4. insert the entry with the new number. All four commit or none do.
+    Steps: 1. take the owner's next number (``next_seq``: create, lock and increment the
+    counter row in one statement); 2. insert the entry with it. Both commit or neither
+    does. Two round trips; they were five (get_or_create, SELECT FOR UPDATE, UPDATE, and a
+    savepoint around them) and an append is on every utterance's and reply's way.
     """
-    TimelineCounter.objects.get_or_create(owner_id=owner_id)
-    counter = TimelineCounter.objects.select_for_update().get(owner_id=owner_id)
-    counter.last_seq += 1
-    counter.save(update_fields=["last_seq"])
-    return TimelineEntry.objects.create(
+    entry = TimelineEntry(
         owner_id=owner_id,
-        seq=counter.last_seq,
+        seq=next_seq(owner_id),
         kind=kind,
         text=text,
         device_id=device_id,
@@ -49,6 +53,36 @@ def append_entry(
         scope=scope,
         reply_to=reply_to,
         notice_code=notice_code,
+    )
+    statements.insert(entry)
+    return entry
+
+
+def next_seq(owner_id: int) -> int:
+    """The owner's next sequence number, taken inside the caller's transaction: the counter
+    row is created if missing, incremented and locked (until the transaction ends) by one
+    upsert on PostgreSQL and SQLite (3.35+: RETURNING); elsewhere the same in three ORM
+    statements."""
+    connection = transaction.get_connection()
+    if connection.vendor in ("postgresql", "sqlite"):
+        with connection.cursor() as cursor:
+            cursor.execute(_next_seq_statement(connection.ops.quote_name), [owner_id])
+            row = cursor.fetchone()
+        assert row is not None
+        return int(row[0])
+    TimelineCounter.objects.get_or_create(owner_id=owner_id)
+    counter = TimelineCounter.objects.select_for_update().get(owner_id=owner_id)
+    counter.last_seq += 1
+    counter.save(update_fields=["last_seq"])
+    return counter.last_seq
+
+
+@cache
+def _next_seq_statement(quote: Any) -> str:
+    table = quote(TimelineCounter._meta.db_table)
+    return (
+        f"INSERT INTO {table} (owner_id, last_seq) VALUES (%s, 1) "
+        f"ON CONFLICT (owner_id) DO UPDATE SET last_seq = {table}.last_seq + 1 RETURNING last_seq"
     )
 
 

@@ -11,8 +11,8 @@ Django's connection, so transactions, ``CaptureQueriesContext`` and the test dat
 as with the ORM; a fixed statement text also lets psycopg prepare it server-side.
 
 ``insert`` falls back to ``Model.save(force_insert=True)`` where the shortcut would change
-behaviour: a model with ``pre_save``/``post_save`` receivers, or a database that cannot
-return the new primary key from an INSERT.
+behaviour: a model with its own ``save``, a model with ``pre_save``/``post_save``
+receivers, or a database that cannot return the new primary key from an INSERT.
 """
 
 from __future__ import annotations
@@ -56,7 +56,8 @@ def insert(obj: Model) -> None:
     model = type(obj)
     connection = _connection()
     if (
-        pre_save.has_listeners(model)
+        model.save is not Model.save  # a model's own save may fill columns: keep it
+        or pre_save.has_listeners(model)
         or post_save.has_listeners(model)
         or not connection.features.can_return_columns_from_insert
     ):
