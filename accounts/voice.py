@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -31,6 +32,7 @@ from django.utils import timezone
 from accounts import voiceprint
 from accounts.models import CallAnchor, Scope, TrustWindow, VoiceCall
 from accounts.services import device_scope_limit, is_owner_device
+from yimi_project import statements
 from yimi_project.errors import YimiError
 from yimi_project.logs import log_event
 
@@ -96,12 +98,18 @@ def open_window_at(device: Any, at: datetime) -> TrustWindow | None:
 
 
 def start_call(device: Any, call_id: Any, channel: str) -> VoiceCall:
-    """Open a call (idempotent for a call that is still open)."""
+    """Open a call (idempotent for a call that is still open).
+
+    One INSERT on the way to the call's first audio: in autocommit it is its own
+    transaction; inside a caller's transaction a savepoint keeps that transaction usable
+    when the unique (device, call_id) fires for a retried start."""
     if not isinstance(call_id, str) or not ID.match(call_id):
         raise YimiError("invalid_frame", "call_id: 1-64 characters of letters, digits, '_', '.', ':' or '-'")
     try:
-        with transaction.atomic():
-            return VoiceCall.objects.create(owner_id=device.owner_id, device=device, call_id=call_id, channel=channel)
+        with transaction.atomic() if transaction.get_connection().in_atomic_block else nullcontext():
+            call = VoiceCall(owner_id=device.owner_id, device=device, call_id=call_id, channel=channel)
+            statements.insert(call)
+            return call
     except IntegrityError:
         call = VoiceCall.objects.get(device=device, call_id=call_id)
         if call.ended_at is not None:

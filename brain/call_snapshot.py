@@ -35,14 +35,16 @@ from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from django.db import transaction
+from django.db.models import Case, F, IntegerField, Q, Subquery, Value, When
 from django.utils import timezone
 
 from accounts.models import User, VoiceCall
 from brain import persona as personas
 from brain import privacy_epoch, topic_state
-from brain.companion_models import CallSnapshot, ContentCard
-from memory import assertions
+from brain.companion_models import CallSnapshot, CompanionSettings, ContentCard, PersonaVersion
 from memory.copies import ForgottenContent, rows_in_chunks
+from memory.models import Assertion, AssertionVersion
+from yimi_project import statements
 from yimi_project.errors import YimiError
 from yimi_project.logs import log_event
 
@@ -56,6 +58,7 @@ BACKGROUND_CHARS = 1000
 ADDRESS_CHARS = 20
 INTEREST_CHARS = 40
 MAX_INTERESTS = 5
+INTERESTS_READ = 20  # the owner's newest interests considered (avoided and duplicate ones are skipped)
 SUMMARY_CHARS = 400
 THREAD_CHARS = 120
 AVOID_CHARS = 40
@@ -154,28 +157,56 @@ def _usable(payload: Any) -> bool:
     return isinstance(payload, dict) and not payload.get("respond_only")
 
 
+def _profile_facts(owner_id: int, *, interests: bool) -> list[tuple[str, str, int, Any]]:
+    """(assertion id, predicate, version, payload) of the owner's current address and, if
+    ``interests``, interest assertions, in one query: the current version of each of
+    ``owner_id``'s active assertions (forgotten ones have no payload and are never listed),
+    the addresses first, then newest change first, at most one address plus
+    ``INTERESTS_READ`` rows (an owner with several address assertions gets as many fewer
+    interests considered)."""
+    wanted = Q(assertion__predicate=ADDRESS_PREDICATE)
+    if interests:
+        wanted |= Q(assertion__predicate__startswith=INTEREST_PREFIX)
+    rows = (
+        AssertionVersion.objects.filter(
+            wanted, assertion__owner_id=owner_id, assertion__state=Assertion.State.ACTIVE, assertion__current_version__gt=0,
+            version=F("assertion__current_version"),
+        )
+        .annotate(address_first=Case(When(assertion__predicate=ADDRESS_PREDICATE, then=Value(0)), default=Value(1),
+                                     output_field=IntegerField()))
+        .order_by("address_first", "-assertion__updated_at", "assertion_id")
+        .values_list("assertion_id", "assertion__predicate", "version", "payload")
+    )
+    return [(str(aid), predicate, version, payload) for aid, predicate, version, payload in rows[: 1 + (INTERESTS_READ if interests else 0)]]
+
+
 def read_background(owner_id: int, *, continuity: bool) -> Background:
     """The owner's authorized background, within the limits above and ``BACKGROUND_CHARS``
-    in all. Only ``owner_id``'s own current L3 versions (forgotten ones have no payload and
-    are never listed) and ``topic_state.continuity_for(owner_id)``. Without continuity only
-    the address is read."""
+    in all. Only ``owner_id``'s own current L3 versions (``_profile_facts``: one query for
+    the address and the interests) and ``topic_state.continuity_for(owner_id)`` (two more:
+    the summaries and the topics' state). Without continuity only the address is read.
+    Called by ``prepare`` under the owner's privacy epoch lock, with the continuity switch
+    it read there."""
     bg = Background()
-    address = assertions.query(owner_id, predicate=ADDRESS_PREDICATE, limit=1)
-    if address and _usable(address[0]["payload"]):
-        bg.address = clean(address[0]["payload"], ADDRESS_CHARS)
-        bg.sources.append({"kind": "assertion", "id": address[0]["id"], "version": address[0]["version"]})
+    facts = _profile_facts(owner_id, interests=continuity)
+    address = next((f for f in facts if f[1] == ADDRESS_PREDICATE), None)
+    if address is not None and _usable(address[3]):
+        bg.address = clean(address[3], ADDRESS_CHARS)
+        bg.sources.append({"kind": "assertion", "id": address[0], "version": address[2]})
     if not continuity:
         return bg
-    state = topic_state.continuity_for(owner_id)
+    state = topic_state.continuity_for(owner_id, enabled=True, facts=False)
     bg.avoid_topics = [t for t in (clean(x, AVOID_CHARS) for x in (state.get("avoid_topics") or [])[:MAX_AVOID]) if t]
     seen: set[str] = set()
-    for row in assertions.query(owner_id, prefix=INTEREST_PREFIX, limit=20):
-        text = clean(row["payload"], INTEREST_CHARS)
-        if not text or not _usable(row["payload"]) or text in seen or _mentions(text, bg.avoid_topics):
+    for aid, predicate, version, payload in facts:
+        if not predicate.startswith(INTEREST_PREFIX):
+            continue
+        text = clean(payload, INTEREST_CHARS)
+        if not text or not _usable(payload) or text in seen or _mentions(text, bg.avoid_topics):
             continue
         seen.add(text)
-        bg.interests.append({"text": text, "assertion_id": row["id"], "version": row["version"]})
-        bg.sources.append({"kind": "assertion", "id": row["id"], "version": row["version"]})
+        bg.interests.append({"text": text, "assertion_id": aid, "version": version})
+        bg.sources.append({"kind": "assertion", "id": aid, "version": version})
         if len(bg.interests) == MAX_INTERESTS:
             break
     thread = clean(state.get("resume_thread"), THREAD_CHARS)
@@ -247,10 +278,9 @@ def build_opening(bg: Background, cards: list[ContentCard], *, local: datetime, 
     return Opening(f"light:{period}", _fit(greeting, LIGHT[period]))
 
 
-def _local(owner_id: int, now: datetime) -> datetime:
-    name = User.objects.filter(id=owner_id).values_list("time_zone", flat=True).first() or "UTC"
+def _local(time_zone: str | None, now: datetime) -> datetime:
     try:
-        return now.astimezone(ZoneInfo(name))
+        return now.astimezone(ZoneInfo(time_zone or "UTC"))
     except (ZoneInfoNotFoundError, ValueError):
         return now.astimezone(ZoneInfo("UTC"))
 
@@ -268,14 +298,56 @@ def _card_content(card: ContentCard) -> dict[str, Any]:
 BackgroundReader = Callable[..., Background]
 
 
-def _build(call: VoiceCall, now: datetime, continuity: bool, reader: BackgroundReader) -> dict[str, Any]:
-    bg = reader(call.owner_id, continuity=continuity)
+@dataclass
+class _Start:
+    """What ``prepare`` resolves under the epoch lock before building (``_resolve``)."""
+
+    persona: PersonaVersion  # the call's: the existing snapshot's, else the effective one
+    continuity: bool
+    time_zone: str
+    existing: CallSnapshot | None
+
+
+def _annotation(row: Any, name: str) -> Any:
+    return getattr(row, name)
+
+
+def _resolve(call: VoiceCall) -> _Start:
+    """The effective persona version with, in the same query, the owner's continuity switch,
+    time zone and the id of this call's snapshot if there is one; then that snapshot (with
+    its persona version), only if there is one. Version 1 is created on the owner's first
+    call start (``persona.effective``). Runs after the epoch lock, never inside its query:
+    a subquery of a locking statement keeps the snapshot it started with while the epoch it
+    waited for moves (continuity turned off and the epoch bumped in one commit)."""
+    owner_id = call.owner_id
+    effective = PersonaVersion.objects.filter(owner_id=owner_id, effective=True).annotate(
+        continuity_setting=Subquery(CompanionSettings.objects.filter(owner_id=owner_id).values("continuity_enabled")[:1]),
+        owner_time_zone=Subquery(User.objects.filter(id=owner_id).values("time_zone")[:1]),
+        snapshot_id=Subquery(CallSnapshot.objects.filter(call_id=call.id).values("id")[:1]),
+    )
+    row = effective.first()
+    if row is None:  # the owner's first call start: version 1 is created
+        personas.effective(owner_id)
+        row = effective.get()
+    continuity = _annotation(row, "continuity_setting")
+    snapshot_id = _annotation(row, "snapshot_id")
+    existing = CallSnapshot.objects.select_related("persona_version").get(id=snapshot_id) if snapshot_id is not None else None
+    return _Start(
+        persona=existing.persona_version if existing is not None else row,
+        continuity=True if continuity is None else bool(continuity),
+        time_zone=_annotation(row, "owner_time_zone") or "UTC",
+        existing=existing,
+    )
+
+
+def _build(call: VoiceCall, now: datetime, start: _Start, reader: BackgroundReader) -> dict[str, Any]:
+    bg = reader(call.owner_id, continuity=start.continuity)
     recent = list(
         CallSnapshot.objects.filter(owner_id=call.owner_id, fallback=False).exclude(call_id=call.id)
         .order_by("-built_at").values_list("opening_key", "card_id")[:RECENT_CALLS]
     )
     cards = list(ContentCard.objects.filter(active=True).order_by("id"))
-    opening = build_opening(bg, cards, local=_local(call.owner_id, now), recent=recent)
+    opening = build_opening(bg, cards, local=_local(start.time_zone, now), recent=recent)
     card = opening.card
     return {
         "opening": opening.text, "opening_key": opening.key, "background": bg.as_json(), "card": card,
@@ -284,45 +356,79 @@ def _build(call: VoiceCall, now: datetime, continuity: bool, reader: BackgroundR
     }
 
 
+def _fallback(exc: Exception) -> dict[str, Any]:
+    code = exc.code if isinstance(exc, YimiError) else "snapshot_failed"
+    return {
+        "opening": GENERIC_OPENING, "opening_key": "generic", "background": {}, "card": None, "card_version": None,
+        "card_content": None, "fallback": True, "error": f"{code}: {type(exc).__name__}",
+    }
+
+
+def _write(call: VoiceCall, start: _Start, fields: dict[str, Any], epoch: int, now: datetime) -> CallSnapshot:
+    """The call's one row: an INSERT for its first snapshot, else one UPDATE of the existing
+    row (a rebuild; the epoch lock keeps a concurrent start of the call waiting meanwhile)."""
+    values = {**fields, "owner_id": call.owner_id, "persona_version": start.persona, "continuity": start.continuity,
+              "epoch": epoch, "built_at": now}
+    snapshot = start.existing
+    if snapshot is None:
+        snapshot = CallSnapshot(call_id=call.id, attempts=1, **values)
+        statements.insert(snapshot)
+        return snapshot
+    for name, value in values.items():
+        setattr(snapshot, name, value)
+    snapshot.attempts += 1
+    snapshot.save(force_update=True)
+    return snapshot
+
+
+class _BuildFailed(Exception):
+    def __init__(self, cause: Exception) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
 def prepare(call: VoiceCall, *, now: datetime | None = None, reader: BackgroundReader = read_background) -> Prepared:
     """Freeze (or reuse) the snapshot of ``call``; called at every ``call.start`` of it.
 
-    Steps, in one transaction: 1. lock the call's row (retried starts of one call take
-    turns); 2. read the owner's privacy epoch, its row locked so no forget can commit
-    between this read and the end of the build; 3. an existing snapshot that is no
-    fallback and has this epoch is reused as it is; 4. else resolve the persona version
-    (the existing snapshot's, so a call keeps its version; else the effective one), read
-    the background and choose the opening and card inside a savepoint; 5. if that fails,
-    the fallback (persona + ``GENERIC_OPENING``, no background, no card) with the error's
-    code; 6. write the row (one per call). Nothing here calls a model or leaves the host.
+    Steps, in one transaction: 1. read the owner's privacy epoch with its row locked
+    (``privacy_epoch.read_locked``): no forget can commit between this read and the end of
+    the build, and the builds of one owner, retried starts of one call among them, take
+    turns; 2. resolve the persona version, the continuity switch, the time zone and this
+    call's existing snapshot (``_resolve``); 3. an existing snapshot that is no fallback
+    and has this epoch is reused as it is; 4. else read the background and choose the
+    opening and card (the call keeps an existing snapshot's persona version); 5. write the
+    row (one per call: INSERT, or UPDATE of the existing one). If step 4 fails the
+    transaction is rolled back (no savepoint on the way of every start) and a second one
+    takes the lock again and writes the fallback (persona + ``GENERIC_OPENING``, no
+    background, no card) with the error's code. Nothing here calls a model or leaves the
+    host. Its statements are counted in tests/test_call_snapshot.py (the query budget).
     """
     now = now or timezone.now()
-    with transaction.atomic():
-        VoiceCall.objects.select_for_update().filter(id=call.id).first()
-        epoch = privacy_epoch.read_locked(call.owner_id)
-        existing = CallSnapshot.objects.select_related("persona_version").filter(call_id=call.id).first()
-        if existing is not None and not existing.fallback and existing.epoch == epoch:
-            return Prepared(existing, "reused")
-        version = existing.persona_version if existing is not None else personas.effective(call.owner_id)
-        continuity = privacy_epoch.continuity_enabled(call.owner_id)
-        try:
-            with transaction.atomic():
-                fields = _build(call, now, continuity, reader)
-        except Exception as exc:  # noqa: BLE001 - the call still starts, on the documented fallback
-            code = exc.code if isinstance(exc, YimiError) else "snapshot_failed"
-            log_event("call_snapshot_failed", call=call.call_id, code=code, error=type(exc).__name__)
-            fields = {
-                "opening": GENERIC_OPENING, "opening_key": "generic", "background": {}, "card": None, "card_version": None,
-                "card_content": None, "fallback": True, "error": f"{code}: {type(exc).__name__}",
-            }
-        attempts = (existing.attempts + 1) if existing is not None else 1
-        snapshot, _ = CallSnapshot.objects.update_or_create(
-            call_id=call.id,
-            defaults={**fields, "owner_id": call.owner_id, "persona_version": version, "continuity": continuity,
-                      "epoch": epoch, "built_at": now, "attempts": attempts},
-        )
+    try:
+        with transaction.atomic():
+            epoch = privacy_epoch.read_locked(call.owner_id)
+            start = _resolve(call)
+            existing = start.existing
+            if existing is not None and not existing.fallback and existing.epoch == epoch:
+                return Prepared(existing, "reused")
+            try:
+                fields = _build(call, now, start, reader)
+            except Exception as exc:  # noqa: BLE001 - the call still starts, on the documented fallback
+                raise _BuildFailed(exc) from exc
+            snapshot = _write(call, start, fields, epoch, now)
+    except _BuildFailed as failed:
+        cause = failed.cause
+        log_event("call_snapshot_failed", call=call.call_id, code=cause.code if isinstance(cause, YimiError) else "snapshot_failed",
+                  error=type(cause).__name__)
+        with transaction.atomic():
+            epoch = privacy_epoch.read_locked(call.owner_id)
+            start = _resolve(call)
+            existing = start.existing
+            if existing is not None and not existing.fallback and existing.epoch == epoch:
+                return Prepared(existing, "reused")  # a concurrent start built it meanwhile
+            snapshot = _write(call, start, _fallback(cause), epoch, now)
     state = "fallback" if snapshot.fallback else ("rebuilt" if existing is not None else "built")
-    log_event("call_snapshot_ready", call=call.call_id, state=state, persona_version=version.version, epoch=epoch)
+    log_event("call_snapshot_ready", call=call.call_id, state=state, persona_version=start.persona.version, epoch=epoch)
     return Prepared(snapshot, state)
 
 

@@ -59,10 +59,16 @@ def read_locked(owner_id: int) -> int:
     """The epoch, with its row locked (``FOR NO KEY UPDATE`` on PostgreSQL) until the
     caller's transaction ends: a bump waits, so whatever the caller reads meanwhile belongs
     to this epoch (two snapshot builds of one owner also take turns; each takes
-    milliseconds). Must run inside ``transaction.atomic``."""
-    _row(owner_id)
-    value = PrivacyEpoch.objects.select_for_update(no_key=True).filter(owner_id=owner_id).values_list("value", flat=True)
-    return int(value.get())
+    milliseconds). Must run inside ``transaction.atomic``.
+
+    One query once the row exists (every owner's after its first call start): the locking
+    SELECT itself; only a missing row is created first (``get_or_create``) and read again."""
+    locked = PrivacyEpoch.objects.select_for_update(no_key=True).filter(owner_id=owner_id).values_list("value", flat=True)
+    value = locked.first()
+    if value is None:
+        _row(owner_id)
+        value = locked.get()
+    return int(value)
 
 
 def bump(owner_id: int, reason: str, *, change: source_changes.SourceChange | None = None) -> int:

@@ -299,7 +299,9 @@ def invalidate(owner_id: int, epoch: int, reason: str, change: source_changes.So
 # --- the next call's continuity --------------------------------------------------------------
 
 
-def continuity_for(owner_id: int, *, now: datetime | None = None) -> dict[str, Any]:
+def continuity_for(
+    owner_id: int, *, now: datetime | None = None, enabled: bool | None = None, facts: bool = True
+) -> dict[str, Any]:
     """What the next call of ``owner_id`` may continue from, for the snapshot's background.
 
     The three texts call start reads: ``latest_summary`` (the newest valid summary, then the
@@ -314,12 +316,16 @@ def continuity_for(owner_id: int, *, now: datetime | None = None) -> dict[str, A
     L3 assertions the recent calls produced, each once by assertion id, from its *current*
     version: an owner's edit wins, forgotten ones are gone). Empty when the owner turned
     continuity off. Every query is by owner: another owner's rows are never read.
+
+    Call start passes what it already read under the owner's privacy epoch lock:
+    ``enabled`` (the continuity switch; None: read it here) and ``facts=False`` (its
+    background quotes no facts, so the facts query is skipped and ``facts`` stays empty).
     """
     owner_id = int(getattr(owner_id, "pk", owner_id))
     now = now or timezone.now()
     out: dict[str, Any] = {"latest_summary": "", "resume_thread": "", "avoid_topics": [], "resume": None,
                            "known_details": [], "finished": [], "cooling": [], "facts": []}
-    if not privacy_epoch.continuity_enabled(owner_id):
+    if not (privacy_epoch.continuity_enabled(owner_id) if enabled is None else enabled):
         return out
     recent = list(
         CallSummary.objects.filter(owner_id=owner_id, invalidated_at=None).order_by("-created_at", "-id").values("text", "facts")[:SUMMARIES_READ]
@@ -341,7 +347,7 @@ def continuity_for(owner_id: int, *, now: datetime | None = None) -> dict[str, A
                              "source_call": row.source_call_id}
             out["resume_thread"] = row.label
     out["latest_summary"] = _summary_text(recent[0]["text"] if recent else "", out)
-    out["facts"] = _current_facts(owner_id, recent)
+    out["facts"] = _current_facts(owner_id, recent) if facts else []
     return out
 
 
