@@ -101,12 +101,13 @@ def test_acks_merge_into_the_stored_trace_with_one_update(owner: Any, make_devic
 
 # Upper bounds on the database round trips of one text (PostgreSQL or SQLite), so that a
 # change that adds queries to the path shows here. Raise them only with a reason. The run's
-# 23: claim (2), history (1), memory (3, the ambient log 1, and 1 to accept it), receipts report (1), model roles
-# pinned (2: both roles' rows in one read, the pin's conditional write; the run was just read
-# by the claim), the run's image (vision, 1), background tasks (1), thinking (1), usage (1),
-# finish (8).
+# 24: claim (2), history (1), the open call's snapshot (1: a run on a device in a call speaks
+# with the call's frozen persona, brain.call_snapshot.call_prompt), memory (3, the ambient log
+# 1, and 1 to accept it), receipts report (1), model roles pinned (2: both roles' rows in one
+# read, the pin's conditional write; the run was just read by the claim), the run's image
+# (vision, 1), background tasks (1), thinking (1), usage (1), finish (8).
 ADMISSION_QUERIES = 12
-RUN_QUERIES = 23
+RUN_QUERIES = 24
 
 
 async def test_admission_and_run_stay_within_their_query_budget(make_device: Any, brain: Any) -> None:
