@@ -1,6 +1,7 @@
 """Round-trip benchmark: how much slower is a text through Yimi than through a bare websocket?
 
     .venv/bin/python bench/roundtrip.py [--owners 1] [--devices-per-owner 50] [--messages 5] [--workers 1] [--runs 8]
+        [--web-processes 1,2]
 
 Starts an isolated platform (a fresh PostgreSQL database, a temporary data directory, a
 unique channel prefix on Redis, daphne and a Celery worker as subprocesses, the fake brain
@@ -299,8 +300,18 @@ def worker_commands(args: argparse.Namespace) -> list[tuple[str, list[str]]]:
                             f"--concurrency={args.runs}", "-n", f"bench{w}@%h"]) for w in range(args.workers)]
 
 
-def run_yimi(args: argparse.Namespace, data_dir: Path, *,
-             unchecked: bool = False) -> tuple[list[float], float, Delivery, list[float]]:
+def web_commands(processes: int, port: int) -> list[tuple[str, list[str]]]:
+    """One daphne, or ``processes`` web processes on one port as ``./yimi up`` starts them
+    with ``YIMI_WEB_PROCESSES`` (``yimi_project.web_processes``: SO_REUSEPORT, the kernel
+    spreads the devices' connections over them)."""
+    if processes == 1:
+        return [("daphne", [str(BIN / "daphne"), "-b", "127.0.0.1", "-p", str(port), "yimi_project.asgi:application"])]
+    serve = [sys.executable, "-m", "yimi_project.web_processes", "serve", "127.0.0.1", str(port)]
+    return [(f"daphne{i}", serve) for i in range(processes)]
+
+
+def run_yimi(args: argparse.Namespace, data_dir: Path, *, unchecked: bool = False,
+             web_processes: int = 1) -> tuple[list[float], float, Delivery, list[float]]:
     recreate_database(args.database_url)
     brain = FakeBrainServer(script=Script(rules=[Rule(reply=REPLY, chunk_chars=16, delay_ms=0)]))
     brain.start_in_thread()
@@ -322,10 +333,8 @@ def run_yimi(args: argparse.Namespace, data_dir: Path, *,
         manage(env, "yimi_init", "--no-pairing-code")
         codes = pairing_codes(env, args.owners, args.devices_per_owner)
         port = free_port()
-        for name, cmd in (
-            ("daphne", [str(BIN / "daphne"), "-b", "127.0.0.1", "-p", str(port), "yimi_project.asgi:application"]),
-            *worker_commands(args),
-        ):
+        commands = [*web_commands(web_processes, port), *worker_commands(args)]
+        for name, cmd in commands:
             with open(data_dir / f"{name}.log", "wb") as log:  # the child keeps its own descriptor
                 procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT))
         base = f"http://127.0.0.1:{port}"
@@ -333,7 +342,7 @@ def run_yimi(args: argparse.Namespace, data_dir: Path, *,
         latencies, wall, delivery = asyncio.run(yimi_phase(base, codes, args.messages, args.timeout, args.done_timeout))
         return latencies, wall, delivery, dispatch_floor(args.redis_url, env["YIMI_CHANNEL_PREFIX"])
     except BaseException:
-        for name in ("daphne", *(n for n, _ in worker_commands(args))):
+        for name in (n for n, _ in [*web_commands(web_processes, 0), *worker_commands(args)]):
             path = data_dir / f"{name}.log"
             if path.exists():
                 print(f"--- end of {name}.log ---\n{path.read_text(errors='replace')[-3000:]}", file=sys.stderr)
@@ -430,31 +439,40 @@ def main() -> None:
     parser.add_argument("--done-timeout", type=float, default=10.0,
                         help="seconds a device waits for reply.done after the reply began before it syncs")
     parser.add_argument("--checked-only", action="store_true", help="skip the unchecked (bench switch) path")
+    parser.add_argument("--web-processes", default="1",
+                        help="web processes to measure, comma-separated (e.g. 1,2: one table row each, same run)")
     args = parser.parse_args()
+    try:
+        web_counts = [int(n) for n in args.web_processes.split(",")]
+    except ValueError:
+        parser.error("--web-processes takes whole numbers separated by commas, e.g. 1,2")
+    if not web_counts or min(web_counts) < 1:
+        parser.error("--web-processes: each count must be 1 or more")
     devices = args.owners * args.devices_per_owner
     if args.owners < 1 or args.devices_per_owner < 1 or args.messages < 1 or devices * args.messages < 2:
         parser.error("need at least two texts in all (--owners x --devices-per-owner x --messages)")
 
     rows: list[tuple[str, tuple[float, float, float, float], Delivery | None]] = []
     probes: list[float] = []
-    with tempfile.TemporaryDirectory(prefix="yimi-bench-") as tmp:
-        latencies, wall, delivery, probed = run_yimi(args, Path(tmp))
-        probes += probed
-        rows.append(("yimi, checked (as shipped)", figures(latencies, wall), delivery))
-        stages = [("yimi, checked (as shipped)", stage_breakdown(args.database_url, len(latencies)))]
-    if not args.checked_only:
-        with tempfile.TemporaryDirectory(prefix="yimi-bench-") as tmp:
-            latencies, wall, delivery, probed = run_yimi(args, Path(tmp), unchecked=True)
-            probes += probed
-            rows.append(("yimi, unchecked (bench switch)", figures(latencies, wall), delivery))
-            stages.append(("yimi, unchecked (bench switch)", stage_breakdown(args.database_url, len(latencies))))
+    stages: list[tuple[str, list[str]]] = []
+    for web in web_counts:
+        for unchecked in (False, True) if not args.checked_only else (False,):
+            label = "yimi, unchecked (bench switch)" if unchecked else "yimi, checked (as shipped)"
+            if web > 1:
+                label = f"yimi, {'unchecked' if unchecked else 'checked'}, {web} web procs"
+            with tempfile.TemporaryDirectory(prefix="yimi-bench-") as tmp:
+                latencies, wall, delivery, probed = run_yimi(args, Path(tmp), unchecked=unchecked, web_processes=web)
+                probes += probed
+                rows.append((label, figures(latencies, wall), delivery))
+                stages.append((label, stage_breakdown(args.database_url, len(latencies))))
     echo = figures(*asyncio.run(echo_phase(devices, args.messages, args.timeout)))
     rows.append(("bare websockets echo (floor)", echo, None))
     dispatch = figures(probes, sum(probes))  # its rate: one task at a time, back to back
     rows.append(("celery no-op task (dispatch floor)", dispatch, None))
 
     print(f"roundtrip: {args.owners} owners x {args.devices_per_owner} devices x {args.messages} texts "
-          f"({args.workers} worker(s), {args.pool} pool, {args.runs} runs at once each, fake brain answering instantly)")
+          f"({args.workers} worker(s), {args.pool} pool, {args.runs} runs at once each, web processes {args.web_processes}, "
+          "fake brain answering instantly)")
     print(f"{'path':<34}{'p50 ms':>9}{'p95 ms':>9}{'p99 ms':>9}{'msgs/s':>10}{'done':>7}{'late':>6}{'synced':>8}{'gaps':>6}{'lost':>6}")
     for label, row, dl in rows:
         counts = "" if dl is None else f"{dl.done:>7}{dl.late:>6}{dl.synced:>8}{dl.gaps:>6}{dl.lost:>6}"
