@@ -19,7 +19,6 @@ import binascii
 import os
 from collections.abc import Mapping
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 from cryptography.exceptions import InvalidTag
@@ -31,6 +30,7 @@ from django.utils import timezone
 from brain import keyring, role_drafts, roles
 from brain.role_models import ModelRole, ModelRoleRevision, ModelSettingsImport, RoleSource
 from yimi_project.errors import YimiError
+from yimi_project.files import fsync_dir, write_atomically
 from yimi_project.logs import log_event
 
 FORMAT = "yimi-model-settings"
@@ -187,31 +187,12 @@ def rotate_master_key() -> str:
                 role_drafts.rewrap_draft_keys(old, new)  # open drafts' new keys too
                 os.replace(temporary, path)
                 replaced = True
-                _fsync_dir(path.parent)
+                fsync_dir(path.parent)
         except BaseException:
             if replaced:  # the database kept the old blobs: the old key goes back
-                _write_atomically(path, keyring.encode_key(old))
+                write_atomically(path, keyring.encode_key(old), mode=0o600)
             raise
     finally:
         temporary.unlink(missing_ok=True)
     log_event("model_master_key_rotated", key_id=keyring.key_id(new))
     return keyring.key_id(new)
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_atomically(path: Path, data: bytes) -> None:
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.restore")
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(temporary, path)
-    _fsync_dir(path.parent)

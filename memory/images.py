@@ -31,7 +31,6 @@ import contextlib
 import hashlib
 import io
 import json
-import os
 import re
 import uuid
 import warnings
@@ -53,6 +52,7 @@ from memory.image_models import ImageRecord
 from memory.models import TimelineEntry
 from memory.raw_models import RawObject
 from yimi_project.errors import YimiError
+from yimi_project.files import write_atomically
 from yimi_project.ids import uuid_or_nil
 from yimi_project.logs import log_event
 
@@ -113,15 +113,6 @@ def _absolute(relative: str) -> Path:
     return Path(settings.DATA_DIR) / relative
 
 
-def _write_atomically(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-
-
 def _remove_files(relative: str) -> None:
     if not relative:
         return
@@ -150,8 +141,8 @@ def store_upload(*, device: Any, scope: str, data: bytes, now: datetime | None =
     sidecar = json.dumps(source, ensure_ascii=False, indent=1).encode()
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     admit_write(path.parent, len(data) + len(sidecar))
-    _write_atomically(path.with_suffix(".json"), sidecar)
-    _write_atomically(path, data)
+    write_atomically(path.with_suffix(".json"), sidecar)
+    write_atomically(path, data)
     try:
         record = ImageRecord.objects.create(
             id=image_id, owner_id=device.owner_id, device=device, scope=scope,
@@ -259,7 +250,7 @@ def _update_sidecar(image: ImageRecord) -> None:
     source["captured_at"] = image.captured_at.isoformat() if image.captured_at else None
     source["about"] = image.about_client_id or None
     source["timeline_seq"] = image.entry.seq if image.entry else None
-    _write_atomically(path, json.dumps(source, ensure_ascii=False, indent=1).encode())
+    write_atomically(path, json.dumps(source, ensure_ascii=False, indent=1).encode())
 
 
 # --- analyzers (faces) ---------------------------------------------------------------------------

@@ -17,8 +17,6 @@ older rendering over a newer one.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +27,7 @@ from django.db.models import F
 from memory.assertions import CORE_PROFILE, SPEAKING_PREFERENCES
 from memory.locks import lock_owner_memory
 from memory.models import Assertion, AssertionVersion
+from yimi_project.files import fsync_dir, write_atomically
 from yimi_project.logs import log_event
 
 USER_MD, MEMORY_MD, PERSONALITY_MD = "USER.md", "MEMORY.md", "PERSONALITY.md"
@@ -102,34 +101,13 @@ def regenerate(owner_id: int) -> list[str]:
         for name, text in render(owner_id).items():
             if _read(base / name) == text:
                 continue
-            _write_read_only(base / name, text)
+            # one fsync of the directory after the last file, below
+            write_atomically(base / name, text.encode(), mode=READ_ONLY, sync_dir=False)
             written.append(name)
     if written:
-        _fsync_dir(base)
+        fsync_dir(base)
         log_event("projections_written", files=",".join(written))
     return written
-
-
-def _write_read_only(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fchmod(handle.fileno(), READ_ONLY)
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 @dataclass(frozen=True)

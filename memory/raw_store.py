@@ -39,7 +39,6 @@ import contextlib
 import hashlib
 import json
 import logging
-import os
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -60,6 +59,7 @@ from memory.models import TimelineEntry
 from memory.raw_models import RawObject
 from yimi_project import push
 from yimi_project.errors import YimiError
+from yimi_project.files import fsync_dir, write_atomically
 from yimi_project.logs import log_event
 
 PCM_CODEC = "pcm_s16le_16k_mono"
@@ -263,14 +263,6 @@ def not_stored(
 # --- writing ------------------------------------------------------------------------------------
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _make_dirs(directory: Path) -> None:
     """Create ``directory`` and its missing parents, each new name made durable in its parent."""
     missing: list[Path] = []
@@ -281,24 +273,13 @@ def _make_dirs(directory: Path) -> None:
     for path in reversed(missing):
         with contextlib.suppress(FileExistsError):
             path.mkdir(mode=0o700)
-        _fsync_dir(path.parent)
+        fsync_dir(path.parent)
 
 
 def write_durably(path: Path, data: bytes) -> None:
     """``data`` at ``path``: temporary file, fsync, rename, fsync of the directory."""
     _make_dirs(path.parent)
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        with open(tmp, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-        raise
-    _fsync_dir(path.parent)
+    write_atomically(path, data)
 
 
 def _check(capture: Capture, kind: str, codec: str, data: bytes, started_at: datetime, ended_at: datetime) -> None:

@@ -20,8 +20,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
-import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -30,6 +28,7 @@ from memory import core_import
 from memory.projections import MEMORY_MD, USER_MD, render
 from releases import pointers
 from yimi_project.errors import YimiError
+from yimi_project.files import write_atomically
 from yimi_project.logs import log_event
 
 MEMORY_DIR = "memory"
@@ -46,18 +45,19 @@ def project_for(release_path: Path, owner_id: int) -> Path:
     """Write the owner's current core memory into ``<release dir>/memory/`` for that
     (older) release, with the manifest of what was projected. Returns the directory.
 
-    Each file is written whole and atomically (temporary file, fsync, rename); the manifest
-    goes last, so a manifest on disk always describes files that are complete."""
+    Each file is written whole and atomically (``yimi_project.files``: 0600, fsync, rename,
+    fsync of the directory); the manifest goes last, so a manifest on disk always describes
+    files that are complete."""
     target = Path(release_path) / MEMORY_DIR
     target.mkdir(parents=True, exist_ok=True, mode=0o700)
     files = render(owner_id)
     digests: dict[str, list[str]] = {}
     for name, doc in DOCS.items():
         text = files[name]
-        _write(target / name, text)
+        write_atomically(target / name, text.encode(), mode=0o600)
         digests[doc] = [entry_digest(doc, e) for e in core_import.parse_entries(text)]
     manifest = {"owner_id": owner_id, "projected_at": datetime.now(UTC).isoformat(), "digests": digests}
-    _write(target / MANIFEST, json.dumps(manifest, indent=1))
+    write_atomically(target / MANIFEST, json.dumps(manifest, indent=1).encode(), mode=0o600)
     log_event("release_memory_projected", entries=sum(len(v) for v in digests.values()))
     return target
 
@@ -101,15 +101,3 @@ def import_added_meanwhile(release_path: Path, owner_id: int) -> dict[str, core_
               already=sum(r.already for r in reports.values()))
     return reports
 
-
-def _write(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

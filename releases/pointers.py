@@ -39,6 +39,7 @@ from django.conf import settings
 
 from releases import services as release_services
 from yimi_project.errors import YimiError
+from yimi_project.files import fsync_dir, write_atomically
 from yimi_project.logs import log_event
 
 CURRENT = "current"
@@ -85,7 +86,7 @@ class ReleaseDir:
             "build_id": self.build_id, "commit": self.commit, "kind": self.kind,
             "base_commit": self.base_commit, "message": self.message,
         }
-        _write_atomic(self.path / RELEASE_FILE, json.dumps(body, indent=1, ensure_ascii=False).encode())
+        write_atomically(self.path / RELEASE_FILE, json.dumps(body, indent=1, ensure_ascii=False).encode())
 
 
 @dataclass(frozen=True)
@@ -118,24 +119,6 @@ def read_pointers(root: Path | None = None) -> Pointers:
     return Pointers(current=_target(root, CURRENT), previous=_target(root, PREVIOUS))
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
-
-
 def set_pointer(root: Path, name: str, target: ReleaseDir | Path | None) -> None:
     """Point ``root/name`` at ``target`` (a directory directly under ``root``), atomically;
     None removes the pointer."""
@@ -145,7 +128,7 @@ def set_pointer(root: Path, name: str, target: ReleaseDir | Path | None) -> None
     if target is None:
         with contextlib.suppress(FileNotFoundError):
             link.unlink()
-        _fsync_dir(root)
+        fsync_dir(root)
         return
     path = target.path if isinstance(target, ReleaseDir) else Path(target)
     if path.resolve().parent != root.resolve():
@@ -153,7 +136,7 @@ def set_pointer(root: Path, name: str, target: ReleaseDir | Path | None) -> None
     tmp = root / f".{name}.{uuid.uuid4().hex}"
     os.symlink(path.name, tmp)
     os.replace(tmp, link)
-    _fsync_dir(root)
+    fsync_dir(root)
 
 
 @contextlib.contextmanager

@@ -28,14 +28,13 @@ What makes it safe to restart at any moment:
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from yimi_project.errors import YimiError
+from yimi_project.files import write_atomically
 
 # The phases of one watch (one switch). ``watching`` and ``intent`` may still act or be
 # observed; the others are ends: a new watch starts only when a new switch is seen.
@@ -296,21 +295,7 @@ class StateFile:
     def save(self, state: WatchState | None) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         text = json.dumps(state.to_json() if state else None, sort_keys=True, indent=1)
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                handle.write(text)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(tmp, self.path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        dir_fd = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        write_atomically(self.path, text.encode(), mode=0o600)
 
 
 # --- one tick ---------------------------------------------------------------------------------------

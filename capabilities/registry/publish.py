@@ -32,9 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import tempfile
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -50,6 +48,7 @@ from capabilities.registry.candidates import verify_stored
 from capabilities.registry.checks import directory_digest
 from capabilities.registry_models import PackCandidate, PackVersion, RegisteredPack
 from yimi_project.errors import YimiError
+from yimi_project.files import write_atomically
 from yimi_project.logs import log_event
 
 PRELOAD_TIMEOUT = 60.0
@@ -147,8 +146,9 @@ def set_enabled(name: str, enabled: bool | None) -> RegisteredPack:
 
 
 def write_selection() -> None:
-    """Project the database into the selection file (atomically: a unique temporary file
-    in the same directory, then a rename), so every process's loader sees it."""
+    """Project the database into the selection file (atomically and durably, with
+    ``yimi_project.files.write_atomically``), so every process's loader sees it whole,
+    also after a crash."""
     published = {
         entry.name: {"path": entry.active.candidate.path, "digest": entry.active.digest}
         for entry in RegisteredPack.objects.select_related("active__candidate").filter(active__isnull=False)
@@ -160,12 +160,7 @@ def write_selection() -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     if target.exists() and target.read_text(encoding="utf-8") == text:
         return
-    temporary = target.with_name(f".selection-{os.getpid()}-{uuid.uuid4().hex[:8]}.json")
-    try:
-        temporary.write_text(text, encoding="utf-8")
-        os.replace(temporary, target)
-    finally:
-        temporary.unlink(missing_ok=True)
+    write_atomically(target, text.encode())
 
 
 def preload(path: Path) -> list[str]:
