@@ -11,6 +11,8 @@ owner's interests, topic rows, summaries or cards (nothing is read per candidate
 
 from __future__ import annotations
 
+import threading
+import time
 import uuid
 from typing import Any
 
@@ -94,3 +96,69 @@ def test_a_retried_start_and_a_start_without_continuity_stay_within_the_query_bu
     assert len(issued) <= CONTINUITY_OFF, "\n".join(issued)
     assert not any("brain_topicstate" in sql or "brain_callsummary" in sql for sql in issued), issued
     assert CallSnapshot.objects.filter(owner_id=owner_id).count() == 3
+
+
+def test_a_failed_build_rolls_back_and_writes_the_fallback_in_a_second_transaction(make_device: Any) -> None:
+    """No savepoint guards the build: a build that broke the transaction itself (a database
+    error) still ends in the documented fallback, and the next start builds it."""
+    device = make_device().device
+    believe(device.owner_id, "interest.craft", "修车床")
+    call_snapshot.prepare(identity.start_call(device, "warm", "phone_app"))  # the epoch row exists
+    call = identity.start_call(device, "call-1", "phone_app")
+
+    def aborting(owner_id: int, *, continuity: bool) -> call_snapshot.Background:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1 / 0")  # PostgreSQL aborts the transaction
+        raise AssertionError("unreachable")
+
+    with CaptureQueriesContext(connection) as queries:
+        failed = call_snapshot.prepare(call, reader=aborting)
+    assert failed.state == "fallback" and failed.snapshot.error == "snapshot_failed: DataError"
+    stored = CallSnapshot.objects.get(call=call)
+    assert stored.fallback and stored.opening == call_snapshot.GENERIC_OPENING and stored.attempts == 1
+    issued = [q["sql"] for q in queries.captured_queries]
+    assert sum("FOR NO KEY UPDATE" in sql for sql in issued) == 2  # the fallback took the epoch lock again
+    assert call_snapshot.prepare(call).state == "rebuilt" and CallSnapshot.objects.get(call=call).attempts == 2
+
+
+def test_two_starts_of_one_new_call_take_turns_on_the_epoch_lock(make_device: Any) -> None:
+    """Without the call row's lock, the owner's epoch lock alone keeps two starts of the same
+    call apart: the second waits while the first builds, then reuses its snapshot."""
+    device = make_device().device
+    believe(device.owner_id, "interest.craft", "修车床")
+    call = identity.start_call(device, "call-1", "phone_app")
+    call_snapshot.prepare(identity.start_call(device, "warm", "phone_app"))  # the epoch row exists
+    second_waits = threading.Event()
+    states: dict[str, str] = {}
+
+    def blocked_backends() -> int:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_stat_clear_snapshot()")  # else read once per transaction
+            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'")
+            return int(cursor.fetchone()[0])
+
+    def first_reader(owner_id: int, *, continuity: bool) -> call_snapshot.Background:
+        threading.Thread(target=run, args=("second", call_snapshot.read_background), daemon=True).start()
+        for _ in range(500):  # until the second start waits on the lock this build holds (at most ~10 s)
+            if blocked_backends():
+                second_waits.set()
+                break
+            time.sleep(0.02)
+        return call_snapshot.read_background(owner_id, continuity=continuity)
+
+    def run(name: str, reader: Any) -> None:
+        try:
+            states[name] = call_snapshot.prepare(call, reader=reader).state
+        finally:
+            connection.close()
+
+    first = threading.Thread(target=run, args=("first", first_reader))
+    first.start()
+    first.join(30)
+    for _ in range(500):
+        if "second" in states:
+            break
+        time.sleep(0.02)
+    assert second_waits.is_set(), "the second start never waited on the owner's epoch lock"
+    assert states == {"first": "built", "second": "reused"}
+    assert CallSnapshot.objects.filter(call=call).count() == 1
