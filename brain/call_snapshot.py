@@ -31,11 +31,11 @@ import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import cache
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from django.db import transaction
-from django.db.models import Case, F, IntegerField, Q, Subquery, Value, When
+from django.db import connection, transaction
 from django.utils import timezone
 
 from accounts.models import User, VoiceCall
@@ -164,20 +164,43 @@ def _profile_facts(owner_id: int, *, interests: bool) -> list[tuple[str, str, in
     the addresses first, then newest change first, at most one address plus
     ``INTERESTS_READ`` rows (an owner with several address assertions gets as many fewer
     interests considered)."""
-    wanted = Q(assertion__predicate=ADDRESS_PREDICATE)
+    sql, fields = _profile_facts_sql(connection.vendor, interests)
+    params: list[Any] = [ADDRESS_PREDICATE]
     if interests:
-        wanted |= Q(assertion__predicate__startswith=INTEREST_PREFIX)
-    rows = (
-        AssertionVersion.objects.filter(
-            wanted, assertion__owner_id=owner_id, assertion__state=Assertion.State.ACTIVE, assertion__current_version__gt=0,
-            version=F("assertion__current_version"),
-        )
-        .annotate(address_first=Case(When(assertion__predicate=ADDRESS_PREDICATE, then=Value(0)), default=Value(1),
-                                     output_field=IntegerField()))
-        .order_by("address_first", "-assertion__updated_at", "assertion_id")
-        .values_list("assertion_id", "assertion__predicate", "version", "payload")
+        params.append(connection.ops.prep_for_like_query(INTEREST_PREFIX) + "%")
+    params += [owner_id, Assertion.State.ACTIVE.value, ADDRESS_PREDICATE]
+    rows = statements.fetch(sql, params, fields)
+    return [(str(aid), predicate, version, payload) for aid, predicate, version, payload in rows]
+
+
+@cache
+def _profile_facts_sql(vendor: str, interests: bool) -> tuple[str, tuple[Any, ...]]:
+    """``_profile_facts``' SELECT, built once per process from the models' ``_meta`` (the
+    ORM compiled it anew on every call start: ``yimi_project.statements``)."""
+    quote = connection.ops.quote_name
+    v, a = AssertionVersion._meta, Assertion._meta
+    vt, at = quote(v.db_table), quote(a.db_table)
+
+    def vc(name: str) -> str:
+        return statements.column(AssertionVersion, name, qualified=True)
+
+    def ac(name: str) -> str:
+        return statements.column(Assertion, name, qualified=True)
+
+    fields = (v.get_field("assertion"), a.get_field("predicate"), v.get_field("version"), v.get_field("payload"))
+    wanted = f"{ac('predicate')} = %s"
+    if interests:
+        like = "LIKE %s ESCAPE '\\'" if vendor == "sqlite" else "LIKE %s"
+        wanted = f"({wanted} OR {ac('predicate')} {like})"
+    sql = (
+        f"SELECT {vc('assertion')}, {ac('predicate')}, {vc('version')}, {vc('payload')} "
+        f"FROM {vt} INNER JOIN {at} ON ({vc('assertion')} = {ac('id')}) "
+        f"WHERE {wanted} AND {ac('owner')} = %s AND {ac('state')} = %s AND {ac('current_version')} > 0 "
+        f"AND {vc('version')} = {ac('current_version')} "
+        f"ORDER BY CASE WHEN {ac('predicate')} = %s THEN 0 ELSE 1 END ASC, {ac('updated_at')} DESC, {vc('assertion')} ASC "
+        f"LIMIT {1 + (INTERESTS_READ if interests else 0)}"
     )
-    return [(str(aid), predicate, version, payload) for aid, predicate, version, payload in rows[: 1 + (INTERESTS_READ if interests else 0)]]
+    return sql, fields
 
 
 def read_background(owner_id: int, *, continuity: bool) -> Background:
@@ -308,8 +331,55 @@ class _Start:
     existing: CallSnapshot | None
 
 
-def _annotation(row: Any, name: str) -> Any:
-    return getattr(row, name)
+@cache
+def _resolve_sql(vendor: str) -> tuple[str, tuple[Any, ...]]:
+    """``_resolve``'s SELECT, built once per process from ``_meta``: the owner's effective
+    persona version (every column, newest first as ``PersonaVersion.Meta.ordering``) with
+    three scalar subqueries: the continuity switch, the time zone, this call's snapshot id."""
+    quote = connection.ops.quote_name
+    p, c, u, s = PersonaVersion._meta, CompanionSettings._meta, User._meta, CallSnapshot._meta
+
+    def col(meta: Any, name: str) -> str:
+        return statements.column(meta.model, name, qualified=True)
+
+    persona = tuple(p.concrete_fields)
+    fields = (*persona, c.get_field("continuity_enabled"), u.get_field("time_zone"), s.get_field("id"))
+    sql = (
+        f"SELECT {', '.join(f'{quote(p.db_table)}.{quote(str(f.column))}' for f in persona)}, "
+        f"(SELECT {col(c, 'continuity_enabled')} FROM {quote(c.db_table)} WHERE {col(c, 'owner')} = %s LIMIT 1), "
+        f"(SELECT {col(u, 'time_zone')} FROM {quote(u.db_table)} WHERE {col(u, 'id')} = %s LIMIT 1), "
+        f"(SELECT {col(s, 'id')} FROM {quote(s.db_table)} WHERE {col(s, 'call')} = %s LIMIT 1) "
+        f"FROM {quote(p.db_table)} WHERE {col(p, 'owner')} = %s AND {col(p, 'effective')} = %s "
+        f"ORDER BY {col(p, 'owner')} ASC, {col(p, 'version')} DESC LIMIT 1"
+    )
+    return sql, fields
+
+
+@cache
+def _recent_sql(vendor: str) -> tuple[str, tuple[Any, ...]]:
+    """The last calls' (opening key, card id), newest first, built once (``_build``)."""
+    quote = connection.ops.quote_name
+    s = CallSnapshot._meta
+
+    def col(name: str) -> str:
+        return statements.column(CallSnapshot, name)
+
+    fields = (s.get_field("opening_key"), s.get_field("card"))
+    sql = (f"SELECT {col('opening_key')}, {col('card')} FROM {quote(s.db_table)} "
+           f"WHERE {col('owner')} = %s AND {col('fallback')} = %s AND NOT ({col('call')} = %s) "
+           f"ORDER BY {col('built_at')} DESC LIMIT {int(RECENT_CALLS)}")
+    return sql, fields
+
+
+@cache
+def _cards_sql(vendor: str) -> tuple[str, tuple[Any, ...]]:
+    """The active content cards (every column, by id), built once (``_build``)."""
+    quote = connection.ops.quote_name
+    m = ContentCard._meta
+    fields = tuple(m.concrete_fields)
+    sql = (f"SELECT {', '.join(quote(str(f.column)) for f in fields)} FROM {quote(m.db_table)} "
+           f"WHERE {statements.column(ContentCard, 'active')} = %s ORDER BY {statements.column(ContentCard, 'id')} ASC")
+    return sql, fields
 
 
 def _resolve(call: VoiceCall) -> _Start:
@@ -320,33 +390,30 @@ def _resolve(call: VoiceCall) -> _Start:
     a subquery of a locking statement keeps the snapshot it started with while the epoch it
     waited for moves (continuity turned off and the epoch bumped in one commit)."""
     owner_id = call.owner_id
-    effective = PersonaVersion.objects.filter(owner_id=owner_id, effective=True).annotate(
-        continuity_setting=Subquery(CompanionSettings.objects.filter(owner_id=owner_id).values("continuity_enabled")[:1]),
-        owner_time_zone=Subquery(User.objects.filter(id=owner_id).values("time_zone")[:1]),
-        snapshot_id=Subquery(CallSnapshot.objects.filter(call_id=call.id).values("id")[:1]),
-    )
-    row = effective.first()
-    if row is None:  # the owner's first call start: version 1 is created
+    sql, fields = _resolve_sql(connection.vendor)
+    found = statements.fetch(sql, [owner_id, owner_id, call.id, owner_id, True], fields)
+    if not found:  # the owner's first call start: version 1 is created
         personas.effective(owner_id)
-        row = effective.get()
-    continuity = _annotation(row, "continuity_setting")
-    snapshot_id = _annotation(row, "snapshot_id")
+        found = statements.fetch(sql, [owner_id, owner_id, call.id, owner_id, True], fields)
+    values = found[0]
+    n = len(PersonaVersion._meta.concrete_fields)
+    row = statements.instance(PersonaVersion, fields[:n], values[:n])
+    continuity, time_zone, snapshot_id = values[n:]
     existing = CallSnapshot.objects.select_related("persona_version").get(id=snapshot_id) if snapshot_id is not None else None
     return _Start(
         persona=existing.persona_version if existing is not None else row,
         continuity=True if continuity is None else bool(continuity),
-        time_zone=_annotation(row, "owner_time_zone") or "UTC",
+        time_zone=time_zone or "UTC",
         existing=existing,
     )
 
 
 def _build(call: VoiceCall, now: datetime, start: _Start, reader: BackgroundReader) -> dict[str, Any]:
     bg = reader(call.owner_id, continuity=start.continuity)
-    recent = list(
-        CallSnapshot.objects.filter(owner_id=call.owner_id, fallback=False).exclude(call_id=call.id)
-        .order_by("-built_at").values_list("opening_key", "card_id")[:RECENT_CALLS]
-    )
-    cards = list(ContentCard.objects.filter(active=True).order_by("id"))
+    sql, fields = _recent_sql(connection.vendor)
+    recent = [(key, card_id) for key, card_id in statements.fetch(sql, [call.owner_id, False, call.id], fields)]
+    sql, fields = _cards_sql(connection.vendor)
+    cards = [statements.instance(ContentCard, fields, values) for values in statements.fetch(sql, [True], fields)]
     opening = build_opening(bg, cards, local=_local(start.time_zone, now), recent=recent)
     card = opening.card
     return {

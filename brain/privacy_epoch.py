@@ -15,14 +15,17 @@ derived rows (e.g. the topics' summaries) are marked in the same commit as the c
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import cache
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import F
+from django.db.transaction import TransactionManagementError
 from django.utils import timezone
 
 from brain.companion_models import CompanionSettings, PrivacyEpoch
 from memory import source_changes
+from yimi_project import statements
 from yimi_project.errors import YimiError
 from yimi_project.logs import log_event
 
@@ -62,13 +65,28 @@ def read_locked(owner_id: int) -> int:
     milliseconds). Must run inside ``transaction.atomic``.
 
     One query once the row exists (every owner's after its first call start): the locking
-    SELECT itself; only a missing row is created first (``get_or_create``) and read again."""
-    locked = PrivacyEpoch.objects.select_for_update(no_key=True).filter(owner_id=owner_id).values_list("value", flat=True)
-    value = locked.first()
-    if value is None:
+    SELECT itself (its text built once per process: no ORM compile on the way of a call
+    start); only a missing row is created first (``get_or_create``) and read again."""
+    sql = _locking_read(connection.vendor)
+    if connection.features.has_select_for_update and connection.get_autocommit():
+        raise TransactionManagementError("select_for_update cannot be used outside of a transaction.")
+    rows = statements.fetch(sql, [owner_id], ())
+    if not rows:
         _row(owner_id)
-        value = locked.get()
-    return int(value)
+        rows = statements.fetch(sql, [owner_id], ())
+    return int(rows[0][0])
+
+
+@cache
+def _locking_read(vendor: str) -> str:
+    """``read_locked``'s statement, built once (``yimi_project.statements``): the ORM's
+    ``select_for_update(no_key=True)`` SELECT of the owner's value (the lock clause only
+    where the database has one, as the ORM does)."""
+    sql = (f"SELECT {statements.column(PrivacyEpoch, 'value')} FROM {connection.ops.quote_name(PrivacyEpoch._meta.db_table)} "
+           f"WHERE {statements.column(PrivacyEpoch, 'owner')} = %s LIMIT 1")
+    if connection.features.has_select_for_update:
+        sql += " FOR NO KEY UPDATE" if connection.features.has_select_for_no_key_update else " FOR UPDATE"
+    return sql
 
 
 def bump(owner_id: int, reason: str, *, change: source_changes.SourceChange | None = None) -> int:

@@ -1,9 +1,10 @@
 """Row statements for hot paths, compiled once per model instead of once per call.
 
 The ORM builds a query's SQL anew every time: for the gateway's decide + receipt (four
-short statements) building them took as long as PostgreSQL took to run them. These two
-helpers issue the same SQL the ORM would for the two shapes the hot paths need — insert
-one model instance, fetch one row by primary key — with the statement text built from the
+short statements) building them took as long as PostgreSQL took to run them. These
+helpers issue the same SQL the ORM would for the shapes the hot paths need — insert one
+model instance, fetch one row by primary key, and ``fetch``: run a SELECT the caller built
+once from ``_meta`` and read its columns back by their fields — with the statement text built from the
 model's ``_meta`` once (so a new column needs no edit here) and each value prepared by its
 field exactly as ``Model.save`` and the query compiler do (``pre_save`` fills ``auto_now_add``,
 ``get_db_prep_save`` adapts JSON and UUIDs, ``from_db_value`` reads JSON back). They run on
@@ -86,19 +87,33 @@ def _fetch_statement(
     fields = [f for f in meta.concrete_fields if f in wanted]  # from_db wants them in this order
     if len(fields) != len(wanted):
         raise ValueError(f"{model.__name__}: not all of {field_names} are concrete fields")
-    connection = _connection()
-    quote = connection.ops.quote_name
+    quote = _connection().ops.quote_name
     sql = (
         f"SELECT {', '.join(quote(str(f.column)) for f in fields)} FROM {quote(meta.db_table)} "
         f"WHERE {quote(str(pk.column))} = %s LIMIT 1"
     )
+    return sql, tuple(f.attname for f in fields), _converters(tuple(fields), vendor)
+
+
+@cache
+def _converters(fields: tuple[Field[Any, Any], ...], vendor: str) -> tuple[tuple[int, tuple[Any, ...], Any], ...]:
+    """(column index, the field's converters, its column) for the columns that need converting."""
+    connection = _connection()
     converters = []
     for i, f in enumerate(fields):
-        col = f.get_col(meta.db_table)
+        col = f.get_col(f.model._meta.db_table)
         found = connection.ops.get_db_converters(col) + col.get_db_converters(connection)
         if found:
             converters.append((i, tuple(found), col))
-    return sql, tuple(f.attname for f in fields), tuple(converters)
+    return tuple(converters)
+
+
+def _convert(row: Any, converters: tuple[tuple[int, tuple[Any, ...], Any], ...], connection: BaseDatabaseWrapper) -> list[Any]:
+    values = list(row)
+    for i, found, col in converters:
+        for convert in found:
+            values[i] = convert(values[i], col, connection)
+    return values
 
 
 def fetch_by_pk(model: type[M], pk: Any, field_names: tuple[str, ...]) -> M | None:
@@ -112,8 +127,32 @@ def fetch_by_pk(model: type[M], pk: Any, field_names: tuple[str, ...]) -> M | No
         row = cursor.fetchone()
     if row is None:
         return None
-    values = list(row)
-    for i, found, col in converters:
-        for convert in found:
-            values[i] = convert(values[i], col, connection)
-    return model.from_db(connection.alias, attnames, values)
+    return model.from_db(connection.alias, attnames, _convert(row, converters, connection))
+
+
+def column(model: type[Model], name: str, *, qualified: bool = False) -> str:
+    """The quoted column of ``model``'s field ``name`` (``table.column`` if ``qualified``),
+    for statement text built once from ``_meta``."""
+    field = model._meta.get_field(name)
+    assert isinstance(field, Field), f"{model.__name__}.{name} is not a concrete field"
+    quote = _connection().ops.quote_name
+    return f"{quote(model._meta.db_table)}.{quote(str(field.column))}" if qualified else quote(str(field.column))
+
+
+def fetch(sql: str, params: list[Any], fields: tuple[Field[Any, Any], ...]) -> list[list[Any]]:
+    """The rows of a SELECT whose text the caller built once (from ``_meta``), each column
+    read back by its field in ``fields`` (one per selected column, in order) as the query
+    compiler would (JSON decoded, booleans and datetimes of SQLite converted). ``params``
+    must already be database values (ids, strings, booleans)."""
+    connection = _connection()
+    converters = _converters(fields, connection.vendor)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()
+    return [_convert(row, converters, connection) for row in rows]
+
+
+def instance(model: type[M], fields: tuple[Field[Any, Any], ...], values: list[Any]) -> M:
+    """An instance of ``model`` from converted ``values`` of its ``fields`` (in
+    ``_meta.concrete_fields`` order, the key among them), as a queryset would build it."""
+    return model.from_db(_connection().alias, [f.attname for f in fields], values)
