@@ -15,8 +15,9 @@ Measured, each ``--calls`` times, in this order of what sits before the first au
    socket's ``call.start`` runs them;
 3. a retried start of the same call (the snapshot reused);
 4. the floors, measured in the same run: ``SELECT 1`` on the same connection (the database
-   round trip) and one trivial ORM query (Django's compile + the round trip: what the
-   machine's CPU gives each of the 11 statements of a call start right now).
+   round trip) and one trivial ORM query (Django's compile + the round trip). A call start
+   runs 11 statements; its reads are SQL built once per process (``statements.fetch``), so
+   they cost about the ``SELECT 1`` floor each, not the ORM one.
 
 Goal (issue 21): call start to snapshot ready under 20 ms p99. Prints one table.
 Benchmarks are never assertions in the test suite.
