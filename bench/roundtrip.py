@@ -240,7 +240,7 @@ async def timed(clients: list[Callable[[], Awaitable[None]]], limit: float) -> f
 
 
 async def yimi_phase(base: str, codes: list[list[str]], messages: int, limit: float,
-                     done_timeout: float) -> tuple[list[float], float, Delivery]:
+                     done_timeout: float, cpu: CpuMeter) -> tuple[list[float], float, Delivery]:
     flat = [(o, c) for o, owner_codes in enumerate(codes) for c in owner_codes]
     # Fewer pairings at once than the 5 guesses per address the server counts before it looks at a code.
     pairing = asyncio.Semaphore(4)
@@ -260,8 +260,10 @@ async def yimi_phase(base: str, codes: list[list[str]], messages: int, limit: fl
                      for d, c in enumerate(conns)], limit)
         latencies: list[float] = []
         delivery = Delivery()
+        cpu.start()
         wall = await timed([lambda c=c, d=d: converse(c, messages, latencies, delivery, device=d, done_timeout=done_timeout)
                             for d, c in enumerate(conns)], limit)
+        cpu.stop()
         return latencies, wall, delivery
     finally:
         await asyncio.wait_for(asyncio.gather(*(c.close() for c in conns), return_exceptions=True), 30)
@@ -293,6 +295,71 @@ async def echo_phase(devices: int, messages: int, limit: float) -> tuple[list[fl
     return latencies, wall
 
 
+def _cpu_ms(pid: int) -> float:
+    """Used CPU of one process (user + system, its threads included), in ms; 0 if gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) * 1000 / os.sysconf("SC_CLK_TCK")
+
+
+def _processes() -> dict[int, tuple[str, int]]:
+    """Every process on the machine: pid → (command name, parent pid)."""
+    out: dict[int, tuple[str, int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                head, tail = (entry / "stat").read_text().rsplit(")", 1)
+            except OSError:
+                continue
+            out[int(entry.name)] = (head.split("(", 1)[1], int(tail.split()[1]))
+    return out
+
+
+class CpuMeter:
+    """CPU used during the measured phase, by part: the web and worker processes the bench
+    started (with their children), every ``postgres`` and ``redis-server`` process on the
+    machine, and the bench itself (its device clients and the fake brain's thread). Read
+    from /proc before and after, so it shows where the round trip's CPU goes on a 2-core
+    machine, where CPU, not waiting, is what queues the texts."""
+
+    def __init__(self, started: dict[str, int]) -> None:
+        self.started = started  # part name → pid of a process the bench started
+        self.before: dict[str, float] = {}
+        self.used: dict[str, float] = {}
+        self.wall = 0.0
+
+    def _sample(self) -> dict[str, float]:
+        procs = _processes()
+        parts: dict[str, set[int]] = {name: {pid} for name, pid in self.started.items()}
+        for pids in parts.values():  # children (daphne's own, a prefork pool's)
+            grown = True
+            while grown:
+                kids = {p for p, (_, ppid) in procs.items() if ppid in pids} - pids
+                grown = bool(kids)
+                pids |= kids
+        parts["postgres"] = {p for p, (comm, _) in procs.items() if comm == "postgres"}
+        parts["redis"] = {p for p, (comm, _) in procs.items() if comm.startswith("redis-server")}
+        parts["bench (clients, fake brain)"] = {os.getpid()}
+        return {name: sum(_cpu_ms(p) for p in pids) for name, pids in parts.items()}
+
+    def start(self) -> None:
+        self.before, self.wall = self._sample(), time.perf_counter()
+
+    def stop(self) -> None:
+        after, self.wall = self._sample(), time.perf_counter() - self.wall
+        self.used = {name: after[name] - self.before.get(name, 0.0) for name in after}
+
+    def lines(self, texts: int) -> list[str]:
+        total = sum(self.used.values())
+        lines = [f"  {'part':<40}{'CPU ms/text':>12}{'share':>8}"]
+        for name, ms in sorted(self.used.items(), key=lambda kv: -kv[1]):
+            lines.append(f"  {name:<40}{ms / texts:>12.2f}{ms / total * 100 if total else 0:>7.0f}%")
+        lines.append(f"  {'all (cores busy: ' + format(total / 1000 / self.wall, '.2f') + ')':<40}{total / texts:>12.2f}")
+        return lines
+
+
 def worker_commands(args: argparse.Namespace) -> list[tuple[str, list[str]]]:
     """``--workers`` worker processes, each started as ``./yimi up`` starts one (``--pool threads``)."""
     pool = ["--pool", "threads"] if args.pool == "threads" else ["--pool", "prefork"]
@@ -311,7 +378,7 @@ def web_commands(processes: int, port: int) -> list[tuple[str, list[str]]]:
 
 
 def run_yimi(args: argparse.Namespace, data_dir: Path, *, unchecked: bool = False,
-             web_processes: int = 1) -> tuple[list[float], float, Delivery, list[float]]:
+             web_processes: int = 1) -> tuple[list[float], float, Delivery, list[float], CpuMeter]:
     recreate_database(args.database_url)
     brain = FakeBrainServer(script=Script(rules=[Rule(reply=REPLY, chunk_chars=16, delay_ms=0)]))
     brain.start_in_thread()
@@ -339,8 +406,9 @@ def run_yimi(args: argparse.Namespace, data_dir: Path, *, unchecked: bool = Fals
                 procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT))
         base = f"http://127.0.0.1:{port}"
         wait_healthy(base, procs)
-        latencies, wall, delivery = asyncio.run(yimi_phase(base, codes, args.messages, args.timeout, args.done_timeout))
-        return latencies, wall, delivery, dispatch_floor(args.redis_url, env["YIMI_CHANNEL_PREFIX"])
+        cpu = CpuMeter({name: p.pid for (name, _), p in zip(commands, procs)})
+        latencies, wall, delivery = asyncio.run(yimi_phase(base, codes, args.messages, args.timeout, args.done_timeout, cpu))
+        return latencies, wall, delivery, dispatch_floor(args.redis_url, env["YIMI_CHANNEL_PREFIX"]), cpu
     except BaseException:
         for name in (n for n, _ in [*web_commands(web_processes, 0), *worker_commands(args)]):
             path = data_dir / f"{name}.log"
@@ -455,13 +523,15 @@ def main() -> None:
     rows: list[tuple[str, tuple[float, float, float, float], Delivery | None]] = []
     probes: list[float] = []
     stages: list[tuple[str, list[str]]] = []
+    cpus: list[tuple[str, list[str]]] = []
     for web in web_counts:
         for unchecked in (False, True) if not args.checked_only else (False,):
             label = "yimi, unchecked (bench switch)" if unchecked else "yimi, checked (as shipped)"
             if web > 1:
                 label = f"yimi, {'unchecked' if unchecked else 'checked'}, {web} web procs"
             with tempfile.TemporaryDirectory(prefix="yimi-bench-") as tmp:
-                latencies, wall, delivery, probed = run_yimi(args, Path(tmp), unchecked=unchecked, web_processes=web)
+                latencies, wall, delivery, probed, cpu = run_yimi(args, Path(tmp), unchecked=unchecked, web_processes=web)
+                cpus.append((label, cpu.lines(len(latencies))))
                 probes += probed
                 rows.append((label, figures(latencies, wall), delivery))
                 stages.append((label, stage_breakdown(args.database_url, len(latencies))))
@@ -488,6 +558,9 @@ def main() -> None:
               + "".join(f"{r:>9}" for r in ratios))
     for label, lines in stages:
         print(f"stage breakdown, {label} (from the runs' traces):")
+        print("\n".join(lines))
+    for label, lines in cpus:
+        print(f"CPU per text, {label} (measured phase, from /proc):")
         print("\n".join(lines))
 
 
