@@ -1,13 +1,16 @@
 """Round-trip benchmark: how much slower is a text through Yimi than through a bare websocket?
 
     .venv/bin/python bench/roundtrip.py [--owners 1] [--devices-per-owner 50] [--messages 5] [--workers 1] [--runs 8]
-        [--web-processes 1,2]
+        [--web-processes 1,2] [--speakers K]
 
 Starts an isolated platform (a fresh PostgreSQL database, a temporary data directory, a
 unique channel prefix on Redis, daphne and a Celery worker as subprocesses, the fake brain
 answering instantly in a thread), pairs ``--owners`` x ``--devices-per-owner`` simulated
 devices and has each send M texts one after the other, all devices at once, after one
-unmeasured warm-up text each. Latency is text sent → first ``reply.chunk`` (or
+unmeasured warm-up text each (``--speakers K``: at most K devices mid-text at once, from
+sending a text to ACKing its reply; every device stays connected and gets the owner's
+fan-out, so ``--speakers 1`` is a household where one device speaks at a time). Latency
+is text sent → first ``reply.chunk`` (or
 ``reply.done``, if every chunk of that reply was lost); throughput is texts / wall time
 of the sending phase.
 
@@ -49,6 +52,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -183,53 +187,60 @@ async def recover_by_sync(conn: DeviceConnection, seq: int, limit: float) -> dic
 
 
 async def converse(conn: DeviceConnection, texts: int, latencies: list[float] | None, delivery: Delivery | None = None,
-                   *, device: int = 0, done_timeout: float = 10.0) -> None:
+                   *, device: int = 0, done_timeout: float = 10.0, turns: asyncio.Semaphore | None = None) -> None:
     """Send ``texts`` texts one after the other; record send → first reply frame, and how
-    the reply reached this device (``Delivery``)."""
+    the reply reached this device (``Delivery``). ``turns``: held from a text's send to its
+    ACK, so at most that many devices are mid-text at once (``--speakers``)."""
     delivery = delivery or Delivery()
-    loop = asyncio.get_running_loop()
     for i in range(texts):
-        client_id, seq, first = uuid.uuid4().hex, None, None
-        started = time.perf_counter()
-        await conn.send({"type": "text", "id": client_id, "text": f"benchmark text {i}"})
-        final: dict[str, Any] | None = None
-        began = loop.time()
-        while final is None:
-            # Until the ack: no limit but FRAME_TIMEOUT. After it: done_timeout since the reply began.
-            wait = FRAME_TIMEOUT if seq is None else max(0.0, began + done_timeout - loop.time())
-            try:
-                frame = await conn.next_frame("text.ack", "reply.chunk", "reply.done", "notice", "error", timeout=wait or 0.001)
-            except SimulatorError:
-                if seq is None:
-                    raise
-                break  # no reply.done in time: recover by sync below
-            if frame["type"] in ("text.ack", "error") and frame.get("id") == client_id:
-                if frame["type"] == "error":
-                    raise SimulatorError(f"{frame['code']}: {frame['message']}")
-                seq, began = frame["seq"], loop.time()
-            elif frame["type"] == "reply.done" and (device, frame.get("reply_to_seq")) in delivery.recovered:
-                delivery.late += 1  # an earlier text's reply.done, after the device had synced it
-            elif seq is not None and frame.get("reply_to_seq") == seq:
-                if frame["type"] == "notice":
-                    raise SimulatorError(f"a notice instead of a reply: {frame['text']}")
-                if first is None:
-                    first, began = time.perf_counter() - started, loop.time()
-                if frame["type"] == "reply.done":
-                    final = frame
-                    delivery.done += 1
-        if final is None:
-            assert seq is not None
-            reply = await recover_by_sync(conn, seq, FRAME_TIMEOUT)
-            if reply is None:
-                delivery.lost += 1
-                raise SimulatorError(f"the reply to seq {seq} neither arrived nor could be synced")
-            delivery.synced += 1
-            delivery.gaps += int(reply["_gap"])
-            delivery.recovered.add((device, seq))
-            final = reply
-        if latencies is not None and first is not None:
-            latencies.append(first)
-        await conn.ack(final["seq"])
+        async with turns or contextlib.nullcontext():
+            await _one_text(conn, i, latencies, delivery, device=device, done_timeout=done_timeout)
+
+
+async def _one_text(conn: DeviceConnection, i: int, latencies: list[float] | None, delivery: Delivery,
+                    *, device: int, done_timeout: float) -> None:
+    loop = asyncio.get_running_loop()
+    client_id, seq, first = uuid.uuid4().hex, None, None
+    started = time.perf_counter()
+    await conn.send({"type": "text", "id": client_id, "text": f"benchmark text {i}"})
+    final: dict[str, Any] | None = None
+    began = loop.time()
+    while final is None:
+        # Until the ack: no limit but FRAME_TIMEOUT. After it: done_timeout since the reply began.
+        wait = FRAME_TIMEOUT if seq is None else max(0.0, began + done_timeout - loop.time())
+        try:
+            frame = await conn.next_frame("text.ack", "reply.chunk", "reply.done", "notice", "error", timeout=wait or 0.001)
+        except SimulatorError:
+            if seq is None:
+                raise
+            break  # no reply.done in time: recover by sync below
+        if frame["type"] in ("text.ack", "error") and frame.get("id") == client_id:
+            if frame["type"] == "error":
+                raise SimulatorError(f"{frame['code']}: {frame['message']}")
+            seq, began = frame["seq"], loop.time()
+        elif frame["type"] == "reply.done" and (device, frame.get("reply_to_seq")) in delivery.recovered:
+            delivery.late += 1  # an earlier text's reply.done, after the device had synced it
+        elif seq is not None and frame.get("reply_to_seq") == seq:
+            if frame["type"] == "notice":
+                raise SimulatorError(f"a notice instead of a reply: {frame['text']}")
+            if first is None:
+                first, began = time.perf_counter() - started, loop.time()
+            if frame["type"] == "reply.done":
+                final = frame
+                delivery.done += 1
+    if final is None:
+        assert seq is not None
+        reply = await recover_by_sync(conn, seq, FRAME_TIMEOUT)
+        if reply is None:
+            delivery.lost += 1
+            raise SimulatorError(f"the reply to seq {seq} neither arrived nor could be synced")
+        delivery.synced += 1
+        delivery.gaps += int(reply["_gap"])
+        delivery.recovered.add((device, seq))
+        final = reply
+    if latencies is not None and first is not None:
+        latencies.append(first)
+    await conn.ack(final["seq"])
 
 
 async def timed(clients: list[Callable[[], Awaitable[None]]], limit: float) -> float:
@@ -240,7 +251,7 @@ async def timed(clients: list[Callable[[], Awaitable[None]]], limit: float) -> f
 
 
 async def yimi_phase(base: str, codes: list[list[str]], messages: int, limit: float,
-                     done_timeout: float, cpu: CpuMeter) -> tuple[list[float], float, Delivery]:
+                     done_timeout: float, cpu: CpuMeter, speakers: int | None = None) -> tuple[list[float], float, Delivery]:
     flat = [(o, c) for o, owner_codes in enumerate(codes) for c in owner_codes]
     # Fewer pairings at once than the 5 guesses per address the server counts before it looks at a code.
     pairing = asyncio.Semaphore(4)
@@ -260,8 +271,10 @@ async def yimi_phase(base: str, codes: list[list[str]], messages: int, limit: fl
                      for d, c in enumerate(conns)], limit)
         latencies: list[float] = []
         delivery = Delivery()
+        turns = asyncio.Semaphore(speakers) if speakers else None
         cpu.start()
-        wall = await timed([lambda c=c, d=d: converse(c, messages, latencies, delivery, device=d, done_timeout=done_timeout)
+        wall = await timed([lambda c=c, d=d: converse(c, messages, latencies, delivery, device=d, done_timeout=done_timeout,
+                                                      turns=turns)
                             for d, c in enumerate(conns)], limit)
         cpu.stop()
         return latencies, wall, delivery
@@ -407,7 +420,8 @@ def run_yimi(args: argparse.Namespace, data_dir: Path, *, unchecked: bool = Fals
         base = f"http://127.0.0.1:{port}"
         wait_healthy(base, procs)
         cpu = CpuMeter({name: p.pid for (name, _), p in zip(commands, procs)})
-        latencies, wall, delivery = asyncio.run(yimi_phase(base, codes, args.messages, args.timeout, args.done_timeout, cpu))
+        latencies, wall, delivery = asyncio.run(yimi_phase(base, codes, args.messages, args.timeout, args.done_timeout, cpu,
+                                                           args.speakers))
         return latencies, wall, delivery, dispatch_floor(args.redis_url, env["YIMI_CHANNEL_PREFIX"]), cpu
     except BaseException:
         for name in (n for n, _ in [*web_commands(web_processes, 0), *worker_commands(args)]):
@@ -507,6 +521,9 @@ def main() -> None:
     parser.add_argument("--done-timeout", type=float, default=10.0,
                         help="seconds a device waits for reply.done after the reply began before it syncs")
     parser.add_argument("--checked-only", action="store_true", help="skip the unchecked (bench switch) path")
+    parser.add_argument("--speakers", type=int, default=None,
+                        help="devices mid-text at once (default: all; 1 = a household where one device speaks at a time "
+                             "while every device stays connected and gets the fan-out)")
     parser.add_argument("--web-processes", default="1",
                         help="web processes to measure, comma-separated (e.g. 1,2: one table row each, same run)")
     args = parser.parse_args()
@@ -519,6 +536,8 @@ def main() -> None:
     devices = args.owners * args.devices_per_owner
     if args.owners < 1 or args.devices_per_owner < 1 or args.messages < 1 or devices * args.messages < 2:
         parser.error("need at least two texts in all (--owners x --devices-per-owner x --messages)")
+    if args.speakers is not None and args.speakers < 1:
+        parser.error("--speakers must be 1 or more")
 
     rows: list[tuple[str, tuple[float, float, float, float], Delivery | None]] = []
     probes: list[float] = []
@@ -542,6 +561,7 @@ def main() -> None:
 
     print(f"roundtrip: {args.owners} owners x {args.devices_per_owner} devices x {args.messages} texts "
           f"({args.workers} worker(s), {args.pool} pool, {args.runs} runs at once each, web processes {args.web_processes}, "
+          f"{'all devices' if not args.speakers else args.speakers} speaking at once, "
           "fake brain answering instantly)")
     print(f"{'path':<34}{'p50 ms':>9}{'p95 ms':>9}{'p99 ms':>9}{'msgs/s':>10}{'done':>7}{'late':>6}{'synced':>8}{'gaps':>6}{'lost':>6}")
     for label, row, dl in rows:
