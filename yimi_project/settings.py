@@ -14,6 +14,7 @@ from pathlib import Path
 import environ
 from django.core.exceptions import ImproperlyConfigured
 
+from yimi_project.db_pool import pooled_connection_check
 from yimi_project.proxy import public_origin, trusted_networks
 from yimi_project.secrets import load_or_create_internal_token, load_or_create_secret_key, read_secret
 
@@ -142,8 +143,13 @@ elif DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
     # (up to the pool timeout) instead of opening a connection per thread until PostgreSQL
     # refuses everyone. Every process's pool counts against the server's max_connections:
     # README "Database connections". Django keeps no connection of its own (CONN_MAX_AGE 0).
+    # A connection is checked as it leaves the pool by yimi_project.db_pool (a dead one is
+    # never handed out) without a round trip per checkout, not by CONN_HEALTH_CHECKS
+    # (psycopg_pool's empty query every time): Django's backend with the pool's "check"
+    # from the options (yimi_project/postgresql).
+    DATABASES["default"]["ENGINE"] = "yimi_project.postgresql"
     DATABASES["default"]["CONN_MAX_AGE"] = 0
-    DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+    DATABASES["default"]["CONN_HEALTH_CHECKS"] = False
     DATABASES["default"].setdefault("OPTIONS", {}).update(
         {
             # Server-side parameter binding lets psycopg prepare the hot queries (gateway, timeline).
@@ -152,6 +158,7 @@ elif DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
                 "min_size": env.int("YIMI_DB_POOL_MIN_SIZE", default=1),
                 "max_size": env.int("YIMI_DB_POOL_MAX_SIZE", default=20),
                 "timeout": env.float("YIMI_DB_POOL_TIMEOUT_SECONDS", default=30.0),
+                "check": pooled_connection_check(env.float("YIMI_DB_POOL_CHECK_EVERY_SECONDS", default=10.0)),
             },
         }
     )

@@ -1,0 +1,57 @@
+"""The health check of the PostgreSQL connection pool (settings ``OPTIONS["pool"]["check"]``).
+
+psycopg_pool's own ``ConnectionPool.check_connection`` (what Django installs with
+``CONN_HEALTH_CHECKS``) sends an empty query on every checkout: a round trip to the
+server each time a request, a websocket frame or a task borrows a connection, so one more
+trip per database call on the hot paths. ``check_pooled_connection`` asks the server only
+when there is a reason to:
+
+1. the connection is closed or not idle as psycopg sees it: refused (the pool discards it
+   and hands out another);
+2. its socket is readable: an idle connection in the pool has nothing to read unless the
+   server spoke first — when the server ends a backend (``pg_terminate_backend``, a
+   restart, an idle timeout) it sends the error and closes the socket, so it is readable
+   at once. Then the empty query decides (it raises on a closed connection, and passes
+   on a harmless asynchronous message such as a notice);
+3. no empty query has confirmed it for ``YIMI_DB_POOL_CHECK_EVERY_SECONDS``: the empty
+   query, so a connection whose server went away without a word is still found, if later;
+4. otherwise it is handed out as it is, without a round trip.
+
+A connection that fails the check is discarded by the pool, which gives the request
+another one (tests/test_db_pool_check.py).
+"""
+
+from __future__ import annotations
+
+import select
+import time
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+from psycopg import pq
+from psycopg_pool import ConnectionPool
+
+CONFIRMED_AT = "_yimi_confirmed_at"  # attribute on the connection: when the empty query last passed
+
+
+def pooled_connection_check(every_seconds: float, clock: Callable[[], float] = time.monotonic) -> Callable[[Any], None]:
+    """The pool's ``check`` callback: ``check_pooled_connection`` with this interval and clock."""
+
+    def check(conn: Any) -> None:
+        check_pooled_connection(conn, every_seconds=every_seconds, now=clock())
+
+    return check
+
+
+def check_pooled_connection(conn: Any, *, every_seconds: float, now: float) -> None:
+    """Raise if ``conn`` (a psycopg connection leaving the pool) must not be handed out.
+    Steps in the module docstring."""
+    pgconn = conn.pgconn
+    if conn.closed or pgconn.status != pq.ConnStatus.OK or pgconn.transaction_status != pq.TransactionStatus.IDLE:
+        raise psycopg.OperationalError("the pooled connection is closed or not idle")
+    readable, _, _ = select.select([pgconn.socket], [], [], 0)
+    if not readable and now - getattr(conn, CONFIRMED_AT, float("-inf")) < every_seconds:
+        return
+    ConnectionPool.check_connection(conn)  # psycopg_pool's empty query: raises on a connection the server closed
+    setattr(conn, CONFIRMED_AT, now)
