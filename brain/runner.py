@@ -151,16 +151,18 @@ def _claim_and_prepare(run_id: Any, stages: dict[str, float] | None) -> tuple[Ru
     its history and prompt, the memory hook (issue 5: core profile + incremental L3 facts,
     ``brain.prompts.with_memory``), the report of its tree's receipts the checker needs
     (None on the bench's unchecked path) and the ``_Turn``."""
-    run = services.claim_run(run_id)
-    if run is None:
+    claimed = services.claim_for_turn(run_id)
+    if claimed is None:
         return None
+    run = claimed.run
     run.trace = {**(run.trace or {}), **(stages or {})}
     trace.mark(run, "claimed")
     if services.is_stale(run):
         return run, None, None, None, None
     history = services.history_for(run)
     # In a voice call the owner talks with the call's frozen persona and background (issue 21).
-    system = call_snapshot.call_prompt(run.owner_id, run.origin_device_id) if run.scope == "owner" else None
+    # The claim read whether the device is in an open call: only then is there a snapshot to read.
+    system = call_snapshot.call_prompt(run.owner_id, run.origin_device_id) if run.scope == "owner" and claimed.in_call else None
     messages = build_messages(run.scope, run.inbound.text, history, system=system)
     trace.mark(run, "prompt_built")
     memory = prepare_memory(run.owner_id, run.scope, run.inbound.seq)
@@ -173,7 +175,7 @@ def _claim_and_prepare(run_id: Any, stages: dict[str, float] | None) -> tuple[Ru
     except YimiError as exc:
         turn = _Turn(models=exc)
     # A request about an image the device sent goes to the vision role instead (brain.vision).
-    turn.image = vision.image_for_run(run)
+    turn.image = vision.image_for_run(run, may_be_linked=claimed.image_linked)
     if turn.image is None:
         turn.active, turn.thinking = agent_loop.turn_context(run)
     return run, messages, memory, report, turn

@@ -11,21 +11,23 @@ import uuid
 from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from functools import cache
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
-from django.db.models import F, Q
+from django.db.models import Q
 from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
+from accounts.models import VoiceCall
 from accounts.services import admit_scheduled, admit_text, admit_voice
 from brain.agents import run_has_active_agents
 from brain.models import Run
 from brain.trace import now_ms
 from capabilities.authorities import RunBinding
 from memory import services as timeline
-from memory.models import TimelineEntry
+from memory.models import ImageRecord, TimelineEntry
 from yimi_project import statements
 
 if TYPE_CHECKING:  # the device that spoke, from the consumer above (devices/)
@@ -129,28 +131,142 @@ def run_binding(run_id: Any) -> RunBinding | None:
     return RunBinding(key, run.owner_id, run.admission_id, run.scope, active, run.origin)
 
 
+@dataclass(frozen=True)
+class Claimed:
+    """A run just claimed (its inbound entry loaded), and what the claim's statement also
+    read for its turn: whether its device is in an open voice call (else there is no call
+    snapshot to look for) and whether an attached image names its request (else
+    ``memory.images.image_for_request`` skips that lookup)."""
+
+    run: Run
+    in_call: bool
+    image_linked: bool
+
+
 def claim_run(run_id: Any) -> Run | None:
     """Take a run for execution: queued, or running with a stale heartbeat (its worker
     died). Returns None when another worker holds it or it has finished."""
+    claimed = claim_for_turn(run_id)
+    return claimed.run if claimed is not None else None
+
+
+def claim_for_turn(run_id: Any) -> Claimed | None:
+    """``claim_run`` as the runner uses it, in one statement on PostgreSQL: the
+    compare-and-set UPDATE (queued, or running on a stale heartbeat → running, attempts + 1)
+    returns the run's columns, joined with its inbound entry and the two facts ``Claimed``
+    holds. SQLite (the embedded default) cannot join in an UPDATE's RETURNING: the same
+    UPDATE returns the run, and a second statement reads the entry and the two facts. The
+    statements are built once per process (``_claim_sql``)."""
+    try:
+        key = uuid.UUID(str(run_id))
+    except ValueError:
+        return None
     now = timezone.now()
     stale = now - timedelta(seconds=settings.RUN_HEARTBEAT_STALE_SECONDS)
-    claimed = (
-        Run.objects.filter(id=run_id)
-        .filter(Q(state=Run.State.QUEUED) | Q(state=Run.State.RUNNING, heartbeat_at__lt=stale))
-        .update(state=Run.State.RUNNING, attempts=F("attempts") + 1, started_at=now, heartbeat_at=now)
+    ops = connection.ops
+    sql = _claim_sql(connection.vendor)
+    params = [
+        Run.State.RUNNING, ops.adapt_datetimefield_value(now), ops.adapt_datetimefield_value(now),
+        Run._meta.pk.get_db_prep_value(key, connection),  # type: ignore[union-attr]
+        Run.State.QUEUED, Run.State.RUNNING, ops.adapt_datetimefield_value(stale),
+    ]
+    image = [ImageRecord.State.ATTACHED, ""]  # an attached image that still has its file
+    n = len(sql.run_fields)
+    if sql.read is None:  # PostgreSQL: one statement
+        rows = statements.fetch(sql.claim, params + image, sql.run_fields + sql.entry_fields)
+        if not rows:
+            return None
+        run_values, rest = rows[0][:n], rows[0][n:]
+    else:
+        rows = statements.fetch(sql.claim, params, sql.run_fields)
+        if not rows:
+            return None
+        run_values = rows[0]
+        device = Run._meta.get_field("origin_device").get_db_prep_value(run_values[sql.device_at], connection)
+        rest = statements.fetch(sql.read, [device, device, *image, run_values[sql.inbound_at]], sql.entry_fields)[0]
+    run = statements.instance(Run, sql.run_fields, run_values)
+    m = len(sql.entry_fields)
+    run.inbound = statements.instance(TimelineEntry, sql.entry_fields, rest[:m])
+    in_call, image_linked = rest[m:]
+    return Claimed(run, bool(in_call), bool(image_linked))
+
+
+@dataclass(frozen=True)
+class _ClaimSQL:
+    claim: str
+    read: str | None  # SQLite's second statement
+    run_fields: tuple[Any, ...]
+    entry_fields: tuple[Any, ...]
+    device_at: int  # the origin device's column among the run's
+    inbound_at: int
+
+
+@cache
+def _claim_sql(vendor: str) -> _ClaimSQL:
+    """``claim_for_turn``'s statements, built once per process from ``_meta`` (the same
+    UPDATE the ORM built from ``filter(Q(...)).update(...)``)."""
+    quote = connection.ops.quote_name
+    run_fields = tuple(Run._meta.concrete_fields)
+    entry_fields = tuple(TimelineEntry._meta.concrete_fields)
+
+    def run(name: str) -> str:
+        return statements.column(Run, name)
+
+    def col(model: Any, name: str) -> str:
+        return statements.column(model, name)
+
+    run_cols = ", ".join(quote(str(f.column)) for f in run_fields)
+    entry_cols = ", ".join(f"e.{quote(str(f.column))}" for f in entry_fields)
+    update = (
+        f"UPDATE {quote(Run._meta.db_table)} SET {run('state')} = %s, {run('attempts')} = ({run('attempts')} + 1), "
+        f"{run('started_at')} = %s, {run('heartbeat_at')} = %s "
+        f"WHERE {run('id')} = %s AND ({run('state')} = %s OR ({run('state')} = %s AND {run('heartbeat_at')} < %s)) "
+        f"RETURNING {run_cols}"
     )
-    if claimed != 1:
-        return None
-    return Run.objects.select_related("inbound", "origin_device").get(id=run_id)
+
+    def facts(device: str) -> str:
+        return (
+            f"EXISTS (SELECT 1 FROM {quote(VoiceCall._meta.db_table)} WHERE {col(VoiceCall, 'device')} = {device} "
+            f"AND {col(VoiceCall, 'ended_at')} IS NULL), "
+            f"EXISTS (SELECT 1 FROM {quote(ImageRecord._meta.db_table)} WHERE {col(ImageRecord, 'device')} = {device} "
+            f"AND {col(ImageRecord, 'state')} = %s AND NOT ({col(ImageRecord, 'path')} = %s) "
+            f"AND {col(ImageRecord, 'about_client_id')} = e.{col(TimelineEntry, 'client_id')})"
+        )
+
+    names = [f.name for f in run_fields]
+    at = {"device_at": names.index("origin_device"), "inbound_at": names.index("inbound")}
+    entries = quote(TimelineEntry._meta.db_table)
+    if vendor == "postgresql":
+        claimed = ", ".join(f"claimed.{quote(str(f.column))}" for f in run_fields)
+        sql = (
+            f"WITH claimed AS ({update}) SELECT {claimed}, {entry_cols}, {facts('claimed.' + run('origin_device'))} "
+            f"FROM claimed INNER JOIN {entries} e ON (e.{col(TimelineEntry, 'id')} = claimed.{run('inbound')})"
+        )
+        return _ClaimSQL(sql, None, run_fields, entry_fields, **at)
+    read = f"SELECT {entry_cols}, {facts('%s')} FROM {entries} e WHERE e.{col(TimelineEntry, 'id')} = %s"
+    return _ClaimSQL(update, read, run_fields, entry_fields, **at)
 
 
 def heartbeat(run: Run) -> bool:
-    """Refresh the run's heartbeat; False if the run was taken over or finished."""
-    return bool(
-        Run.objects.filter(id=run.id, state=Run.State.RUNNING, attempts=run.attempts).update(
-            heartbeat_at=timezone.now()
+    """Refresh the run's heartbeat; False if the run was taken over or finished (one
+    conditional UPDATE, its text built once per process)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _heartbeat_sql(connection.vendor),
+            [connection.ops.adapt_datetimefield_value(timezone.now()),
+             Run._meta.pk.get_db_prep_value(run.id, connection),  # type: ignore[union-attr]
+             Run.State.RUNNING, run.attempts],
         )
-    )
+        return cursor.rowcount == 1
+
+
+@cache
+def _heartbeat_sql(vendor: str) -> str:
+    def c(name: str) -> str:
+        return statements.column(Run, name)
+
+    return (f"UPDATE {connection.ops.quote_name(Run._meta.db_table)} SET {c('heartbeat_at')} = %s "
+            f"WHERE {c('id')} = %s AND {c('state')} = %s AND {c('attempts')} = %s")
 
 
 def is_stale(run: Run, now: datetime | None = None) -> bool:

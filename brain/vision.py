@@ -45,11 +45,13 @@ VISION_SYSTEM = (
 )
 
 
-def image_for_run(run: Run) -> ImageRecord | None:
-    """The image this run's request is about, if any (``memory.images.image_for_request``)."""
+def image_for_run(run: Run, *, may_be_linked: bool = True) -> ImageRecord | None:
+    """The image this run's request is about, if any (``memory.images.image_for_request``;
+    ``may_be_linked=False``: the claim read that no image names this request)."""
     inbound = run.inbound
     return images.image_for_request(
-        device_id=run.origin_device_id, client_id=inbound.client_id, text=inbound.text, at=inbound.created_at
+        device_id=run.origin_device_id, client_id=inbound.client_id, text=inbound.text, at=inbound.created_at,
+        may_be_linked=may_be_linked,
     )
 
 

@@ -328,13 +328,17 @@ ASKS_ABOUT_IMAGE = re.compile(
 )
 
 
-def image_for_request(*, device_id: Any, client_id: str | None, text: str, at: datetime) -> ImageRecord | None:
+def image_for_request(
+    *, device_id: Any, client_id: str | None, text: str, at: datetime, may_be_linked: bool = True
+) -> ImageRecord | None:
     """The image a request is about: the latest attached image from the same device whose
     ``about`` is this request's client id; else, when the words ask about something seen
     (``ASKS_ABOUT_IMAGE``), the device's latest image attached within
-    ``IMAGE_REQUEST_WINDOW_SECONDS`` before the request. None otherwise."""
+    ``IMAGE_REQUEST_WINDOW_SECONDS`` before the request. None otherwise.
+    ``may_be_linked=False``: the caller has just read that no such linked image exists (the
+    runner's claim), so that lookup is skipped."""
     usable = ImageRecord.objects.filter(device_id=device_id, state=ImageRecord.State.ATTACHED).exclude(path="")
-    if client_id:
+    if client_id and may_be_linked:
         linked = usable.filter(about_client_id=client_id).order_by("-attached_at").first()
         if linked is not None:
             return linked

@@ -142,3 +142,38 @@ async def test_owner_run_sees_recent_history_and_the_demo_brain_says_what_it_is(
     assert "my name is Lin" in contents and contents[-1] == "what is my name?"
     reply = await db_async(TimelineEntry.objects.filter(kind="reply").last)()
     assert reply.text.startswith("[demo brain]")
+
+
+def test_the_claim_reads_the_inbound_entry_and_whether_a_call_or_an_image_is_there(make_device: Any) -> None:
+    """``claim_for_turn`` (one statement on PostgreSQL, two on SQLite): the claimed run
+    comes with its inbound entry, whether its device is in an open call (only then is a call
+    snapshot looked up) and whether an attached image with a file names its request (only
+    then is the linked image looked up); a second claim of a fresh run gets nothing."""
+    from accounts.models import VoiceCall
+    from brain.services import claim_for_turn
+    from memory.models import ImageRecord
+
+    sim = make_device()
+    plain = utter(sim, "plain words")
+    claimed = claim_for_turn(plain.run_id)
+    assert claimed is not None and claimed.run.state == "running" and claimed.run.attempts == 1
+    assert claimed.run.inbound.text == "plain words" and claimed.run.inbound.id == plain.entry.id
+    assert (claimed.in_call, claimed.image_linked) == (False, False)
+    assert claim_for_turn(plain.run_id) is None and claim_for_turn("not-a-uuid") is None
+
+    call = VoiceCall.objects.create(owner_id=sim.device.owner_id, device=sim.device, call_id="c1", channel="app")
+    client_id = new_client_id()
+    image = dict(owner_id=sim.device.owner_id, device=sim.device, scope="owner", retention="keep", content_type="image/png",
+                 width=1, height=1, size_bytes=1, sha256="0" * 64, uploaded_at=timezone.now(), about_client_id=client_id)
+    ImageRecord.objects.create(**image, state=ImageRecord.State.ATTACHED, path="")  # purged: no file
+    ImageRecord.objects.create(**image, state=ImageRecord.State.UPLOADED, path="images/x.png")  # not attached
+    asked = accept_utterance(sim.device, client_id, "what is this")
+    claimed = claim_for_turn(asked.run_id)
+    assert claimed is not None and (claimed.in_call, claimed.image_linked) == (True, False)
+
+    ImageRecord.objects.create(**image, state=ImageRecord.State.ATTACHED, path="images/y.png")
+    VoiceCall.objects.filter(id=call.id).update(ended_at=timezone.now())
+    again = accept_utterance(sim.device, client_id + "-2", "again")
+    ImageRecord.objects.filter(path="images/y.png").update(about_client_id=client_id + "-2")
+    claimed = claim_for_turn(again.run_id)
+    assert claimed is not None and (claimed.in_call, claimed.image_linked) == (False, True)
