@@ -332,15 +332,18 @@ class DeviceConsumer(AsyncWebsocketConsumer):
         """Record the ACK; the first ACK of a ``reply.done`` this socket sent also closes that
         run's trace (``done_sent`` and ``ack``, one UPDATE, in the same thread hop)."""
         assert self.device is not None
-        device, seq, acked_at = self.device, frame.get("seq"), self._received_ms
+        device_id, seq, acked_at = self.device.id, frame.get("seq"), self._received_ms
         sent = self._done_sent.get(seq) if isinstance(seq, int) and not isinstance(seq, bool) else None
 
-        def ack() -> None:
+        def ack() -> Device:
+            """One trip to this socket's database thread: the device re-check, then the ACK."""
+            device = device_services.active_device(device_id)
             device_services.record_delivery(device, seq, frame.get("status"))
             if sent is not None:
                 add_trace_stages(sent[0], {"done_sent": sent[1], "ack": acked_at})
+            return device
 
-        await database_sync_to_async(ack)()
+        self.device = await database_sync_to_async(ack)()
         if sent is not None:
             self._done_sent.pop(seq, None)
 
@@ -534,7 +537,7 @@ class DeviceConsumer(AsyncWebsocketConsumer):
         })
 
     # Frames whose handler re-checks the device itself, in the database trip it makes anyway.
-    RECHECKED_IN_HANDLER = frozenset({"text"})
+    RECHECKED_IN_HANDLER = frozenset({"text", "ack"})
 
     HANDLERS = {
         "text": _on_text,
@@ -571,9 +574,13 @@ class DeviceConsumer(AsyncWebsocketConsumer):
     # the process shares; under load (every chunk, every timeline.new to every socket)
     # that hop was the web process's queue. These skip it; everything else keeps it.
     FORWARDED = frozenset({"reply.chunk", "reply.done", "notice", "timeline.new"})
+    # A frame from the device skips that hop too: its handlers reach the database only
+    # through database_sync_to_async, which closes old connections before and after each
+    # call on the same thread; the hop before it was one more thread round trip per frame.
+    NO_CLOSE_HOP = FORWARDED | {"websocket.receive"}
 
     async def dispatch(self, message: dict[str, Any]) -> None:
-        if message.get("type") in self.FORWARDED:
+        if message.get("type") in self.NO_CLOSE_HOP:
             await getattr(self, get_handler_name(message))(message)
             return
         await super().dispatch(message)
