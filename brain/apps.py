@@ -1,6 +1,6 @@
 import asyncio
 
-from celery.signals import worker_ready
+from celery.signals import worker_ready, worker_shutting_down
 from django.apps import AppConfig
 
 from capabilities import authorities
@@ -12,6 +12,18 @@ def _recover_runs_on_worker_start(**_: object) -> None:
     from brain.recovery import recover_runs
 
     asyncio.run(recover_runs())
+
+
+def _serve_run_lane(**_: object) -> None:
+    from brain import run_lane
+
+    run_lane.start_on_worker()
+
+
+def _stop_run_lane(**_: object) -> None:
+    from brain import run_lane
+
+    run_lane.stop_on_worker()
 
 
 class BrainConfig(AppConfig):
@@ -39,3 +51,6 @@ class BrainConfig(AppConfig):
         privacy_epoch.register_invalidator("topics", topic_state.invalidate)  # summaries and topic rows, in the bump's transaction
         # A Celery worker recovers the runs a dead worker left (brain.recovery) when it is ready.
         worker_ready.connect(_recover_runs_on_worker_start, weak=False, dispatch_uid="brain.recover_runs")
+        # ... and serves the run lane (brain.run_lane) until it shuts down.
+        worker_ready.connect(_serve_run_lane, weak=False, dispatch_uid="brain.run_lane")
+        worker_shutting_down.connect(_stop_run_lane, weak=False, dispatch_uid="brain.run_lane.stop")

@@ -41,15 +41,22 @@ async def dispatch_run(run_id: Any) -> None:
 
 
 def publish_run(run_id: Any) -> bool:
-    """From synchronous code, after the run's transaction committed: queue the run on
-    Celery (with its ``queued`` stage) and return True; False in the embedded default, where
-    the caller starts it with ``dispatch_run``. The device socket calls it in the same
-    database trip as the admission, so a text costs one thread hop, not two."""
+    """From synchronous code, after the run's transaction committed: queue the run on the
+    run lane (``brain.run_lane``: one Redis list entry a free worker slot pops, with its
+    ``queued`` stage) and return True; False in the embedded default, where the caller
+    starts it with ``dispatch_run``. The device socket calls it in the same database trip as
+    the admission, so a text costs one thread hop, not two. Redis unreachable: logged, and
+    the run, already stored, is sent by the recovery sweep."""
     if not uses_broker():
         return False
-    from brain.tasks import execute_run_task
+    import redis
 
-    execute_run_task.delay(str(run_id), {"queued": now_ms()})
+    from brain import run_lane
+
+    try:
+        run_lane.push(run_id, {"queued": now_ms()})
+    except redis.RedisError as exc:  # the run is stored: the recovery sweep sends it once Redis is back
+        log_event("run_not_queued", run_id=str(run_id), error=type(exc).__name__)
     return True
 
 

@@ -19,7 +19,7 @@ import redis
 from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async
 
-from brain import services
+from brain import run_lane, services
 from brain.agents import tasks_to_recover
 from brain.dispatch import dispatch_run, dispatch_task, uses_broker
 from brain.runner import _announce
@@ -44,8 +44,9 @@ def _run_id(message: Any) -> str | None:
 
 
 def runs_on_queue() -> set[str]:
-    """Ids of the runs that have a message on the broker: waiting in the Celery queue or
-    reserved by a worker that has not started it. Empty without a broker (the embedded
+    """Ids of the runs that have a message on the broker: waiting on the run lane
+    (``brain.run_lane``) or in the Celery queue, or reserved by a worker that has not
+    started it. Empty without a broker (the embedded
     default starts a run on its own event loop at once). Read in one transaction, so a
     message is never missed between the queue and the reserved set."""
     if not uses_broker():
@@ -59,12 +60,13 @@ def runs_on_queue() -> set[str]:
         for key in (queue, *(f"{queue}{PRIORITY_SEPARATOR}{step}" for step in PRIORITY_STEPS)):
             pipe.lrange(key, 0, -1)
         pipe.hvals(prefix + UNACKED_KEY)
-        *lists, reserved = pipe.execute()
+        run_lane.waiting(pipe)
+        *lists, reserved, lane = pipe.execute()
     finally:
         client.close()
     messages = [json.loads(raw) for waiting in lists for raw in waiting]
     messages += [entry[0] for entry in (json.loads(raw) for raw in reserved) if isinstance(entry, list) and entry]
-    return {run_id for run_id in map(_run_id, messages) if run_id is not None}
+    return {run_id for run_id in map(_run_id, messages) if run_id is not None} | run_lane.run_ids(lane)
 
 
 async def recover_runs(*, now: datetime | None = None) -> tuple[int, int]:

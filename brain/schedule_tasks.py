@@ -7,12 +7,12 @@ from celery import shared_task
 
 @shared_task(name="brain.tasks.fire_due_schedules")
 def fire_due_schedules_task() -> int:
+    from brain.dispatch import publish_run
     from brain.schedules import fire_due_schedules
-    from brain.tasks import execute_run_task
 
     run_ids = fire_due_schedules()
     for run_id in run_ids:
-        execute_run_task.delay(str(run_id))
+        publish_run(run_id)  # the run lane (brain.run_lane), as a device's text
     return len(run_ids)
 
 

@@ -38,13 +38,19 @@ def on_worker_loop(coro: Coroutine[Any, Any, T]) -> T:
     do, instead of every run's database trips queueing for asgiref's one process-wide
     thread. That thread borrows a connection from the process's pool for each call and
     gives it back after it (``close_old_connections``, ``CONN_MAX_AGE`` 0)."""
+    return asyncio.run_coroutine_threadsafe(_in_own_context(coro), worker_loop()).result()
+
+
+def worker_loop() -> asyncio.AbstractEventLoop:
+    """This worker process's one long-lived event loop, started on first use (a daemon
+    thread): the loop Celery tasks and the run lane (``brain.run_lane``) share."""
     global _loop
     with _loop_lock:
         if _loop is None or _loop.is_closed():
             loop = asyncio.new_event_loop()
             threading.Thread(target=loop.run_forever, name="yimi-run-loop", daemon=True).start()
             _loop = loop
-    return asyncio.run_coroutine_threadsafe(_in_own_context(coro), _loop).result()
+        return _loop
 
 
 async def _in_own_context(coro: Coroutine[Any, Any, T]) -> T:

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -109,6 +109,7 @@ def worker_env(prefix: str, **overrides: str) -> dict[str, str]:
     }
 
 
+LANE_LINE = re.compile(r"run_lane_run_ended run_id=(?P<run>[0-9a-f-]{36}) outcome=(?P<outcome>\w+)")
 TASK_LINE = re.compile(r"Task (?P<name>[\w.]+)\[(?P<id>[0-9a-f-]{36})\] (?P<event>received|succeeded in [\d.e-]+s: (?P<result>.*)|raised .*|retry: .*)$")
 
 
@@ -176,6 +177,21 @@ class CeleryWorker:
             return done if len(done) >= count else None
 
         return self.wait_until(f"{count} × {name}", ended, timeout)
+
+    def lane_runs(self) -> dict[str, str]:
+        """Every run this worker took from the run lane (``brain.run_lane``) and ended: run
+        id → its outcome (the run's final state, or "skipped")."""
+        return {m["run"]: m["outcome"] for m in LANE_LINE.finditer(self.text()[self.since :])}
+
+    def wait_for_lane_runs(self, run_ids: Iterable[Any], timeout: float = TASK_SECONDS) -> dict[str, str]:
+        """Wait until each of ``run_ids`` has ended here, taken from the run lane; their outcomes."""
+        wanted = {str(run_id) for run_id in run_ids}
+
+        def ended() -> dict[str, str] | None:
+            runs = self.lane_runs()
+            return {run_id: runs[run_id] for run_id in wanted} if wanted <= runs.keys() else None
+
+        return self.wait_until(f"runs {sorted(wanted)} from the run lane", ended, timeout)
 
     def wait_idle(self, timeout: float = TASK_SECONDS) -> None:
         """Every task received so far has ended (none still waiting for its countdown)."""

@@ -268,7 +268,7 @@ def test_the_workers_heartbeat_keeps_a_long_run_claimed(broker: CeleryWorker, ma
     assert (run.state, run.attempts) == ("succeeded", 1)
     assert len(beats) >= 3 and max(beats) - run.started_at >= timedelta(seconds=1.5)  # it beat, more than once
     assert TimelineEntry.objects.get(reply_to_id=accepted.entry.id, kind="reply").text == "Here I am, slowly."
-    assert broker.wait_for_results("brain.tasks.execute_run", 1) == ["'succeeded'"]
+    assert broker.wait_for_lane_runs([accepted.run_id]) == {str(accepted.run_id): "succeeded"}  # one run, from the run lane
 
 
 # --- redelivery after a worker was killed --------------------------------------------------------------

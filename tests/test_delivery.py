@@ -233,9 +233,10 @@ async def test_after_an_overflow_the_device_syncs_every_entry_with_no_gap(
 
 
 def _queue_length(prefix: str) -> int:
+    """Run entries waiting for a worker: on the run lane (brain.run_lane), where runs go."""
     client = redis.Redis.from_url(django_settings.REDIS_URL)
     try:
-        return int(client.llen(f"{prefix}:{prefix}-tasks"))
+        return int(client.llen(f"{prefix}:{prefix}-tasks.runs"))
     finally:
         client.close()
 
@@ -243,7 +244,7 @@ def _queue_length(prefix: str) -> int:
 def _pop_one(prefix: str) -> None:
     client = redis.Redis.from_url(django_settings.REDIS_URL)
     try:
-        client.rpop(f"{prefix}:{prefix}-tasks")
+        client.rpop(f"{prefix}:{prefix}-tasks.runs")
     finally:
         client.close()
 

@@ -261,6 +261,9 @@ RUN_HEARTBEAT_SECONDS = env.float("YIMI_RUN_HEARTBEAT_SECONDS", default=5.0)
 RUN_HEARTBEAT_STALE_SECONDS = env.int("YIMI_RUN_HEARTBEAT_STALE_SECONDS", default=30)
 # A queued run younger than this is assumed to be on its way to a worker.
 RUN_QUEUED_GRACE_SECONDS = 10
+# A worker shutting down stops taking runs from the run lane (brain.run_lane) and waits this
+# long for the runs it has; one cut off later is recovered once its heartbeat goes stale.
+RUN_LANE_DRAIN_SECONDS = env.float("YIMI_RUN_LANE_DRAIN_SECONDS", default=60.0)
 
 # --- devices and protocol ---------------------------------------------------------------
 PAIRING_CODE_TTL_SECONDS = 600
