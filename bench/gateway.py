@@ -220,8 +220,8 @@ def sql_floor(connection, run_id: str, owner_id: int) -> dict[str, Callable[[int
             cursor.fetchone()
             cursor.execute(
                 "INSERT INTO capabilities_toolcall (id, owner_id, run_id, agent_id, tool, category, arguments, owner_requested,"
-                " fingerprint, idempotency_key, decision, decision_code, decision_reason, created_at, observed_error)"
-                " VALUES (%s, %s, %s, '', 'demo__read', 'observe', %s::jsonb, false, %s, %s, 'allow', 'ok', 'allowed', now(), '')",
+                " fingerprint, idempotency_key, decision, decision_code, decision_reason, created_at, observed_error, pack_version)"
+                " VALUES (%s, %s, %s, '', 'demo__read', 'observe', %s::jsonb, false, %s, %s, 'allow', 'ok', 'allowed', now(), '', '')",
                 [call_id, owner_id, uuid.UUID(run_id), arguments, fingerprint, fingerprint[:32]],
             )
             cursor.execute(
