@@ -10,6 +10,7 @@ import gc
 import json
 import socket
 import socketserver
+import tempfile
 import threading
 import warnings
 from collections.abc import Iterator
@@ -77,8 +78,7 @@ class KeepAliveServer:
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[KeepAliveServer]:
     # A short path: a Unix socket's path is limited to about 100 bytes.
-    directory = Path(f"/tmp/yimi-ka-{id(tmp_path):x}")
-    directory.mkdir(exist_ok=True)
+    directory = Path(tempfile.mkdtemp(prefix="yimi-ka-", dir="/tmp"))
     running = KeepAliveServer(directory / "s.sock")
     try:
         yield running

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import socket
 import threading
+import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.conf import settings as django_settings
@@ -23,8 +25,8 @@ TIMEOUT = 120.0  # a bound on a broken sandbox, never reached by a passing test
 
 
 def usable() -> bool:
-    try:
-        group = sandbox.create_cgroup("yimi-workshop-probe", sandbox.WORKSHOP_LIMITS)
+    try:  # a name of its own: test processes running side by side (xdist workers) probe at once
+        group = sandbox.create_cgroup(f"yimi-workshop-probe-{uuid.uuid4().hex[:12]}", sandbox.WORKSHOP_LIMITS)
     except YimiError:
         return False
     group.remove()
@@ -42,8 +44,25 @@ def run(tmp_path: Path, code: str, **kwargs: object) -> sandbox.SandboxResult:
     return run_sandboxed([str(program)], readable=[tmp_path], timeout=TIMEOUT, **kwargs)  # type: ignore[arg-type]
 
 
-def leftover_cgroups() -> list[Path]:
-    return [p for p in Path("/sys/fs/cgroup").glob("*/**/yimi-workshop-*") if p.is_dir()]
+@pytest.fixture
+def made_cgroups(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the cgroups this test's runs make (``sandbox.create_cgroup``): other
+    test processes on the machine (xdist workers) make and remove their own meanwhile."""
+    names: list[str] = []
+    create = sandbox.create_cgroup
+
+    def recording(name: str, *args: Any, **kwargs: Any) -> sandbox.Cgroup:
+        names.append(name)
+        return create(name, *args, **kwargs)
+
+    monkeypatch.setattr(sandbox, "create_cgroup", recording)
+    return names
+
+
+def leftover_cgroups(names: list[str]) -> list[Path]:
+    """Which of the cgroups ``names`` still exist, under any controller."""
+    assert names, "the test made no cgroup"
+    return [p for name in names for p in Path("/sys/fs/cgroup").glob(f"*/**/{name}") if p.is_dir()]
 
 
 def test_a_build_that_allocates_512_mib_dies(tmp_path: Path) -> None:
@@ -78,7 +97,7 @@ print(made, refused)
 """
 
 
-def test_a_fork_bomb_stops_at_128_processes(tmp_path: Path) -> None:
+def test_a_fork_bomb_stops_at_128_processes(tmp_path: Path, made_cgroups: list[str]) -> None:
     result = run(tmp_path, FORK_BOMB)
     made, refused = result.stdout.split()
     # bubblewrap's two processes and the program itself count: 128 in all.
@@ -86,7 +105,7 @@ def test_a_fork_bomb_stops_at_128_processes(tmp_path: Path) -> None:
     assert int(made) >= 100  # the limit, not something else, stopped it
     assert refused == "11"  # EAGAIN from fork
     assert result.pids_limited
-    assert leftover_cgroups() == []
+    assert leftover_cgroups(made_cgroups) == []
 
 
 def test_the_sandbox_cannot_read_the_data_dir(tmp_path: Path) -> None:
@@ -159,12 +178,12 @@ def test_limits_that_cannot_be_enforced_fail_clearly_and_nothing_runs(tmp_path: 
     assert not marker.exists()
 
 
-def test_a_limit_the_kernel_refuses_fails_the_run(tmp_path: Path) -> None:
+def test_a_limit_the_kernel_refuses_fails_the_run(tmp_path: Path, made_cgroups: list[str]) -> None:
     with pytest.raises(YimiError) as refused:
         run(tmp_path, "print('ran')\n", limits=SandboxLimits(cpu_quota_us=10))  # below the kernel's 1 ms minimum
     assert refused.value.code == "sandbox_unavailable"
     assert "cpu.cfs_quota_us" in refused.value.message
-    assert leftover_cgroups() == []
+    assert leftover_cgroups(made_cgroups) == []
 
 
 def test_output_cannot_fill_the_hosts_disk(tmp_path: Path) -> None:
