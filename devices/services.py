@@ -23,6 +23,7 @@ from brain.watches import acknowledge_entry as acknowledge_watch_notice
 from capabilities.services import acknowledge_entry
 from devices import signatures
 from devices.models import Delivery, Device, PairingCode, PairingGuessSlot, SignedRequestNonce
+from memory.models import TimelineEntry
 from memory.services import visible_entries
 from yimi_project import push, statements
 from yimi_project.errors import YimiError
@@ -375,6 +376,12 @@ def record_delivery(device: Device, seq: Any, status: Any) -> Delivery:
         raise YimiError("invalid_frame", "status must be rendered (text) or played (speech)")
     if isinstance(seq, bool) or not isinstance(seq, int):
         raise YimiError("invalid_frame", "seq must be an integer")
+    if not device.is_guest:
+        recorded = _record_first_delivery(device, seq, status)
+        if recorded is not None:  # the usual ACK: the first of this status for an entry that exists
+            acknowledge_entry(recorded.entry_id)
+            acknowledge_watch_notice(recorded.entry_id)
+            return recorded
     # A guest ACKs only what it may see (its own exchange): it never marks the owner's facts
     # as told, and the answer does not say whether the owner's entry exists.
     entry = (
@@ -388,3 +395,34 @@ def record_delivery(device: Device, seq: Any, status: Any) -> Delivery:
     acknowledge_entry(entry.id)  # the facts this reply carried are now told (capabilities owns that ledger)
     acknowledge_watch_notice(entry.id)  # a watch's pending notice carried by this entry is delivered
     return delivery
+
+
+@cache
+def _first_delivery_sql(vendor: str) -> tuple[str, tuple[Any, ...]]:
+    """``_record_first_delivery``'s statement, built once per process from ``_meta``."""
+    quote = connection.ops.quote_name
+    d, e = Delivery._meta, TimelineEntry._meta
+    fields = tuple(d.concrete_fields)  # id, entry, device, status, at
+    columns = [f for f in fields if f.name != "id"]
+    values = ", ".join(statements.column(TimelineEntry, "id", qualified=True) if f.name == "entry" else "%s" for f in columns)
+    sql = (
+        f"INSERT INTO {quote(d.db_table)} ({', '.join(quote(str(f.column)) for f in columns)}) "
+        f"SELECT {values} FROM {quote(e.db_table)} "
+        f"WHERE {statements.column(TimelineEntry, 'owner', qualified=True)} = %s "
+        f"AND {statements.column(TimelineEntry, 'seq', qualified=True)} = %s "
+        f"ON CONFLICT DO NOTHING RETURNING {', '.join(quote(str(f.column)) for f in fields)}"
+    )
+    return sql, fields
+
+
+def _record_first_delivery(device: Device, seq: int, status: str) -> Delivery | None:
+    """An owner device's ACK in one statement: INSERT the delivery of the owner's entry
+    ``seq`` (all of the owner's timeline is visible to an owner device: ``visible_entries``
+    without ``only_device_id``), doing nothing on the unique (entry, device, status).
+    None when no row was inserted — no such entry, or this ACK was recorded before —
+    and ``record_delivery`` then answers as the ORM path always did."""
+    sql, fields = _first_delivery_sql(connection.vendor)
+    given = {"device": device.id, "status": status, "at": timezone.now()}  # a new column fails here, loudly
+    params = [f.get_db_prep_save(given[f.name], connection) for f in fields if f.name not in ("id", "entry")]
+    rows = statements.fetch(sql, [*params, device.owner_id, seq], fields)
+    return statements.instance(Delivery, fields, rows[0]) if rows else None

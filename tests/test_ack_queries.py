@@ -1,0 +1,79 @@
+"""A device's ACK (devices/consumers.py ``_on_ack``, devices.services ``record_delivery``):
+its query budget, and the rules the one-statement way keeps.
+
+Counted, never timed, in autocommit as in production: the device re-check (with its owner's
+account), the delivery INSERTed from the owner's entry in one statement (nothing inserted
+on a repeat), and the two ledgers an ACK closes (told facts, watch notices). Before issue
+14's work it was 8 statements in two database trips: the re-check on its own, then the
+entry's SELECT, get_or_create's SELECT, BEGIN, INSERT, COMMIT and the two UPDATEs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from accounts.models import User
+from brain.services import accept_utterance
+from capabilities.models import ToldFact
+from devices.models import Delivery, Device
+from devices.services import active_device, record_delivery
+from tests.conftest import new_client_id
+from yimi_project.errors import YimiError
+
+pytestmark = pytest.mark.django_db(transaction=True)  # autocommit, as in production
+
+# The budget: raise it only with a reason in docs/architecture.md ("The way of a text").
+ACK_QUERIES = 4  # device + owner, INSERT delivery, UPDATE told facts, UPDATE watch notices
+
+
+def ack(device_id: Any, seq: Any, status: str = "rendered") -> tuple[Delivery, list[str]]:
+    with CaptureQueriesContext(connection) as queries:
+        delivery = record_delivery(active_device(device_id), seq, status)
+    return delivery, [q["sql"] for q in queries.captured_queries]
+
+
+def said(device: Device, text: str = "hello") -> Any:
+    return accept_utterance(active_device(device.id), new_client_id(), text).entry
+
+
+def test_an_owner_devices_ack_stays_within_the_query_budget_and_closes_the_told_facts(make_device: Any) -> None:
+    device = make_device().device
+    ack(device.id, said(device, "warm").seq)  # first use: prepared statements
+    entry = said(device)
+    told = ToldFact.objects.create(owner_id=device.owner_id, entry=entry, fact_id="clinic")
+    delivery, issued = ack(device.id, entry.seq)
+    assert len(issued) <= ACK_QUERIES, "\n".join(issued)
+    assert not any(sql.startswith(("BEGIN", "SAVEPOINT")) for sql in issued), issued
+    assert (delivery.entry_id, delivery.device_id, delivery.status) == (entry.id, device.id, "rendered")
+    stored = Delivery.objects.get(id=delivery.id)
+    assert (stored.entry_id, stored.device_id, stored.status, stored.at) == (entry.id, device.id, "rendered", delivery.at)
+    told.refresh_from_db()
+    assert told.acknowledged_at is not None
+
+
+def test_a_repeated_ack_returns_the_delivery_recorded_first(make_device: Any) -> None:
+    device = make_device().device
+    entry = said(device)
+    first, _ = ack(device.id, entry.seq)
+    again, _ = ack(device.id, entry.seq)
+    assert (again.id, again.at) == (first.id, first.at)
+    played, _ = ack(device.id, entry.seq, "played")  # another status is another delivery
+    assert played.id != first.id
+    assert sorted(Delivery.objects.filter(entry=entry).values_list("status", flat=True)) == ["played", "rendered"]
+
+
+def test_an_ack_for_no_entry_of_the_owner_is_unknown_entry_and_stores_nothing(make_device: Any) -> None:
+    device = make_device().device
+    entry = said(device)
+    other = make_device().device
+    account = User.objects.create_user(username=f"other-{new_client_id()[:8]}", password=new_client_id())
+    Device.objects.filter(id=other.id).update(owner=account)  # a device of another account: not its timeline
+    for device_id, seq in ((device.id, entry.seq + 1), (other.id, entry.seq)):
+        with pytest.raises(YimiError) as raised:
+            ack(device_id, seq)
+        assert raised.value.code == "unknown_entry"
+    assert not Delivery.objects.exists()
