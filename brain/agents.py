@@ -14,15 +14,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import timedelta
+from functools import cache
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
 from brain.models import AgentTask, Run
 from memory.copies import ForgottenContent, rows_in_chunks
+from yimi_project import statements
 from yimi_project.errors import YimiError
 from yimi_project.ids import uuid_or_nil
 
@@ -168,9 +170,29 @@ def mark_reported(task_id: Any, entry_id: int) -> bool:
 
 
 def active_tasks_for_owner(owner_id: int) -> list[AgentTask]:
-    return list(
-        AgentTask.objects.filter(run__owner_id=owner_id, state__in=ACTIVE, depth=1, kind=AgentTask.Kind.TASK).order_by("created_at")
+    """The owner's background tasks still working (depth 1), oldest first; read on every
+    main turn, so its SELECT is built once per process (``_active_sql``)."""
+    sql, fields = _active_sql(connection.vendor)
+    rows = statements.fetch(sql, [1, AgentTask.Kind.TASK, owner_id, *ACTIVE], fields)
+    return [statements.instance(AgentTask, fields, values) for values in rows]
+
+
+@cache
+def _active_sql(vendor: str) -> tuple[str, tuple[Any, ...]]:
+    quote = connection.ops.quote_name
+    fields = tuple(AgentTask._meta.concrete_fields)
+
+    def t(name: str) -> str:
+        return statements.column(AgentTask, name, qualified=True)
+
+    sql = (
+        f"SELECT {', '.join(f'{quote(AgentTask._meta.db_table)}.{quote(str(f.column))}' for f in fields)} "
+        f"FROM {quote(AgentTask._meta.db_table)} INNER JOIN {quote(Run._meta.db_table)} "
+        f"ON ({t('run')} = {statements.column(Run, 'id', qualified=True)}) "
+        f"WHERE {t('depth')} = %s AND {t('kind')} = %s AND {statements.column(Run, 'owner', qualified=True)} = %s "
+        f"AND {t('state')} IN ({', '.join(['%s'] * len(ACTIVE))}) ORDER BY {t('created_at')} ASC"
     )
+    return sql, fields
 
 
 def run_has_active_agents(run_id: Any) -> bool:

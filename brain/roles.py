@@ -20,22 +20,23 @@ import math
 import operator
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from functools import reduce
+from functools import cache, reduce
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
 from brain import keyring
 from brain.models import Run
 from brain.role_models import ROLE_NAMES, ModelRole, ModelRoleRevision, ModelSettingsImport, RoleSource
+from yimi_project import statements
 from yimi_project.errors import YimiError
 from yimi_project.logs import log_event
 from yimi_project.secrets import read_secret
@@ -190,7 +191,7 @@ def configured_rows(wanted: tuple[str, ...]) -> dict[str, ModelRole]:
     for attempt in (1, 2):
         ensure_imported()
         names = {name for role in wanted for name in (role, FALLBACK.get(role, role))}
-        rows = {r.role: r for r in ModelRole.objects.filter(role__in=sorted(names))}
+        rows = {r.role: r for r in _role_rows(sorted(names))}
         found = {role: rows.get(role) or rows.get(FALLBACK.get(role, "")) for role in wanted}
         missing = [role for role, row in found.items() if row is None]
         if not missing:
@@ -200,6 +201,22 @@ def configured_rows(wanted: tuple[str, ...]) -> dict[str, ModelRole]:
             continue
         raise YimiError("role_not_configured", f"the model role {missing[0]!r} is not configured")
     raise AssertionError("unreachable")
+
+
+def _role_rows(names: list[str]) -> list[ModelRole]:
+    """The rows of ``names`` (read on every run start: the SELECT is built once per process
+    and number of names, ``_role_rows_sql``)."""
+    sql, fields = _role_rows_sql(connection.vendor, len(names))
+    return [statements.instance(ModelRole, fields, values) for values in statements.fetch(sql, names, fields)]
+
+
+@cache
+def _role_rows_sql(vendor: str, count: int) -> tuple[str, tuple[Any, ...]]:
+    quote = connection.ops.quote_name
+    fields = tuple(ModelRole._meta.concrete_fields)
+    sql = (f"SELECT {', '.join(quote(str(f.column)) for f in fields)} FROM {quote(ModelRole._meta.db_table)} "
+           f"WHERE {statements.column(ModelRole, 'role')} IN ({', '.join(['%s'] * count)})")
+    return sql, fields
 
 
 def configured_row(role: str) -> ModelRole:
@@ -216,10 +233,13 @@ def resolve(role: str) -> RoleSettings:
 UNREAD: Any = object()  # ``for_run(pin=UNREAD)``: the caller has not read the run's pin
 
 
-def for_run(run_id: Any, *, pin: Any = UNREAD) -> RunRoles:
+def for_run(run_id: Any, *, pin: Any = UNREAD, write_pin: Callable[[Any, dict[str, Any]], bool] | None = None) -> RunRoles:
     """The settings of ``RUN_ROLES`` for one run's whole tree, the same from its first
     request to its last report. ``pin``: the run's ``model_roles`` when the caller has just
-    read the run (the runner's claim), which saves reading it again.
+    read the run (the runner's claim), which saves reading it again. ``write_pin(run_id,
+    pin)``: step 2's conditional write when the caller adds to it (the runner writes the
+    turn's thinking switch in the same UPDATE, ``brain.services.pin_turn``); it returns
+    whether the pin was written.
 
     Steps: 1. read the run's pin (``Run.model_roles``); 2. none yet (the run is starting):
     resolve both roles now (one query, ``configured_rows``) and write the pin with a
@@ -234,7 +254,7 @@ def for_run(run_id: Any, *, pin: Any = UNREAD) -> RunRoles:
     if not pin:
         rows = configured_rows(RUN_ROLES)
         wanted = {role: {"configured_as": row.role, "version": row.version} for role, row in rows.items()}
-        if Run.objects.filter(id=run_id, model_roles__isnull=True).update(model_roles=wanted) == 1:
+        if (write_pin or _write_pin)(run_id, wanted):
             return RunRoles(**{role: _settings_of(row, role) for role, row in rows.items()})
         pin = Run.objects.filter(id=run_id).values_list("model_roles", flat=True).first() or wanted
     entries: dict[str, tuple[str, Any]] = {}
@@ -254,6 +274,10 @@ def for_run(run_id: Any, *, pin: Any = UNREAD) -> RunRoles:
         else:
             found[role] = _settings_of(revision, role)
     return RunRoles(**found)
+
+
+def _write_pin(run_id: Any, wanted: dict[str, Any]) -> bool:
+    return Run.objects.filter(id=run_id, model_roles__isnull=True).update(model_roles=wanted) == 1
 
 
 # --- writing -------------------------------------------------------------------------------------

@@ -24,22 +24,24 @@ import contextlib
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
 from channels.db import database_sync_to_async
 from django.conf import settings
+from django.db import connection
 
 from brain import agent_loop, call_snapshot, reporting, roles, services, trace, vision
 from brain.agent_loop import DELEGATED_ACK, main_turn
 from brain.client import BrainError
 from brain.dispatch import dispatch_task, keep_claim
 from brain.models import Run
-from brain.prompts import accept_memory, build_messages, prepare_memory, with_memory
+from brain.prompts import accept_memory, build_messages, decide_thinking, prepare_memory, with_memory
 from capabilities import services as capability_services
 from capabilities import truth
-from capabilities.models import ReceiptRecord
+from capabilities.models import ReceiptRecord, ToolCall
 from memory.models import TimelineEntry
-from yimi_project import push
+from yimi_project import push, statements
 from yimi_project.errors import YimiError
 from yimi_project.leaks import redact_markers
 from yimi_project.logs import log_event
@@ -65,13 +67,27 @@ SYSTEM_TEXTS = _system_text_patterns()
 def run_tree_report(run: Run) -> reporting.Report:
     """The receipts of this run's whole delegation tree (current revisions, pack results
     only) with their facts and which of them the owner has already been told."""
-    task_ids = list(
-        ReceiptRecord.objects.filter(call__run_id=run.id, written_by_gateway=False).values_list("task_id", flat=True)
-    )
+    sql, fields = _receipt_tasks_sql(connection.vendor)
+    task_ids = [task_id for task_id, in statements.fetch(sql, [Run._meta.pk.get_db_prep_value(run.id, connection), False], fields)]  # type: ignore[union-attr]
     current = capability_services.current_receipts(task_ids)
     records = sorted(current.values(), key=lambda r: r.created_at)
     records = [ReceiptRecord.objects.select_related("call").get(pk=r.pk) for r in records]
     return reporting.report_for_records(records, run.owner_id, [])
+
+
+@cache
+def _receipt_tasks_sql(vendor: str) -> tuple[str, tuple[Any, ...]]:
+    """``run_tree_report``'s SELECT of the task ids of the run's pack receipts, built once per
+    process (it runs before every checked reply)."""
+    quote = connection.ops.quote_name
+    r, c = ReceiptRecord._meta, ToolCall._meta
+    sql = (
+        f"SELECT {statements.column(ReceiptRecord, 'task_id', qualified=True)} FROM {quote(r.db_table)} "
+        f"INNER JOIN {quote(c.db_table)} ON ({statements.column(ReceiptRecord, 'call', qualified=True)} = "
+        f"{statements.column(ToolCall, 'id', qualified=True)}) WHERE {statements.column(ToolCall, 'run', qualified=True)} = %s "
+        f"AND {statements.column(ReceiptRecord, 'written_by_gateway', qualified=True)} = %s"
+    )
+    return sql, (r.get_field("task_id"),)
 
 
 class CheckedStream:
@@ -169,14 +185,25 @@ def _claim_and_prepare(run_id: Any, stages: dict[str, float] | None) -> tuple[Ru
     messages = with_memory(messages, history, memory)
     trace.mark(run, "memory_prepared")
     report = None if settings.YIMI_BENCH_UNCHECKED_REPLIES else run_tree_report(run)
+    # A request about an image the device sent goes to the vision role instead (brain.vision).
+    image = vision.image_for_run(run, may_be_linked=claimed.image_linked)
+    # The main turn's thinking switch is written with the roles' pin, in one UPDATE.
+    thinking = decide_thinking(run.inbound.text, run.thinking) if image is None else None
+    written = False
+
+    def write_pin(run_id: Any, pin: dict[str, Any]) -> bool:
+        nonlocal written
+        written = services.pin_turn(run_id, pin, thinking)
+        return written
+
     try:
         # The model roles of the whole tree, pinned now: a change applied mid-run waits for the next run.
-        turn = _Turn(models=roles.for_run(run.id, pin=run.model_roles))
+        turn = _Turn(models=roles.for_run(run.id, pin=run.model_roles, write_pin=write_pin), image=image)
     except YimiError as exc:
-        turn = _Turn(models=exc)
-    # A request about an image the device sent goes to the vision role instead (brain.vision).
-    turn.image = vision.image_for_run(run, may_be_linked=claimed.image_linked)
-    if turn.image is None:
+        turn = _Turn(models=exc, image=image)
+    if image is None:
+        if written:
+            run.thinking = thinking  # stored: turn_context writes it no more
         turn.active, turn.thinking = agent_loop.turn_context(run)
     return run, messages, memory, report, turn
 
@@ -230,7 +257,6 @@ async def execute_run(run_id: Any, *, stages: dict[str, float] | None = None) ->
         log_event("run_failed", run_id=str(run.id), error_code=exc.code, detail=exc.detail)
     else:
         state, kind, code = Run.State.SUCCEEDED, TimelineEntry.Kind.REPLY, ""
-        await database_sync_to_async(accept_memory)(memory)  # memory hook (issue 5): the brain accepted the prompt
     finally:
         beat.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -238,16 +264,33 @@ async def execute_run(run_id: Any, *, stages: dict[str, float] | None = None) ->
     await chunks.close()  # every chunk is out before the reply is stored and reply.done sent
     if image is not None:
         await vision.release(image)  # a guest's image is not kept beyond its request
-    entry = await database_sync_to_async(services.finish_run)(run, state=state, text=text, kind=kind, error_code=code)
+    told = list(check.told) if check is not None and kind == TimelineEntry.Kind.REPLY else []
+    entry = await database_sync_to_async(_store_outcome)(
+        run, memory if state == Run.State.SUCCEEDED else None, state=state, text=text, kind=kind, error_code=code, told=told
+    )
     if entry is None:
         log_event("run_lost_claim", run_id=str(run.id))
         return "skipped"
-    if check is not None and kind == TimelineEntry.Kind.REPLY and check.told:
-        await database_sync_to_async(capability_services.facts_carried)(run.owner_id, entry.id, list(check.told))
     await _announce(run, entry)
     for task in delegated:  # after the reply is stored, so the report comes after it
         await dispatch_task(task.id)
     return state
+
+
+def _store_outcome(
+    run: Run, memory: Any, *, state: str, text: str, kind: str, error_code: str, told: list[Any]
+) -> TimelineEntry | None:
+    """Step 4's database work in one trip to the database thread (each trip costs a thread
+    hop and a pool checkout): the memory hook's ``accept_memory`` when the brain accepted
+    the prompt (``memory``; None after a failure), ``services.finish_run``, and, for a reply
+    that told facts, ``capabilities.services.facts_carried`` (None: the claim was lost,
+    nothing stored)."""
+    if memory is not None:
+        accept_memory(memory)  # memory hook (issue 5): the brain accepted the prompt
+    entry = services.finish_run(run, state=state, text=text, kind=kind, error_code=error_code)
+    if entry is not None and told:
+        capability_services.facts_carried(run.owner_id, entry.id, told)
+    return entry
 
 
 async def _announce(run: Run, entry: TimelineEntry) -> None:

@@ -269,6 +269,32 @@ def _heartbeat_sql(vendor: str) -> str:
             f"WHERE {c('id')} = %s AND {c('state')} = %s AND {c('attempts')} = %s")
 
 
+def pin_turn(run_id: Any, model_roles: dict[str, Any], thinking: bool | None) -> bool:
+    """Pin a starting run's model roles (``brain.roles.for_run``'s step 2) and, in the same
+    conditional UPDATE, its turn's thinking switch (``thinking``; None: leave it, a vision
+    turn has none) unless one is stored: ``SET model_roles = %s, thinking =
+    COALESCE(thinking, %s) WHERE id = %s AND model_roles IS NULL``. False: another claim
+    pinned first and nothing was written (the caller reads that pin and writes the switch
+    on its own). One statement where the pin and the switch took two."""
+    field = Run._meta.get_field("model_roles")
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _pin_sql(connection.vendor),
+            [field.get_db_prep_save(model_roles, connection), thinking,  # type: ignore[union-attr]
+             Run._meta.pk.get_db_prep_value(run_id, connection)],  # type: ignore[union-attr]
+        )
+        return cursor.rowcount == 1
+
+
+@cache
+def _pin_sql(vendor: str) -> str:
+    def c(name: str) -> str:
+        return statements.column(Run, name)
+
+    return (f"UPDATE {connection.ops.quote_name(Run._meta.db_table)} SET {c('model_roles')} = %s, "
+            f"{c('thinking')} = COALESCE({c('thinking')}, %s) WHERE {c('id')} = %s AND {c('model_roles')} IS NULL")
+
+
 def is_stale(run: Run, now: datetime | None = None) -> bool:
     """Said more than ``RUN_STALE_SECONDS`` (3 minutes) before ``now``: expired, not answered."""
     return (now or timezone.now()) - run.inbound.created_at > timedelta(seconds=settings.RUN_STALE_SECONDS)
@@ -293,10 +319,15 @@ def finish_run(run: Run, *, state: str, text: str, kind: str, error_code: str = 
     Steps: 1. lock the run row; 2. if it is no longer ours (taken over after a stale
     heartbeat, or already finished) store nothing and return None; 3. append the entry;
     4. move the run to its final state, with its trace (``brain.trace``: the stages the
-    runner noted in memory, and ``stored``).
+    runner noted in memory, and ``stored``). Steps 1 and 4 are SQL built once per process
+    (``_finish_sql``), as the ORM built them.
     """
-    locked = Run.objects.select_for_update().filter(id=run.id).first()
-    if locked is None or locked.state not in (Run.State.RUNNING, Run.State.QUEUED) or locked.attempts != run.attempts:
+    lock, close = _finish_sql(connection.vendor, run.trace is not None)
+    key = Run._meta.pk.get_db_prep_value(run.id, connection)  # type: ignore[union-attr]
+    with connection.cursor() as cursor:
+        cursor.execute(lock, [key])
+        locked = cursor.fetchone()
+    if locked is None or locked[0] not in (Run.State.RUNNING, Run.State.QUEUED) or locked[1] != run.attempts:
         return None
     entry = timeline.append_entry(
         owner_id=run.owner_id,
@@ -307,14 +338,31 @@ def finish_run(run: Run, *, state: str, text: str, kind: str, error_code: str = 
         reply_to=run.inbound,
         notice_code=error_code if kind == TimelineEntry.Kind.NOTICE else "",
     )
-    fields: dict[str, Any] = {}
+    values = [state, connection.ops.adapt_datetimefield_value(timezone.now()), entry.id, error_code]
     if run.trace is not None:
         run.trace.setdefault("stored", now_ms())
-        fields["trace"] = run.trace
-    Run.objects.filter(id=run.id).update(
-        state=state, finished_at=timezone.now(), result_entry=entry, error_code=error_code, **fields
-    )
+        values.append(Run._meta.get_field("trace").get_db_prep_save(run.trace, connection))  # type: ignore[union-attr]
+    with connection.cursor() as cursor:
+        cursor.execute(close, [*values, key])
     return entry
+
+
+@cache
+def _finish_sql(vendor: str, with_trace: bool) -> tuple[str, str]:
+    """``finish_run``'s lock (``SELECT state, attempts … FOR UPDATE``; SQLite, which locks the
+    whole database for a write transaction, has no ``FOR UPDATE``) and its closing UPDATE."""
+    quote = connection.ops.quote_name
+
+    def c(name: str) -> str:
+        return statements.column(Run, name)
+
+    table = quote(Run._meta.db_table)
+    lock = f"SELECT {c('state')}, {c('attempts')} FROM {table} WHERE {c('id')} = %s"
+    if connection.features.has_select_for_update:
+        lock += " FOR UPDATE"
+    sets = [c("state"), c("finished_at"), c("result_entry"), c("error_code"), *([c("trace")] if with_trace else [])]
+    close = f"UPDATE {table} SET {', '.join(f'{name} = %s' for name in sets)} WHERE {c('id')} = %s"
+    return lock, close
 
 
 def add_trace_stages(run_id: Any, stages: dict[str, float]) -> int:

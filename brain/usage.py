@@ -58,6 +58,7 @@ from django.db.models.functions import TruncDate
 from django.utils import timezone
 
 from brain.usage_models import ModelUsage
+from yimi_project import statements
 from yimi_project.errors import YimiError
 from yimi_project.logs import log_event
 
@@ -295,7 +296,7 @@ def record_call(
         log_event("model_prices_invalid", code=exc.code, detail=exc.message)
         price = None
     cost, cost_source = cost_of(tokens, price)
-    return ModelUsage.objects.create(
+    usage = ModelUsage(
         role=role[:32],
         provider=provider[:128],
         model=model[:200],
@@ -313,6 +314,8 @@ def record_call(
         duration_ms=max(int(duration_ms), 0),
         outcome=outcome[:32] or "ok",
     )
+    statements.insert(usage)  # on every model call: the INSERT's text built once per process
+    return usage
 
 
 async def record_call_safely(context: CallContext, *, role: str, **fields: Any) -> ModelUsage | None:

@@ -15,13 +15,15 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from functools import cache
 from typing import Any
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from memory.ambient_models import AmbientRecord
 from memory.copies import ForgottenContent, rows_in_chunks
+from yimi_project import statements
 
 WINDOW_SECONDS = 600
 BUDGET_BYTES = 12_000
@@ -88,15 +90,14 @@ def recent(
 ) -> AmbientContext:
     """The overheard block for a run starting at ``now`` (module docstring)."""
     now = now or timezone.now()
-    rows = (
-        AmbientRecord.objects.filter(owner_id=owner_id, heard_at__gt=now - timedelta(seconds=window_seconds), heard_at__lte=now)
-        .order_by("-heard_at", "-stream_start_sample")
-        .only("id", "heard_at", "device_label", "channel", "speaker_scope", "text")
-    )
+    sql, fields = _recent_sql(connection.vendor)  # on every owner run: built once per process
+    adapt = connection.ops.adapt_datetimefield_value
+    found = statements.fetch(sql, [owner_id, adapt(now - timedelta(seconds=window_seconds)), adapt(now)], fields)
     used = len(HEADER.encode())
     kept: list[tuple[uuid.UUID, str]] = []
     context = AmbientContext()
-    for row in rows.iterator(chunk_size=200):
+    for values in found:
+        row = statements.instance(AmbientRecord, fields, values)
         text = line(row)
         size = len(text.encode()) + 1  # its newline
         if used + size > budget_bytes:
@@ -110,6 +111,22 @@ def recent(
     context.record_ids = [rid for rid, _ in kept]
     context.text = HEADER + "".join("\n" + text for _, text in kept)
     return context
+
+
+@cache
+def _recent_sql(vendor: str) -> tuple[str, tuple[Any, ...]]:
+    """``recent``'s SELECT (the columns a line needs, newest first), as the ORM built it."""
+    quote = connection.ops.quote_name
+    wanted = {"id", "heard_at", "device_label", "channel", "speaker_scope", "text"}
+    fields = tuple(f for f in AmbientRecord._meta.concrete_fields if f.name in wanted)
+
+    def c(name: str) -> str:
+        return statements.column(AmbientRecord, name)
+
+    sql = (f"SELECT {', '.join(quote(str(f.column)) for f in fields)} FROM {quote(AmbientRecord._meta.db_table)} "
+           f"WHERE {c('owner')} = %s AND {c('heard_at')} > %s AND {c('heard_at')} <= %s "
+           f"ORDER BY {c('heard_at')} DESC, {c('stream_start_sample')} DESC")
+    return sql, fields
 
 
 def redact_payload(owner_id: int, content: ForgottenContent) -> dict[str, int]:

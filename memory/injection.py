@@ -31,13 +31,15 @@ many more exist; the baseline still holds them all.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cache
 from typing import Any
 
-from django.db.models import F
+from django.db import connection
 from django.utils import timezone
 
 from memory import assertions
 from memory.models import Assertion, MemorySession
+from yimi_project import statements
 from yimi_project.logs import log_event
 
 SCOPES_WITH_FACTS = ("owner",)
@@ -77,13 +79,48 @@ def _token(a: Assertion) -> str:
 
 
 def visible_facts(owner_id: int, scope: str) -> list[Assertion]:
+    """The owner's current facts the scope may see, newest first (on every owner run: the
+    SELECT is built once per process, ``_facts_sql``)."""
     if scope not in SCOPES_WITH_FACTS:
         return []
-    return list(
-        Assertion.objects.filter(owner_id=owner_id, state=Assertion.State.ACTIVE, current_version__gt=0)
-        .exclude(predicate__in=assertions.PROJECTED_PREDICATES)
-        .order_by("-updated_at", "id")
-    )
+    sql, fields = _facts_sql(connection.vendor)
+    rows = statements.fetch(sql, [owner_id, Assertion.State.ACTIVE, 0, *assertions.PROJECTED_PREDICATES], fields)
+    return [statements.instance(Assertion, fields, values) for values in rows]
+
+
+@cache
+def _facts_sql(vendor: str) -> tuple[str, tuple[Any, ...]]:
+    quote = connection.ops.quote_name
+    fields = tuple(Assertion._meta.concrete_fields)
+
+    def c(name: str) -> str:
+        return statements.column(Assertion, name)
+
+    projected = ", ".join(["%s"] * len(assertions.PROJECTED_PREDICATES))
+    sql = (f"SELECT {', '.join(quote(str(f.column)) for f in fields)} FROM {quote(Assertion._meta.db_table)} "
+           f"WHERE {c('owner')} = %s AND {c('state')} = %s AND {c('current_version')} > %s "
+           f"AND NOT ({c('predicate')} IN ({projected})) ORDER BY {c('updated_at')} DESC, {c('id')} ASC")
+    return sql, fields
+
+
+def _session(owner_id: int, key: str) -> MemorySession:
+    """The owner's session ``key``, created the first time (``get_or_create``); an existing
+    one, which is every run but the first, is one SELECT built once per process."""
+    sql, fields = _session_sql(connection.vendor)
+    found = statements.fetch(sql, [owner_id, key], fields)
+    if found:
+        return statements.instance(MemorySession, fields, found[0])
+    session, _ = MemorySession.objects.get_or_create(owner_id=owner_id, key=key)
+    return session
+
+
+@cache
+def _session_sql(vendor: str) -> tuple[str, tuple[Any, ...]]:
+    quote = connection.ops.quote_name
+    fields = tuple(MemorySession._meta.concrete_fields)
+    sql = (f"SELECT {', '.join(quote(str(f.column)) for f in fields)} FROM {quote(MemorySession._meta.db_table)} "
+           f"WHERE {statements.column(MemorySession, 'owner')} = %s AND {statements.column(MemorySession, 'key')} = %s")
+    return sql, fields
 
 
 def _fact_lines(rows: list[Assertion]) -> dict[str, str]:
@@ -98,7 +135,7 @@ def _fact_lines(rows: list[Assertion]) -> dict[str, str]:
 
 def plan(owner_id: int, scope: str, anchor: int, *, key: str = DEFAULT_KEY) -> InjectionPlan:
     """What this turn adds to the session; nothing is stored until ``accept``."""
-    session, _ = MemorySession.objects.get_or_create(owner_id=owner_id, key=key)
+    session = _session(owner_id, key)
     facts = visible_facts(owner_id, scope)
     current = {str(a.id): _token(a) for a in facts}
     baseline: dict[str, str] = dict(session.baseline or {})
@@ -149,18 +186,37 @@ def accept(p: InjectionPlan) -> bool:
     reset it): nothing is stored and the next run plans again from the stored state.
     """
     blocks = [b.as_dict() for b in p.blocks]
-    updates: dict[str, Any] = {
-        "baseline": p.next_baseline,
-        "blocks": blocks,
-        "scope": p.scope,
-        "revision": F("revision") + 1,
-        "updated_at": timezone.now(),
-    }
-    if p.mode == "rebuild":
-        updates.update(generation=F("generation") + 1, reset_reason=p.reason)
-    advanced = MemorySession.objects.filter(id=p.session_id, revision=p.revision).update(**updates) == 1
+    meta = MemorySession._meta
+    values = [
+        meta.get_field("baseline").get_db_prep_save(p.next_baseline, connection),  # type: ignore[union-attr]
+        meta.get_field("blocks").get_db_prep_save(blocks, connection),  # type: ignore[union-attr]
+        p.scope,
+        connection.ops.adapt_datetimefield_value(timezone.now()),
+    ]
+    rebuild = p.mode == "rebuild"
+    if rebuild:
+        values.append(p.reason)
+    with connection.cursor() as cursor:
+        cursor.execute(_accept_sql(connection.vendor, rebuild), [*values, p.session_id, p.revision])
+        advanced = cursor.rowcount == 1
     if advanced and p.mode == "rebuild" and p.reason != "new_session":
         log_event("memory_session_reset", session_id=p.session_id, reason=p.reason)
     if not advanced:
         log_event("memory_session_moved_on", session_id=p.session_id)
     return advanced
+
+
+@cache
+def _accept_sql(vendor: str, rebuild: bool) -> str:
+    """``accept``'s compare-and-set UPDATE (a rebuild also counts a generation and keeps its
+    reason), built once per process as the ORM built it."""
+
+    def c(name: str) -> str:
+        return statements.column(MemorySession, name)
+
+    sets = [f"{c('baseline')} = %s", f"{c('blocks')} = %s", f"{c('scope')} = %s",
+            f"{c('revision')} = ({c('revision')} + 1)", f"{c('updated_at')} = %s"]
+    if rebuild:
+        sets += [f"{c('generation')} = ({c('generation')} + 1)", f"{c('reset_reason')} = %s"]
+    return (f"UPDATE {connection.ops.quote_name(MemorySession._meta.db_table)} SET {', '.join(sets)} "
+            f"WHERE {c('id')} = %s AND {c('revision')} = %s")

@@ -18,15 +18,17 @@ older rendering over a newer one.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
+from typing import Any
 
 from django.conf import settings
-from django.db import transaction
-from django.db.models import F
+from django.db import connection, transaction
 
 from memory.assertions import CORE_PROFILE, SPEAKING_PREFERENCES
 from memory.locks import lock_owner_memory
 from memory.models import Assertion, AssertionVersion
+from yimi_project import statements
 from yimi_project.files import fsync_dir, write_atomically
 from yimi_project.logs import log_event
 
@@ -42,22 +44,17 @@ def memories_dir() -> Path:
 
 
 def render(owner_id: int) -> dict[str, str]:
-    """The three files' contents from the owner's current assertions."""
-    rows = list(
-        Assertion.objects.filter(owner_id=owner_id, state=Assertion.State.ACTIVE, predicate__in=[CORE_PROFILE, SPEAKING_PREFERENCES])
-        .order_by("created_at", "id")
-    )
-    payloads = {
-        v.assertion_id: v.payload
-        for v in AssertionVersion.objects.filter(assertion_id__in=[a.id for a in rows], version=F("assertion__current_version"))
-    }
+    """The three files' contents from the owner's current assertions: the projected ones
+    with their current version's payload, in one SELECT (every run renders to see whether
+    the files are stale: built once per process, ``_projected_sql``)."""
+    sql, fields = _projected_sql(connection.vendor)
+    rows = statements.fetch(sql, [owner_id, Assertion.State.ACTIVE, CORE_PROFILE, SPEAKING_PREFERENCES], fields)
     docs: dict[str, list[str]] = {"user": [], "memory": []}
     personality = ""
-    for a in rows:
-        payload = payloads.get(a.id)
-        if not isinstance(payload, dict):
+    for predicate, payload in rows:
+        if not isinstance(payload, dict):  # no current version (or not an object): nothing to show
             continue
-        if a.predicate == CORE_PROFILE:
+        if predicate == CORE_PROFILE:
             docs[payload.get("doc", "memory")].append(payload["text"].strip())
         else:
             personality = str(payload.get("text", "")).strip()
@@ -66,6 +63,28 @@ def render(owner_id: int) -> dict[str, str]:
         MEMORY_MD: HEADER.format(name=MEMORY_MD, source="core_profile.entry, doc memory") + _sections(docs["memory"]),
         PERSONALITY_MD: HEADER.format(name=PERSONALITY_MD, source="speaking preferences") + (personality + "\n" if personality else ""),
     }
+
+
+@cache
+def _projected_sql(vendor: str) -> tuple[str, tuple[Any, ...]]:
+    """``render``'s SELECT: (predicate, current payload) of the owner's active projected
+    assertions, oldest first; an assertion whose current version is missing has no payload."""
+    quote = connection.ops.quote_name
+
+    def a(name: str) -> str:
+        return statements.column(Assertion, name, qualified=True)
+
+    def v(name: str) -> str:
+        return statements.column(AssertionVersion, name, qualified=True)
+
+    sql = (
+        f"SELECT {a('predicate')}, {v('payload')} FROM {quote(Assertion._meta.db_table)} "
+        f"LEFT OUTER JOIN {quote(AssertionVersion._meta.db_table)} ON ({v('assertion')} = {a('id')} "
+        f"AND {v('version')} = {a('current_version')}) "
+        f"WHERE {a('owner')} = %s AND {a('state')} = %s AND {a('predicate')} IN (%s, %s) "
+        f"ORDER BY {a('created_at')} ASC, {a('id')} ASC"
+    )
+    return sql, (Assertion._meta.get_field("predicate"), AssertionVersion._meta.get_field("payload"))
 
 
 def _sections(entries: list[str]) -> str:
@@ -129,10 +148,13 @@ def _body(text: str) -> str:
 
 def core_profile(owner_id: int) -> CoreProfile:
     """The core profile for a run, read from the projection files (regenerated first if
-    any is missing or stale)."""
-    if stale(owner_id):
-        regenerate(owner_id)
+    any is missing or stale). Files that match the fresh rendering are that rendering: they
+    are not read a second time."""
     base = memories_dir()
+    rendered = render(owner_id)
+    if all(_read(base / name) == text for name, text in rendered.items()):
+        return CoreProfile(*(rendered[name] for name in FILES))
+    regenerate(owner_id)
     return CoreProfile(*(_read(base / name) or "" for name in FILES))
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Max, Q, QuerySet
 
 from memory.models import TimelineCounter, TimelineEntry
@@ -131,11 +131,24 @@ def page_after(*, owner_id: int, after: int, limit: int, only_device_id: Any = N
 
 
 def recent_for_context(*, owner_id: int, before_seq: int, limit: int) -> list[TimelineEntry]:
-    """The last ``limit`` utterances and replies before ``before_seq``, oldest first."""
-    rows = TimelineEntry.objects.filter(
-        owner_id=owner_id, seq__lt=before_seq, kind__in=[TimelineEntry.Kind.UTTERANCE, TimelineEntry.Kind.REPLY]
-    ).order_by("-seq")[:limit]
-    return list(reversed(rows))
+    """The last ``limit`` utterances and replies before ``before_seq``, oldest first (on
+    every run: its SELECT built once per process, ``_recent_sql``)."""
+    sql, fields = _recent_sql(connection.vendor)
+    rows = statements.fetch(sql, [owner_id, before_seq, TimelineEntry.Kind.UTTERANCE, TimelineEntry.Kind.REPLY, int(limit)], fields)
+    return [statements.instance(TimelineEntry, fields, values) for values in reversed(rows)]
+
+
+@cache
+def _recent_sql(vendor: str) -> tuple[str, tuple[Any, ...]]:
+    quote = connection.ops.quote_name
+    fields = tuple(TimelineEntry._meta.concrete_fields)
+
+    def c(name: str) -> str:
+        return statements.column(TimelineEntry, name)
+
+    sql = (f"SELECT {', '.join(quote(str(f.column)) for f in fields)} FROM {quote(TimelineEntry._meta.db_table)} "
+           f"WHERE {c('owner')} = %s AND {c('seq')} < %s AND {c('kind')} IN (%s, %s) ORDER BY {c('seq')} DESC LIMIT %s")
+    return sql, fields
 
 
 def serialize_entry(entry: TimelineEntry) -> dict[str, Any]:

@@ -177,3 +177,27 @@ def test_the_claim_reads_the_inbound_entry_and_whether_a_call_or_an_image_is_the
     ImageRecord.objects.filter(path="images/y.png").update(about_client_id=client_id + "-2")
     claimed = claim_for_turn(again.run_id)
     assert claimed is not None and (claimed.in_call, claimed.image_linked) == (False, True)
+
+
+def test_the_roles_pin_and_the_thinking_switch_are_one_conditional_write(make_device: Any) -> None:
+    """``pin_turn``: the pin and the turn's thinking switch in one UPDATE, only while no pin
+    is stored (a second writer changes nothing); a switch already stored (the front's) is
+    kept; None leaves the switch alone (a vision turn)."""
+    from brain.services import pin_turn
+
+    sim = make_device()
+    pin = {"brain": {"configured_as": "brain", "version": 1}, "delegation": {"configured_as": "brain", "version": 1}}
+    first = utter(sim, "think carefully")
+    assert pin_turn(first.run_id, pin, True) is True
+    run = Run.objects.get(id=first.run_id)
+    assert (run.model_roles, run.thinking) == (pin, True)
+    assert pin_turn(first.run_id, {"brain": {"configured_as": "brain", "version": 2}}, False) is False
+    run = Run.objects.get(id=first.run_id)
+    assert (run.model_roles, run.thinking) == (pin, True)
+
+    fronted = accept_utterance(sim.device, new_client_id(), "hi", thinking=False)
+    assert pin_turn(fronted.run_id, pin, True) is True
+    assert Run.objects.get(id=fronted.run_id).thinking is False
+    vision = utter(sim, "what is this")
+    assert pin_turn(vision.run_id, pin, None) is True
+    assert Run.objects.get(id=vision.run_id).thinking is None
