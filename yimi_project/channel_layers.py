@@ -107,34 +107,43 @@ class RedisChannelLayer(ChannelsRedisLayer):
         )
 
     async def group_send(self, group: str, message: dict[str, Any]) -> None:
-        """``channels_redis``'s ``group_send`` (4.3.0), except that a process inbox at its
-        capacity is reported with ``frame_undelivered`` (group, frame type, seq, how many
-        inboxes) instead of an INFO line without the frame."""
+        """``channels_redis``'s ``group_send`` (4.3.0) in two round trips per host, where it
+        took four, and with a process inbox at its capacity reported with
+        ``frame_undelivered`` (group, frame type, seq, how many inboxes) instead of an INFO
+        line without the frame.
+
+        Steps: 1. one pipeline: forget members past the group expiry, read the others;
+        2. per host, one script (``GROUP_SEND_LUA``): in each inbox, forget messages past
+        the message expiry, then add the message where the inbox is below its capacity and
+        count the others. The same commands as ``channels_redis``'s, in fewer trips."""
         assert self.require_valid_group_name(group), "Group name not valid"
         key = self._group_key(group)
-        connection = self.connection(self.consistent_hash(group))
-        await connection.zremrangebyscore(key, min=0, max=int(time.time()) - self.group_expiry)
-        channel_names = [x.decode("utf8") for x in await connection.zrange(key, 0, -1)]
+        pipe = self.connection(self.consistent_hash(group)).pipeline(transaction=False)
+        pipe.zremrangebyscore(key, min=0, max=int(time.time()) - self.group_expiry)
+        pipe.zrange(key, 0, -1)
+        _, members = await pipe.execute()
+        channel_names = [x.decode("utf8") for x in members]
         by_connection, messages, capacities = self._map_channel_keys_to_connection(channel_names, message)
         for index, channel_keys in by_connection.items():
-            connection = self.connection(index)
-            pipe = connection.pipeline()
-            for channel_key in channel_keys:
-                pipe.zremrangebyscore(channel_key, min=0, max=int(time.time()) - int(self.expiry))
-            await pipe.execute()
-            args = [messages[k] for k in channel_keys] + [capacities[k] for k in channel_keys] + [time.time(), self.expiry]
-            over = await connection.eval(GROUP_SEND_LUA, len(channel_keys), *channel_keys, *args)
+            now = time.time()
+            args = [messages[k] for k in channel_keys] + [capacities[k] for k in channel_keys]
+            args += [int(now) - int(self.expiry), now, self.expiry]
+            over = await self.connection(index).eval(GROUP_SEND_LUA, len(channel_keys), *channel_keys, *args)
             if over:
                 log_event("frame_undelivered", level=logging.WARNING, reason="process_inbox_full",
                           group=group, inboxes=int(over), **_frame_fields(message))
 
 
-# channels_redis 4.3.0's script: add to each inbox below its capacity, count the others.
+# channels_redis 4.3.0's script, with the expired messages of each inbox removed first (it
+# sends ZREMRANGEBYSCORE for each in a pipeline of its own before the script): add to each
+# inbox below its capacity, count the others.
 GROUP_SEND_LUA = """
     local over_capacity = 0
+    local expired_before = ARGV[#ARGV - 2]
     local current_time = ARGV[#ARGV - 1]
     local expiry = ARGV[#ARGV]
     for i=1,#KEYS do
+        redis.call('ZREMRANGEBYSCORE', KEYS[i], 0, expired_before)
         if redis.call('ZCOUNT', KEYS[i], '-inf', '+inf') < tonumber(ARGV[i + #KEYS]) then
             redis.call('ZADD', KEYS[i], current_time, ARGV[i])
             redis.call('EXPIRE', KEYS[i], expiry)

@@ -1,0 +1,71 @@
+"""The Redis channel layer's ``group_send`` (yimi_project/channel_layers.py) against a real
+Redis: what channels_redis's does — expired members and messages forgotten, a process
+inbox filled up to its capacity — in two round trips per host."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import pytest
+import redis
+from django.conf import settings as django_settings
+
+from tests.conftest import need
+from yimi_project.channel_layers import RedisChannelLayer
+
+EXPIRY = 60
+
+
+@pytest.fixture
+def layer() -> Any:
+    need(bool(django_settings.REDIS_URL), "REDIS_URL is not set")
+    prefix = f"yimi-test-layer-{uuid.uuid4().hex[:8]}"
+    yield RedisChannelLayer(
+        hosts=[{"address": django_settings.REDIS_URL}], prefix=prefix, expiry=EXPIRY, capacity=5,
+        channel_capacity={"specific.*": 3},
+    )
+    client = redis.Redis.from_url(django_settings.REDIS_URL)
+    for key in client.scan_iter(f"{prefix}*"):
+        client.delete(key)
+
+
+async def test_a_group_message_reaches_every_socket_of_the_process_once(layer: Any) -> None:
+    a, b = await layer.new_channel(), await layer.new_channel()
+    await layer.group_add("owner.1", a)
+    await layer.group_add("owner.1", b)
+    await layer.group_send("owner.1", {"type": "timeline.new", "seq": 7})
+    assert await layer.receive(a) == {"type": "timeline.new", "seq": 7}
+    assert await layer.receive(b) == {"type": "timeline.new", "seq": 7}
+    inbox = layer.prefix + layer.non_local_name(a)
+    assert redis.Redis.from_url(django_settings.REDIS_URL).zcard(inbox) == 0  # one entry for both, taken
+    await layer.flush()
+
+
+async def test_expired_messages_make_room_and_expired_members_get_nothing(layer: Any) -> None:
+    a = await layer.new_channel()
+    await layer.group_add("owner.1", a)
+    client = redis.Redis.from_url(django_settings.REDIS_URL)
+    inbox = layer.prefix + layer.non_local_name(a)
+    old = time.time() - EXPIRY - 10
+    client.zadd(inbox, {f"stale-{i}".encode(): old for i in range(3)})  # the process inbox's capacity, all expired
+    gone = f"{layer.client_prefix}!gone"  # a member that left long ago, without group_discard
+    client.zadd(layer._group_key("owner.1"), {gone: int(old) - layer.group_expiry})
+    await layer.group_send("owner.1", {"type": "timeline.new", "seq": 8})
+    assert [m for m in client.zrange(inbox, 0, -1) if m.startswith(b"stale-")] == []
+    assert await layer.receive(a) == {"type": "timeline.new", "seq": 8}
+    assert client.zscore(layer._group_key("owner.1"), gone) is None
+    await layer.flush()
+
+
+async def test_a_full_process_inbox_is_not_overfilled_and_the_loss_is_logged(layer: Any, caplog: Any) -> None:
+    a = await layer.new_channel()
+    await layer.group_add("owner.1", a)
+    client = redis.Redis.from_url(django_settings.REDIS_URL)
+    inbox = layer.prefix + layer.non_local_name(a)
+    for seq in range(5):
+        await layer.group_send("owner.1", {"type": "notice", "seq": seq})
+    assert client.zcard(inbox) == 3  # channel_capacity of specific.*
+    assert sum("frame_undelivered" in r.getMessage() for r in caplog.records) == 2
+    await layer.flush()
