@@ -4,6 +4,7 @@ inbox filled up to its capacity — in two round trips per host."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from typing import Any
@@ -68,4 +69,39 @@ async def test_a_full_process_inbox_is_not_overfilled_and_the_loss_is_logged(lay
         await layer.group_send("owner.1", {"type": "notice", "seq": seq})
     assert client.zcard(inbox) == 3  # channel_capacity of specific.*
     assert sum("frame_undelivered" in r.getMessage() for r in caplog.records) == 2
+    await layer.flush()
+
+
+async def test_a_process_inbox_hands_over_every_message_once_in_order(layer: Any) -> None:
+    a, b = await layer.new_channel(), await layer.new_channel()
+    await layer.group_add("owner.1", a)
+    await layer.group_add("device.1", b)
+    for seq in range(3):  # capacity 3: all wait in the inbox, taken one per round trip
+        await layer.group_send("device.1" if seq == 1 else "owner.1", {"type": "notice", "seq": seq})
+    assert [(await layer.receive(a))["seq"], (await layer.receive(b))["seq"], (await layer.receive(a))["seq"]] == [0, 1, 2]
+    client = redis.Redis.from_url(django_settings.REDIS_URL)
+    inbox = layer.prefix + layer.non_local_name(a)
+    backup = inbox + "$inflight"
+    assert client.zcard(inbox) == 0
+    assert client.zcard(backup) == 1 and 0 < client.ttl(backup) <= EXPIRY  # the last one handed over, until the next receive
+    waiting = asyncio.ensure_future(layer.receive(a))  # an empty inbox: the blocking pop
+    await asyncio.sleep(0.05)
+    await layer.group_send("owner.1", {"type": "notice", "seq": 3})
+    assert (await asyncio.wait_for(waiting, 10))["seq"] == 3
+    assert client.zrange(backup, 0, -1) == [layer._handed_over[inbox]]  # only the one just handed over
+    await layer.group_send("owner.1", {"type": "notice", "seq": 4})
+    assert (await layer.receive(a))["seq"] == 4
+    assert client.zcard(backup) == 1 and client.zcard(inbox) == 0
+    await layer.flush()
+
+
+async def test_a_message_taken_but_not_handed_over_is_received_again(layer: Any) -> None:
+    """A receive cancelled between taking a message into the backup and handing it over
+    leaves it there; the next receive puts it back and hands it over, before newer ones."""
+    a = await layer.new_channel()
+    inbox = layer.prefix + layer.non_local_name(a)
+    client = redis.Redis.from_url(django_settings.REDIS_URL)
+    client.zadd(inbox + "$inflight", {layer.serialize({"type": "notice", "seq": 1, "__asgi_channel__": [a]}): time.time() - 1})
+    await layer.send(a, {"type": "notice", "seq": 2})
+    assert [(await layer.receive(a))["seq"], (await layer.receive(a))["seq"]] == [1, 2]
     await layer.flush()
