@@ -13,6 +13,7 @@ import asyncio
 import json
 import ssl
 import time
+import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -129,15 +130,29 @@ async def _record_usage(
     )
 
 
+# One client per event loop (a worker process keeps one loop, ``brain.tasks``; the embedded
+# default runs on the web server's): its connection pool keeps the connection to the
+# endpoint open between calls instead of building a client and connecting for each call.
+# A client's connections belong to the loop they were opened on, hence one per loop.
+_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient] = weakref.WeakKeyDictionary()
+
+
+def _client() -> httpx.AsyncClient:
+    loop = asyncio.get_running_loop()
+    client = _clients.get(loop)
+    if client is None or client.is_closed:
+        client = _clients[loop] = httpx.AsyncClient(verify=_tls_context())
+    return client
+
+
 async def _post(
     url: str, body: dict[str, Any], headers: dict[str, str], timeout: httpx.Timeout, on_text: Callable[[str], Awaitable[None]] | None
 ) -> Completion:
     try:
-        async with httpx.AsyncClient(timeout=timeout, verify=_tls_context()) as client:
-            async with client.stream("POST", url, json=body, headers=headers) as response:
-                if response.status_code != 200:
-                    raise BrainError("brain_error", f"the brain answered HTTP {response.status_code}")
-                return await _read_stream(response, on_text)
+        async with _client().stream("POST", url, json=body, headers=headers, timeout=timeout) as response:
+            if response.status_code != 200:
+                raise BrainError("brain_error", f"the brain answered HTTP {response.status_code}")
+            return await _read_stream(response, on_text)
     except httpx.TimeoutException:
         raise BrainError("brain_timeout", "the brain did not answer in time") from None
     except httpx.TransportError as exc:
