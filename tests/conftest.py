@@ -42,6 +42,28 @@ def _close_internal_db_threads(django_db_setup: Any, django_db_blocker: Any) -> 
         close_thread_connections()
 
 
+DB_FIXTURES = ("transactional_db", "db", "django_db_reset_sequences", "django_db_serialized_rollback")
+
+
+@pytest.fixture(autouse=True)
+def _call_events_stored_with_their_test(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Call events (``brain.call_events``) a test recorded are written before its database
+    is emptied. The buffer is the process's and its writer thread wakes every 0.5 s, so
+    without this a call's last events would wait into the next test, whose first flush
+    (one bulk insert) they would fail: their calls are gone. The test's database fixture is
+    set up first, so this fixture's teardown runs before it."""
+    uses_db = next((name for name in DB_FIXTURES if name in request.fixturenames), None)
+    if uses_db is None and request.node.get_closest_marker("django_db") is None:
+        yield
+        return
+    if uses_db is not None:
+        request.getfixturevalue(uses_db)
+    yield
+    from brain import call_events
+
+    call_events.flush()
+
+
 @pytest.fixture(scope="session")
 def fake_brain() -> Iterator[FakeBrainServer]:
     server = FakeBrainServer(script=Script())
