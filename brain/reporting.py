@@ -67,7 +67,7 @@ async def model_text(owner_id: int, outcome: ToolOutcome) -> str:
     def build() -> str:
         record = ReceiptRecord.objects.select_related("call").filter(call_id=uuid_or_nil(outcome.call_id)).order_by("-revision").first()
         facts = _facts_for([record]) if record is not None else []
-        delivered = services.delivered_fact_ids(owner_id, [f.id for f in facts])
+        delivered = services.delivered_fact_ids(owner_id, [f.id for f in facts]) if facts else set()  # none to ask about
         new = [f.text for f in facts if f.id not in delivered]
         return json.dumps({"receipt": outcome.receipt, "facts_not_yet_told": new}, ensure_ascii=False)
 
@@ -140,7 +140,7 @@ async def deliver_checked_reply(run: Any, report: Report, draft: str, claim: Cal
 
 def report_for_records(records: list[ReceiptRecord], owner_id: int, header: list[str]) -> Report:
     facts = _facts_for(records)
-    delivered = services.delivered_fact_ids(owner_id, [f.id for f in facts])
+    delivered = services.delivered_fact_ids(owner_id, [f.id for f in facts]) if facts else set()  # none to ask about
     new = [f.text for f in facts if f.id not in delivered]
     lines = [*header, "Facts from receipts (only these may be stated; they will be checked): " + (" ".join(new) or "none")]
     return Report("\n".join(lines), [r.receipt for r in records], facts, delivered)

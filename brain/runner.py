@@ -69,7 +69,7 @@ def run_tree_report(run: Run) -> reporting.Report:
     only) with their facts and which of them the owner has already been told."""
     sql, fields = _receipt_tasks_sql(connection.vendor)
     task_ids = [task_id for task_id, in statements.fetch(sql, [Run._meta.pk.get_db_prep_value(run.id, connection), False], fields)]  # type: ignore[union-attr]
-    current = capability_services.current_receipts(task_ids)
+    current = capability_services.current_receipts(task_ids) if task_ids else {}  # a run without pack results: none
     records = sorted(current.values(), key=lambda r: r.created_at)
     records = [ReceiptRecord.objects.select_related("call").get(pk=r.pk) for r in records]
     return reporting.report_for_records(records, run.owner_id, [])
