@@ -155,10 +155,11 @@ def roles_unusable(run_id: Any, exc: YimiError) -> BrainError:
     return BrainError("brain_not_configured", f"the model settings cannot be used ({exc.code})")
 
 
-def turn_context(run: Run) -> tuple[list[AgentTask], bool]:
+def turn_context(run: Run, *, tasks_working: bool = True) -> tuple[list[AgentTask], bool]:
     """What a main turn reads besides its prompt (synchronous: the runner reads it in its
-    claim's database trip): the owner's background tasks and the turn's thinking switch."""
-    return agents.active_tasks_for_owner(run.owner_id), _turn_thinking(run)
+    claim's database trip): the owner's background tasks and the turn's thinking switch.
+    ``tasks_working=False``: the caller has just read that none is working (the claim)."""
+    return agents.active_tasks_for_owner(run.owner_id) if tasks_working else [], _turn_thinking(run)
 
 
 async def main_turn(

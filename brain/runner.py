@@ -64,11 +64,15 @@ def _system_text_patterns() -> tuple[re.Pattern[str], ...]:
 SYSTEM_TEXTS = _system_text_patterns()
 
 
-def run_tree_report(run: Run) -> reporting.Report:
+def run_tree_report(run: Run, *, pack_results: bool = True) -> reporting.Report:
     """The receipts of this run's whole delegation tree (current revisions, pack results
-    only) with their facts and which of them the owner has already been told."""
-    sql, fields = _receipt_tasks_sql(connection.vendor)
-    task_ids = [task_id for task_id, in statements.fetch(sql, [Run._meta.pk.get_db_prep_value(run.id, connection), False], fields)]  # type: ignore[union-attr]
+    only) with their facts and which of them the owner has already been told.
+    ``pack_results=False``: the caller has just read that the tree has none (the claim)."""
+    task_ids: list[str] = []
+    if pack_results:
+        sql, fields = _receipt_tasks_sql(connection.vendor)
+        key = Run._meta.pk.get_db_prep_value(run.id, connection)  # type: ignore[union-attr]
+        task_ids = [task_id for task_id, in statements.fetch(sql, [key, False], fields)]
     current = capability_services.current_receipts(task_ids) if task_ids else {}  # a run without pack results: none
     records = sorted(current.values(), key=lambda r: r.created_at)
     records = [ReceiptRecord.objects.select_related("call").get(pk=r.pk) for r in records]
@@ -184,7 +188,7 @@ def _claim_and_prepare(run_id: Any, stages: dict[str, float] | None) -> tuple[Ru
     memory = prepare_memory(run.owner_id, run.scope, run.inbound.seq)
     messages = with_memory(messages, history, memory)
     trace.mark(run, "memory_prepared")
-    report = None if settings.YIMI_BENCH_UNCHECKED_REPLIES else run_tree_report(run)
+    report = None if settings.YIMI_BENCH_UNCHECKED_REPLIES else run_tree_report(run, pack_results=claimed.pack_results)
     # A request about an image the device sent goes to the vision role instead (brain.vision).
     image = vision.image_for_run(run, may_be_linked=claimed.image_linked)
     # The main turn's thinking switch is written with the roles' pin, in one UPDATE.
@@ -204,7 +208,7 @@ def _claim_and_prepare(run_id: Any, stages: dict[str, float] | None) -> tuple[Ru
     if image is None:
         if written:
             run.thinking = thinking  # stored: turn_context writes it no more
-        turn.active, turn.thinking = agent_loop.turn_context(run)
+        turn.active, turn.thinking = agent_loop.turn_context(run, tasks_working=claimed.tasks_working)
     return run, messages, memory, report, turn
 
 

@@ -22,10 +22,11 @@ from django.utils import timezone
 
 from accounts.models import VoiceCall
 from accounts.services import admit_scheduled, admit_text, admit_voice
-from brain.agents import run_has_active_agents
-from brain.models import Run
+from brain.agents import ACTIVE, run_has_active_agents
+from brain.models import AgentTask, Run
 from brain.trace import now_ms
 from capabilities.authorities import RunBinding
+from capabilities.models import ReceiptRecord, ToolCall
 from memory import services as timeline
 from memory.models import ImageRecord, TimelineEntry
 from yimi_project import statements
@@ -141,6 +142,8 @@ class Claimed:
     run: Run
     in_call: bool
     image_linked: bool
+    tasks_working: bool = True  # the owner has background tasks still working (else none to list)
+    pack_results: bool = True  # the run's tree has pack receipts (else its report is empty)
 
 
 def claim_run(run_id: Any) -> Run | None:
@@ -171,9 +174,10 @@ def claim_for_turn(run_id: Any) -> Claimed | None:
         Run.State.QUEUED, Run.State.RUNNING, ops.adapt_datetimefield_value(stale),
     ]
     image = [ImageRecord.State.ATTACHED, ""]  # an attached image that still has its file
+    tasks = [1, AgentTask.Kind.TASK, *ACTIVE]  # as agents.active_tasks_for_owner
     n = len(sql.run_fields)
     if sql.read is None:  # PostgreSQL: one statement
-        rows = statements.fetch(sql.claim, params + image, sql.run_fields + sql.entry_fields)
+        rows = statements.fetch(sql.claim, [*params, *image, *tasks, False], sql.run_fields + sql.entry_fields)
         if not rows:
             return None
         run_values, rest = rows[0][:n], rows[0][n:]
@@ -183,12 +187,13 @@ def claim_for_turn(run_id: Any) -> Claimed | None:
             return None
         run_values = rows[0]
         device = Run._meta.get_field("origin_device").get_db_prep_value(run_values[sql.device_at], connection)
-        rest = statements.fetch(sql.read, [device, device, *image, run_values[sql.inbound_at]], sql.entry_fields)[0]
+        read = [device, device, *image, run_values[sql.owner_at], *tasks, params[3], False, run_values[sql.inbound_at]]
+        rest = statements.fetch(sql.read, read, sql.entry_fields)[0]
     run = statements.instance(Run, sql.run_fields, run_values)
     m = len(sql.entry_fields)
     run.inbound = statements.instance(TimelineEntry, sql.entry_fields, rest[:m])
-    in_call, image_linked = rest[m:]
-    return Claimed(run, bool(in_call), bool(image_linked))
+    in_call, image_linked, tasks_working, pack_results = (bool(v) for v in rest[m:])
+    return Claimed(run, in_call, image_linked, tasks_working, pack_results)
 
 
 @dataclass(frozen=True)
@@ -197,7 +202,8 @@ class _ClaimSQL:
     read: str | None  # SQLite's second statement
     run_fields: tuple[Any, ...]
     entry_fields: tuple[Any, ...]
-    device_at: int  # the origin device's column among the run's
+    device_at: int  # the origin device's, owner's and inbound entry's columns among the run's
+    owner_at: int
     inbound_at: int
 
 
@@ -224,26 +230,38 @@ def _claim_sql(vendor: str) -> _ClaimSQL:
         f"RETURNING {run_cols}"
     )
 
-    def facts(device: str) -> str:
+    def qcol(model: Any, name: str) -> str:
+        return statements.column(model, name, qualified=True)
+
+    def facts(device: str, owner: str, run_id: str) -> str:
+        t, c = AgentTask._meta, ToolCall._meta
         return (
             f"EXISTS (SELECT 1 FROM {quote(VoiceCall._meta.db_table)} WHERE {col(VoiceCall, 'device')} = {device} "
             f"AND {col(VoiceCall, 'ended_at')} IS NULL), "
             f"EXISTS (SELECT 1 FROM {quote(ImageRecord._meta.db_table)} WHERE {col(ImageRecord, 'device')} = {device} "
             f"AND {col(ImageRecord, 'state')} = %s AND NOT ({col(ImageRecord, 'path')} = %s) "
-            f"AND {col(ImageRecord, 'about_client_id')} = e.{col(TimelineEntry, 'client_id')})"
+            f"AND {col(ImageRecord, 'about_client_id')} = e.{col(TimelineEntry, 'client_id')}), "
+            f"EXISTS (SELECT 1 FROM {quote(t.db_table)} INNER JOIN {quote(Run._meta.db_table)} owned "
+            f"ON ({qcol(AgentTask, 'run')} = owned.{run('id')}) WHERE owned.{run('owner')} = {owner} "
+            f"AND {qcol(AgentTask, 'depth')} = %s AND {qcol(AgentTask, 'kind')} = %s "
+            f"AND {qcol(AgentTask, 'state')} IN ({', '.join(['%s'] * len(ACTIVE))})), "
+            f"EXISTS (SELECT 1 FROM {quote(ReceiptRecord._meta.db_table)} INNER JOIN {quote(c.db_table)} "
+            f"ON ({qcol(ReceiptRecord, 'call')} = {qcol(ToolCall, 'id')}) WHERE {qcol(ToolCall, 'run')} = {run_id} "
+            f"AND {qcol(ReceiptRecord, 'written_by_gateway')} = %s)"
         )
 
     names = [f.name for f in run_fields]
-    at = {"device_at": names.index("origin_device"), "inbound_at": names.index("inbound")}
+    at = {"device_at": names.index("origin_device"), "owner_at": names.index("owner"), "inbound_at": names.index("inbound")}
     entries = quote(TimelineEntry._meta.db_table)
     if vendor == "postgresql":
         claimed = ", ".join(f"claimed.{quote(str(f.column))}" for f in run_fields)
         sql = (
-            f"WITH claimed AS ({update}) SELECT {claimed}, {entry_cols}, {facts('claimed.' + run('origin_device'))} "
+            f"WITH claimed AS ({update}) SELECT {claimed}, {entry_cols}, "
+            f"{facts('claimed.' + run('origin_device'), 'claimed.' + run('owner'), 'claimed.' + run('id'))} "
             f"FROM claimed INNER JOIN {entries} e ON (e.{col(TimelineEntry, 'id')} = claimed.{run('inbound')})"
         )
         return _ClaimSQL(sql, None, run_fields, entry_fields, **at)
-    read = f"SELECT {entry_cols}, {facts('%s')} FROM {entries} e WHERE e.{col(TimelineEntry, 'id')} = %s"
+    read = f"SELECT {entry_cols}, {facts('%s', '%s', '%s')} FROM {entries} e WHERE e.{col(TimelineEntry, 'id')} = %s"
     return _ClaimSQL(update, read, run_fields, entry_fields, **at)
 
 

@@ -177,6 +177,43 @@ def test_the_claim_reads_the_inbound_entry_and_whether_a_call_or_an_image_is_the
     ImageRecord.objects.filter(path="images/y.png").update(about_client_id=client_id + "-2")
     claimed = claim_for_turn(again.run_id)
     assert claimed is not None and (claimed.in_call, claimed.image_linked) == (False, True)
+    assert (claimed.tasks_working, claimed.pack_results) == (False, False)
+
+
+def test_the_claim_reads_whether_tasks_work_and_whether_the_tree_has_pack_results(make_device: Any, settings: Any) -> None:
+    """The claim's other two facts: the owner has a background task (depth 1) still working
+    (only then are they listed), and the run's tree has a pack receipt, not the gateway's
+    block or ask (only then is the report's receipts read); a re-claimed run finds its own."""
+    from brain.models import AgentTask
+    from brain.services import claim_for_turn
+    from capabilities.models import ReceiptRecord, ToolCall
+
+    sim = make_device()
+    earlier = utter(sim, "earlier")
+    AgentTask.objects.create(run_id=earlier.run_id, goal="done already", state=AgentTask.State.SUCCEEDED)
+    AgentTask.objects.create(run_id=earlier.run_id, goal="a step", state=AgentTask.State.RUNNING, depth=2)
+    first = utter(sim, "first")
+    claimed = claim_for_turn(first.run_id)
+    assert claimed is not None and (claimed.tasks_working, claimed.pack_results) == (False, False)
+
+    AgentTask.objects.create(run_id=earlier.run_id, goal="book a table", state=AgentTask.State.RUNNING)
+    owner_id = sim.device.owner_id
+    call = ToolCall.objects.create(owner_id=owner_id, run_id=first.run_id, tool="t", fingerprint="f", idempotency_key="k",
+                                   decision="allow")
+    receipt = dict(owner_id=owner_id, call=call, task_id="task-1", status="succeeded", receipt={}, content_fingerprint="c")
+    ReceiptRecord.objects.create(**receipt, written_by_gateway=True)  # a block: not a pack result
+    Run.objects.filter(id=first.run_id).update(
+        heartbeat_at=timezone.now() - timedelta(seconds=settings.RUN_HEARTBEAT_STALE_SECONDS + 1)
+    )
+    again = claim_for_turn(first.run_id)  # its worker died: claimed again
+    assert again is not None and again.run.attempts == 2
+    assert (again.tasks_working, again.pack_results) == (True, False)
+    ReceiptRecord.objects.create(**receipt, revision=2)
+    Run.objects.filter(id=first.run_id).update(
+        heartbeat_at=timezone.now() - timedelta(seconds=settings.RUN_HEARTBEAT_STALE_SECONDS + 1)
+    )
+    third = claim_for_turn(first.run_id)
+    assert third is not None and (third.tasks_working, third.pack_results) == (True, True)
 
 
 def test_the_roles_pin_and_the_thinking_switch_are_one_conditional_write(make_device: Any) -> None:

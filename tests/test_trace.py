@@ -101,15 +101,15 @@ def test_acks_merge_into_the_stored_trace_with_one_update(owner: Any, make_devic
 
 # Upper bounds on the database round trips of one text (PostgreSQL or SQLite), so that a
 # change that adds queries to the path shows here. Raise them only with a reason. The run's
-# 18 (16 on PostgreSQL): claim (1 on PostgreSQL: the UPDATE … RETURNING joined with the
-# inbound entry and whether the device is in an open call or an attached image names the
-# request, so neither the call snapshot nor the linked image is looked up for a plain run;
-# SQLite 2), history (1), memory (4: the core profile's render, the ambient log, the session,
-# its facts; and 1 to accept it), receipts report (1), model roles (2: both roles' rows in one
-# read, the pin's conditional write with the thinking switch), background tasks (1), usage
-# (1), finish (4: lock, sequence number, entry, close; SQLite adds its BEGIN IMMEDIATE).
+# 16 (14 on PostgreSQL): claim (1 on PostgreSQL: the UPDATE … RETURNING joined with the
+# inbound entry and whether the device is in an open call, an attached image names the
+# request, the owner has background tasks working and the run's tree has pack receipts, so a
+# plain run looks up none of those; SQLite 2), history (1), memory (4: the core profile's
+# render, the ambient log, the session, its facts; and 1 to accept it), model roles (2: both
+# roles' rows in one read, the pin's conditional write with the thinking switch), usage (1),
+# finish (4: lock, sequence number, entry, close; SQLite adds its BEGIN IMMEDIATE).
 ADMISSION_QUERIES = 12
-RUN_QUERIES = 18
+RUN_QUERIES = 16
 
 
 async def test_admission_and_run_stay_within_their_query_budget(make_device: Any, brain: Any) -> None:
