@@ -4,6 +4,8 @@ one is handed out without a round trip to ask."""
 
 from __future__ import annotations
 
+import os
+import resource
 import time
 from typing import Any
 
@@ -72,6 +74,29 @@ def test_a_connection_the_server_ended_fails_the_check_at_once(postgres: None) -
         terminate([conn.info.backend_pid])
         with pytest.raises(psycopg.OperationalError):  # well inside the interval: the socket told
             check_pooled_connection(conn, every_seconds=EVERY, now=100.5)
+
+
+def test_a_connection_on_a_descriptor_above_1024_is_checked_too(postgres: None) -> None:
+    """A web process with many sockets open gets database sockets above select()'s
+    FD_SETSIZE: the check must work there (a check that raised for every connection would
+    have the pool discard them all)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need(hard == resource.RLIM_INFINITY or hard > 1200, f"the descriptor limit ({hard}) leaves no room above 1024")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200) if hard == resource.RLIM_INFINITY else min(max(soft, 1200), hard), hard))
+    filler = [os.open(os.devnull, os.O_RDONLY) for _ in range(1030)]
+    try:
+        with open_counting() as conn:
+            assert conn.pgconn.socket > 1024
+            check_pooled_connection(conn, every_seconds=EVERY, now=100.0)  # asks once, passes
+            check_pooled_connection(conn, every_seconds=EVERY, now=100.5)  # handed out as it is
+            assert conn.sent == 1
+            terminate([conn.info.backend_pid])
+            with pytest.raises(psycopg.OperationalError):
+                check_pooled_connection(conn, every_seconds=EVERY, now=101.0)
+    finally:
+        for fd in filler:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 def test_a_closed_connection_fails_the_check(postgres: None) -> None:

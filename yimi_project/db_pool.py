@@ -50,7 +50,11 @@ def check_pooled_connection(conn: Any, *, every_seconds: float, now: float) -> N
     pgconn = conn.pgconn
     if conn.closed or pgconn.status != pq.ConnStatus.OK or pgconn.transaction_status != pq.TransactionStatus.IDLE:
         raise psycopg.OperationalError("the pooled connection is closed or not idle")
-    readable, _, _ = select.select([pgconn.socket], [], [], 0)
+    # poll, not select: a web process with many sockets open has descriptors above
+    # select's FD_SETSIZE (1024), where select raises for every connection.
+    poller = select.poll()
+    poller.register(pgconn.socket, select.POLLIN | select.POLLPRI | select.POLLERR | select.POLLHUP)
+    readable = bool(poller.poll(0))
     if not readable and now - getattr(conn, CONFIRMED_AT, float("-inf")) < every_seconds:
         return
     ConnectionPool.check_connection(conn)  # psycopg_pool's empty query: raises on a connection the server closed
