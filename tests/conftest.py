@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import base64
+import io
 import json
 import os
 import socket
@@ -284,7 +285,14 @@ def internal_client(**headers: str) -> Any:
 class UnixWSGIServer:
     """The platform's internal listener for tests: Django over a real Unix socket (as
     daphne's ``-u`` serves it), in a thread of the test process, so sandboxed packs reach
-    the test database."""
+    the test database.
+
+    Like daphne, it reads a request's whole body before Django sees the request. wsgiref
+    alone does not: a request refused from its headers alone (a pack's POST answered 400
+    or 403) had its connection closed with the body unread, and a client whose body had not
+    all been sent yet (a pack process descheduled between sending the headers and the
+    body, on a busy machine) got EPIPE instead of the answer: ``PlatformLost``
+    (BrokenPipeError) in tests/test_pack_sandbox.py."""
 
     def __init__(self, path: Path) -> None:
         import socketserver
@@ -299,6 +307,8 @@ class UnixWSGIServer:
 
         def app(environ: dict[str, Any], start_response: Any) -> Any:
             environ[INTERNAL_LISTENER_META] = True
+            length = int(environ.get("CONTENT_LENGTH") or 0)
+            environ["wsgi.input"] = io.BytesIO(environ["wsgi.input"].read(length) if length > 0 else b"")
             return django_app(environ, start_response)
 
         class Handler(WSGIRequestHandler):

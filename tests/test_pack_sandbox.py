@@ -40,6 +40,8 @@ TOOLS = ToolRegistry()
 def attempt(fn):
     try:
         return "GOT " + str(fn())[:200]
+    except (PlatformLost, BrokenPipeError, ConnectionResetError) as exc:
+        return "LOST " + type(exc).__name__  # no answer: not a refusal, the outcome is unknown
     except BaseException as exc:  # noqa: BLE001
         return "refused " + type(exc).__name__
 
@@ -56,7 +58,8 @@ def tcp(port):
 
 def internal(path, body, headers):
     sock_path = os.environ.get("YIMI_PLATFORM_SOCKET", "")
-    conn = http.client.HTTPConnection("x", timeout=30)  # a bound on a failure, not a window
+    # the platform's own host name, so what refuses is the capability check, not ALLOWED_HOSTS
+    conn = http.client.HTTPConnection("yimi.internal", timeout=30)  # a bound on a failure, not a window
     s = socket.socket(socket.AF_UNIX)
     s.connect(sock_path)
     conn.sock = s
@@ -173,9 +176,10 @@ def test_a_hostile_pack_gets_nothing_it_did_not_declare(hostile: Path, make_devi
     }
     outcome = asyncio.run(call_tool(str(run.run_id), "", "hostile__probe", args))
     assert outcome.executed and outcome.receipt is not None, outcome.model_text
+    assert "content" in outcome.receipt, outcome.receipt  # a receipt without content says why (its summary)
     results = json.loads(outcome.receipt["content"]["text"])
     print("\n".join(f"{k:40} {v}" for k, v in results.items()))  # the closing note's table
-    got = {k: v for k, v in results.items() if v.startswith("GOT")}
+    got = {k: v for k, v in results.items() if v.startswith(("GOT", "LOST"))}
     assert got == {}, got
     assert len(results) >= 20
     assert results["read memory (declared, observe)"] == "status 200"  # what it declared still works
