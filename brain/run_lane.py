@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import threading
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -128,9 +129,11 @@ class Lane:
                 await self.slots.acquire()
                 try:
                     popped = await client.brpop([self.key], timeout=self.block_seconds)
-                except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+                except (redis.RedisError, OSError) as exc:
+                    # Unreachable, or refusing (MISCONF on a full disk, READONLY after a
+                    # failover, a wrong key type): the lane keeps trying, never ends quietly.
                     self.slots.release()
-                    log_event("run_lane_unreachable", error=type(exc).__name__, detail=str(exc)[:200])
+                    log_event("run_lane_unreachable", logging.WARNING, error=type(exc).__name__, detail=str(exc)[:200])
                     await asyncio.sleep(RETRY_SECONDS)
                     continue
                 except BaseException:

@@ -189,6 +189,36 @@ async def test_draining_waits_for_the_runs_in_flight_and_takes_no_more(lane_pref
     assert await asyncio.to_thread(_length) == 1  # run-2 waits for another worker
 
 
+async def test_a_redis_error_is_logged_and_the_lane_goes_on(lane_prefix: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Redis refusing the pop (here WRONGTYPE; MISCONF on a full disk or READONLY after a
+    failover alike) is logged and retried: the lane never ends quietly, and takes the next
+    run once Redis accepts the pop again."""
+    recorder = Recorder()
+    client = _sync_client()
+    try:
+        client.set(run_lane.lane_key(), "not a list")
+        lane = _lane(recorder, slots=1)
+        serving = asyncio.ensure_future(lane.serve())
+        with caplog.at_level(logging.INFO, logger="yimi"):
+
+            async def refused() -> None:
+                while "run_lane_unreachable" not in [r.getMessage() for r in caplog.records]:
+                    await asyncio.sleep(0.05)
+
+            await asyncio.wait_for(refused(), WAIT)
+        assert not serving.done()
+        client.delete(run_lane.lane_key())
+    finally:
+        client.close()
+    try:
+        await asyncio.to_thread(run_lane.push, "run-after", {"queued": 5.0})
+        await recorder.until(lambda: len(recorder.started) == 1)
+        assert recorder.started == [("run-after", {"queued": 5.0})]
+        recorder.let_go("run-after")
+    finally:
+        await _stop(lane, serving)
+
+
 async def test_a_run_that_fails_frees_its_slot(lane_prefix: str, caplog: pytest.LogCaptureFixture) -> None:
     seen: list[str] = []
 
