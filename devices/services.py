@@ -370,13 +370,16 @@ def owner_devices_preferring(owner_id: int, kinds: tuple[str, ...]) -> list[Any]
 # --- delivery ---------------------------------------------------------------------------
 
 
+SEQ_MIN, SEQ_MAX = -(2**63), 2**63 - 1  # a timeline seq is a 64-bit integer column
+
+
 def record_delivery(device: Device, seq: Any, status: Any) -> Delivery:
     """Record a device's ACK for the timeline entry ``seq``. Idempotent per status."""
     if status not in Delivery.Status.values:
         raise YimiError("invalid_frame", "status must be rendered (text) or played (speech)")
     if isinstance(seq, bool) or not isinstance(seq, int):
         raise YimiError("invalid_frame", "seq must be an integer")
-    if not device.is_guest:
+    if not device.is_guest and SEQ_MIN <= seq <= SEQ_MAX:  # outside: no entry has it (SQLite's driver refuses it)
         recorded = _record_first_delivery(device, seq, status)
         if recorded is not None:  # the usual ACK: the first of this status for an entry that exists
             acknowledge_entry(recorded.entry_id)

@@ -77,3 +77,15 @@ def test_an_ack_for_no_entry_of_the_owner_is_unknown_entry_and_stores_nothing(ma
             ack(device_id, seq)
         assert raised.value.code == "unknown_entry"
     assert not Delivery.objects.exists()
+
+
+@pytest.mark.parametrize("seq", [2**63, -(2**63) - 1, 10**30])
+def test_an_ack_of_a_seq_no_64_bit_column_holds_is_an_unknown_entry(make_device: Any, seq: int) -> None:
+    """No entry has it, so the answer is unknown_entry, as for any seq that does not exist
+    (SQLite's driver refuses such an integer outright: it must not become internal_error)."""
+    device = make_device().device
+    said(device)
+    with pytest.raises(YimiError) as raised:
+        ack(device.id, seq)
+    assert raised.value.code == "unknown_entry"
+    assert not Delivery.objects.exists()
