@@ -10,11 +10,12 @@ into a made-up reply.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import ssl
 import time
 import weakref
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
@@ -130,26 +131,40 @@ async def _record_usage(
     )
 
 
-# One client per event loop (a worker process keeps one loop, ``brain.tasks``; the embedded
-# default runs on the web server's): its connection pool keeps the connection to the
-# endpoint open between calls instead of building a client and connecting for each call.
-# A client's connections belong to the loop they were opened on, hence one per loop.
+# One kept client per long-lived event loop — a worker process's run loop (``brain.tasks``)
+# and, in the embedded default, the web server's (``brain.dispatch.remember_loop``): its
+# connection pool keeps the connection to the endpoint open between calls instead of
+# building a client and connecting for each call. A client's connections belong to the loop
+# they were opened on, hence one per loop. Any other loop (``async_to_sync``'s, made for one
+# call and then dropped) gets a client for the call, closed after it: a kept client's open
+# connection would keep its dead loop, and a socket, alive for good.
 _clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient] = weakref.WeakKeyDictionary()
+_kept_loops: weakref.WeakSet[asyncio.AbstractEventLoop] = weakref.WeakSet()
 
 
-def _client() -> httpx.AsyncClient:
+def keep_client_on(loop: asyncio.AbstractEventLoop) -> None:
+    """``loop`` lives as long as its process: its model calls share one kept client."""
+    _kept_loops.add(loop)
+
+
+@contextlib.asynccontextmanager
+async def _client() -> AsyncIterator[httpx.AsyncClient]:
     loop = asyncio.get_running_loop()
+    if loop not in _kept_loops:
+        async with httpx.AsyncClient(verify=_tls_context()) as client:
+            yield client
+        return
     client = _clients.get(loop)
     if client is None or client.is_closed:
         client = _clients[loop] = httpx.AsyncClient(verify=_tls_context())
-    return client
+    yield client
 
 
 async def _post(
     url: str, body: dict[str, Any], headers: dict[str, str], timeout: httpx.Timeout, on_text: Callable[[str], Awaitable[None]] | None
 ) -> Completion:
     try:
-        async with _client().stream("POST", url, json=body, headers=headers, timeout=timeout) as response:
+        async with _client() as client, client.stream("POST", url, json=body, headers=headers, timeout=timeout) as response:
             if response.status_code != 200:
                 raise BrainError("brain_error", f"the brain answered HTTP {response.status_code}")
             return await _read_stream(response, on_text)

@@ -13,6 +13,7 @@ from asgiref.sync import SyncToAsync, sync_to_async
 from channels.db import database_sync_to_async
 from django.conf import settings
 
+from brain.client import keep_client_on
 from brain.consent_execution import execute_approved
 from brain.reminders import fire_due_reminders
 from brain.schedules import fire_due_schedules
@@ -125,6 +126,7 @@ def remember_loop() -> None:
     """Called on the server's event loop, so synchronous code can hand work back to it."""
     global _main_loop
     _main_loop = asyncio.get_running_loop()
+    keep_client_on(_main_loop)  # the embedded default's runs: the model client stays open between them
 
 
 async def keep_claim(beat: Any) -> None:

@@ -47,7 +47,10 @@ def worker_loop() -> asyncio.AbstractEventLoop:
     global _loop
     with _loop_lock:
         if _loop is None or _loop.is_closed():
+            from brain.client import keep_client_on
+
             loop = asyncio.new_event_loop()
+            keep_client_on(loop)  # the model client's connections stay open between runs
             threading.Thread(target=loop.run_forever, name="yimi-run-loop", daemon=True).start()
             _loop = loop
         return _loop
