@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from asgiref.testing import ApplicationCommunicator
 from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
 from cryptography.hazmat.primitives import serialization
@@ -194,13 +195,26 @@ SOCKET_TIMEOUT = 10.0
 
 
 class DeviceSocket(WebsocketCommunicator):
-    """Channels' test websocket with ``SOCKET_TIMEOUT`` as every wait's default."""
+    """Channels' test websocket with ``SOCKET_TIMEOUT`` as every wait's default.
+
+    Its two primitives are asgiref's, not Channels': Channels' test communicator makes
+    ``channels.db.close_old_connections`` a no-op while the test sends or waits (for
+    Django's TestCase, whose one transaction a close would end). With the connection pool
+    that kept every connection a consumer's ``database_sync_to_async`` call borrowed while
+    the test waited: one socket's thread held it to the end, one pooled connection lost per
+    socket, until after ~20 sockets in one process every database call waited the pool's 30 s
+    and failed (PoolTimeout); an event loop's teardown can then wait those 30 s for each
+    cancelled call in turn (asgiref lets a cancelled call's thread finish). A consumer's
+    threads never hold the test's own transaction, so they close as in production."""
+
+    async def send_input(self, message: Any) -> None:
+        await ApplicationCommunicator.send_input(self, message)
 
     async def connect(self, timeout: float = SOCKET_TIMEOUT) -> Any:
         return await super().connect(timeout)
 
     async def receive_output(self, timeout: float = SOCKET_TIMEOUT) -> Any:
-        return await super().receive_output(timeout)
+        return await ApplicationCommunicator.receive_output(self, timeout)
 
     async def receive_from(self, timeout: float = SOCKET_TIMEOUT) -> Any:
         return await super().receive_from(timeout)
