@@ -105,3 +105,25 @@ async def test_a_message_taken_but_not_handed_over_is_received_again(layer: Any)
     await layer.send(a, {"type": "notice", "seq": 2})
     assert [(await layer.receive(a))["seq"], (await layer.receive(a))["seq"]] == [1, 2]
     await layer.flush()
+
+
+async def test_a_burst_of_sockets_joining_at_once_fits_the_configured_pool() -> None:
+    """Many devices connecting at once (a restart, a network coming back): each socket's
+    joins borrow a Redis connection at the same moment. redis-py's pool refuses the 101st by
+    default (MaxConnectionsError, which the socket turned into service_unavailable); the
+    settings' host config allows ``CHANNEL_LAYER_MAX_CONNECTIONS``."""
+    need(bool(django_settings.REDIS_URL), "REDIS_URL is not set")
+    [host] = [h for h in django_settings.CHANNEL_LAYERS["default"]["CONFIG"]["hosts"]]
+    assert host["max_connections"] == django_settings.CHANNEL_LAYER_MAX_CONNECTIONS >= 300
+    prefix = f"yimi-test-burst-{uuid.uuid4().hex[:8]}"
+    layer = RedisChannelLayer(hosts=[{**host, "address": django_settings.REDIS_URL}], prefix=prefix)
+    try:
+        channels = [await layer.new_channel() for _ in range(300)]
+        await asyncio.gather(*(layer.group_add(f"device.{i}", channel) for i, channel in enumerate(channels)))
+        await layer.group_send("device.299", {"type": "timeline.new", "seq": 1})
+        assert await layer.receive(channels[299]) == {"type": "timeline.new", "seq": 1}
+    finally:
+        await layer.flush()
+        client = redis.Redis.from_url(django_settings.REDIS_URL)
+        for key in client.scan_iter(f"{prefix}*"):
+            client.delete(key)

@@ -183,12 +183,18 @@ CHANNEL_LAYER_SOCKET_TIMEOUT_SECONDS = 10.0
 # (frame_undelivered) and recovered by the device with sync.
 WS_SOCKET_CAPACITY = env.int("YIMI_WS_SOCKET_CAPACITY", default=200)
 WS_SOCKETS_PER_PROCESS = env.int("YIMI_WS_SOCKETS_PER_PROCESS", default=500)
+# Redis connections the channel layer may have in use at once per process: redis-py's pool
+# refuses the 101st by default (MaxConnectionsError), which turned 100 devices connecting at
+# once into service_unavailable. Each socket's joins and sends borrow one for a moment; idle
+# ones stay open for reuse.
+CHANNEL_LAYER_MAX_CONNECTIONS = env.int("YIMI_CHANNEL_LAYER_MAX_CONNECTIONS", default=2 * WS_SOCKETS_PER_PROCESS)
 if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "yimi_project.channel_layers.RedisChannelLayer",
             "CONFIG": {
-                "hosts": [{"address": REDIS_URL, "socket_timeout": CHANNEL_LAYER_SOCKET_TIMEOUT_SECONDS}],
+                "hosts": [{"address": REDIS_URL, "socket_timeout": CHANNEL_LAYER_SOCKET_TIMEOUT_SECONDS,
+                           "max_connections": CHANNEL_LAYER_MAX_CONNECTIONS}],
                 "prefix": CHANNEL_PREFIX,
                 "capacity": WS_SOCKET_CAPACITY,
                 "channel_capacity": {"specific.*": WS_SOCKET_CAPACITY * WS_SOCKETS_PER_PROCESS},
