@@ -10,15 +10,21 @@ entry's SELECT, get_or_create's SELECT, BEGIN, INSERT, COMMIT and the two UPDATE
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
 from accounts.models import User
+from brain.schedule_models import Watch, WatchNotice
 from brain.services import accept_utterance
+from brain.watches import acknowledge_entry as acknowledge_notice
+from brain.watches import create_watch
 from capabilities.models import ToldFact
+from capabilities.services import acknowledge_entry as acknowledge_facts
 from devices.models import Delivery, Device
 from devices.services import active_device, record_delivery
 from tests.conftest import new_client_id
@@ -89,3 +95,47 @@ def test_an_ack_of_a_seq_no_64_bit_column_holds_is_an_unknown_entry(make_device:
         ack(device.id, seq)
     assert raised.value.code == "unknown_entry"
     assert not Delivery.objects.exists()
+
+
+def test_an_ack_closes_exactly_the_ledgers_of_its_entry_as_the_orm_updates_did(make_device: Any) -> None:
+    """``capabilities.services.acknowledge_entry`` and ``brain.watches.acknowledge_entry``
+    run statements built once, with the ORM updates' conditions: only the entry's facts not
+    told before get ``acknowledged_at`` (an aware now, read back equal on every database);
+    only its pending notice is delivered; only a one-time, active watch of that notice
+    ends. A delivered notice costs one statement more (the watch's end), no other."""
+    device = make_device().device
+    owner = User.objects.get(id=device.owner_id)
+    entry, other, third = said(device, "the notice"), said(device, "another"), said(device, "a third")
+    earlier = timezone.now() - timedelta(days=1)
+    fresh = ToldFact.objects.create(owner=owner, entry=entry, fact_id="fresh")
+    told_before = ToldFact.objects.create(owner=owner, entry=entry, fact_id="before", acknowledged_at=earlier)
+    elsewhere = ToldFact.objects.create(owner=owner, entry=other, fact_id="elsewhere")
+
+    def watch(once: bool, on: Any) -> Watch:
+        made = create_watch(owner, device, label="w", tool="delivery__track", arguments={}, s_from="a", s_to="b", once=once)
+        WatchNotice.objects.create(watch=made, owner=owner, entry=on)
+        return made
+
+    one_time, repeating, one_time_elsewhere = watch(True, entry), watch(False, third), watch(True, other)
+    before = timezone.now()
+    _, issued = ack(device.id, entry.seq)
+    after = timezone.now()
+    assert len(issued) == ACK_QUERIES + 1, "\n".join(issued)  # + UPDATE the one-time watch
+    for fact in (fresh, told_before, elsewhere):
+        fact.refresh_from_db()
+    assert fresh.acknowledged_at is not None and before <= fresh.acknowledged_at <= after
+    assert fresh.acknowledged_at.utcoffset() == timedelta(0)
+    assert (told_before.acknowledged_at, elsewhere.acknowledged_at) == (earlier, None)
+    notice = WatchNotice.objects.get(entry=entry)
+    assert notice.state == WatchNotice.State.DELIVERED
+    assert notice.delivered_at is not None and before <= notice.delivered_at <= after
+    assert WatchNotice.objects.get(entry=other).state == WatchNotice.State.PENDING
+    active = dict(Watch.objects.values_list("id", "active"))
+    assert active == {one_time.id: False, repeating.id: True, one_time_elsewhere.id: True}
+    # again: nothing left to close, nothing rewritten; the counts are the rows changed
+    assert (acknowledge_facts(entry.id), acknowledge_notice(entry.id)) == (0, 0)
+    assert WatchNotice.objects.get(entry=entry).delivered_at == notice.delivered_at
+    assert (acknowledge_facts(other.id), acknowledge_notice(other.id)) == (1, 1)
+    assert not Watch.objects.get(id=one_time_elsewhere.id).active
+    assert acknowledge_notice(third.id) == 1 and Watch.objects.get(id=repeating.id).active  # a repeating watch goes on
+    assert WatchNotice.objects.get(entry=third).state == WatchNotice.State.DELIVERED
