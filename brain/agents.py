@@ -186,7 +186,7 @@ def _active_sql(vendor: str) -> tuple[str, tuple[Any, ...]]:
         return statements.column(AgentTask, name, qualified=True)
 
     sql = (
-        f"SELECT {', '.join(f'{quote(AgentTask._meta.db_table)}.{quote(str(f.column))}' for f in fields)} "
+        f"SELECT {statements.columns(fields, qualified=True)} "
         f"FROM {quote(AgentTask._meta.db_table)} INNER JOIN {quote(Run._meta.db_table)} "
         f"ON ({t('run')} = {statements.column(Run, 'id', qualified=True)}) "
         f"WHERE {t('depth')} = %s AND {t('kind')} = %s AND {statements.column(Run, 'owner', qualified=True)} = %s "

@@ -345,7 +345,7 @@ def _resolve_sql(vendor: str) -> tuple[str, tuple[Any, ...]]:
     persona = tuple(p.concrete_fields)
     fields = (*persona, c.get_field("continuity_enabled"), u.get_field("time_zone"), s.get_field("id"))
     sql = (
-        f"SELECT {', '.join(f'{quote(p.db_table)}.{quote(str(f.column))}' for f in persona)}, "
+        f"SELECT {statements.columns(persona, qualified=True)}, "
         f"(SELECT {col(c, 'continuity_enabled')} FROM {quote(c.db_table)} WHERE {col(c, 'owner')} = %s LIMIT 1), "
         f"(SELECT {col(u, 'time_zone')} FROM {quote(u.db_table)} WHERE {col(u, 'id')} = %s LIMIT 1), "
         f"(SELECT {col(s, 'id')} FROM {quote(s.db_table)} WHERE {col(s, 'call')} = %s LIMIT 1) "
@@ -377,7 +377,7 @@ def _cards_sql(vendor: str) -> tuple[str, tuple[Any, ...]]:
     quote = connection.ops.quote_name
     m = ContentCard._meta
     fields = tuple(m.concrete_fields)
-    sql = (f"SELECT {', '.join(quote(str(f.column)) for f in fields)} FROM {quote(m.db_table)} "
+    sql = (f"SELECT {statements.columns(fields)} FROM {quote(m.db_table)} "
            f"WHERE {statements.column(ContentCard, 'active')} = %s ORDER BY {statements.column(ContentCard, 'id')} ASC")
     return sql, fields
 

@@ -214,7 +214,7 @@ def _role_rows(names: list[str]) -> list[ModelRole]:
 def _role_rows_sql(vendor: str, count: int) -> tuple[str, tuple[Any, ...]]:
     quote = connection.ops.quote_name
     fields = tuple(ModelRole._meta.concrete_fields)
-    sql = (f"SELECT {', '.join(quote(str(f.column)) for f in fields)} FROM {quote(ModelRole._meta.db_table)} "
+    sql = (f"SELECT {statements.columns(fields)} FROM {quote(ModelRole._meta.db_table)} "
            f"WHERE {statements.column(ModelRole, 'role')} IN ({', '.join(['%s'] * count)})")
     return sql, fields
 

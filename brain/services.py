@@ -221,7 +221,7 @@ def _claim_sql(vendor: str) -> _ClaimSQL:
     def col(model: Any, name: str) -> str:
         return statements.column(model, name)
 
-    run_cols = ", ".join(quote(str(f.column)) for f in run_fields)
+    run_cols = statements.columns(run_fields)
     entry_cols = ", ".join(f"e.{quote(str(f.column))}" for f in entry_fields)
     update = (
         f"UPDATE {quote(Run._meta.db_table)} SET {run('state')} = %s, {run('attempts')} = ({run('attempts')} + 1), "

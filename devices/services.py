@@ -284,9 +284,8 @@ def _active_device_sql(vendor: str) -> tuple[str, tuple[Any, ...]]:
     quote = connection.ops.quote_name
     d, u = Device._meta, User._meta
     fields = (*d.concrete_fields, *u.concrete_fields)
-    columns = ", ".join(f"{quote(f.model._meta.db_table)}.{quote(str(f.column))}" for f in fields)
     sql = (
-        f"SELECT {columns} FROM {quote(d.db_table)} INNER JOIN {quote(u.db_table)} "
+        f"SELECT {statements.columns(fields, qualified=True)} FROM {quote(d.db_table)} INNER JOIN {quote(u.db_table)} "
         f"ON ({statements.column(Device, 'owner', qualified=True)} = {statements.column(User, 'id', qualified=True)}) "
         f"WHERE {statements.column(Device, 'id', qualified=True)} = %s LIMIT 1"
     )
@@ -409,11 +408,11 @@ def _first_delivery_sql(vendor: str) -> tuple[str, tuple[Any, ...]]:
     columns = [f for f in fields if f.name != "id"]
     values = ", ".join(statements.column(TimelineEntry, "id", qualified=True) if f.name == "entry" else "%s" for f in columns)
     sql = (
-        f"INSERT INTO {quote(d.db_table)} ({', '.join(quote(str(f.column)) for f in columns)}) "
+        f"INSERT INTO {quote(d.db_table)} ({statements.columns(columns)}) "
         f"SELECT {values} FROM {quote(e.db_table)} "
         f"WHERE {statements.column(TimelineEntry, 'owner', qualified=True)} = %s "
         f"AND {statements.column(TimelineEntry, 'seq', qualified=True)} = %s "
-        f"ON CONFLICT DO NOTHING RETURNING {', '.join(quote(str(f.column)) for f in fields)}"
+        f"ON CONFLICT DO NOTHING RETURNING {statements.columns(fields)}"
     )
     return sql, fields
 

@@ -123,7 +123,7 @@ def _recent_sql(vendor: str) -> tuple[str, tuple[Any, ...]]:
     def c(name: str) -> str:
         return statements.column(AmbientRecord, name)
 
-    sql = (f"SELECT {', '.join(quote(str(f.column)) for f in fields)} FROM {quote(AmbientRecord._meta.db_table)} "
+    sql = (f"SELECT {statements.columns(fields)} FROM {quote(AmbientRecord._meta.db_table)} "
            f"WHERE {c('owner')} = %s AND {c('heard_at')} > %s AND {c('heard_at')} <= %s "
            f"ORDER BY {c('heard_at')} DESC, {c('stream_start_sample')} DESC")
     return sql, fields

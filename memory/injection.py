@@ -97,7 +97,7 @@ def _facts_sql(vendor: str) -> tuple[str, tuple[Any, ...]]:
         return statements.column(Assertion, name)
 
     projected = ", ".join(["%s"] * len(assertions.PROJECTED_PREDICATES))
-    sql = (f"SELECT {', '.join(quote(str(f.column)) for f in fields)} FROM {quote(Assertion._meta.db_table)} "
+    sql = (f"SELECT {statements.columns(fields)} FROM {quote(Assertion._meta.db_table)} "
            f"WHERE {c('owner')} = %s AND {c('state')} = %s AND {c('current_version')} > %s "
            f"AND NOT ({c('predicate')} IN ({projected})) ORDER BY {c('updated_at')} DESC, {c('id')} ASC")
     return sql, fields
@@ -118,7 +118,7 @@ def _session(owner_id: int, key: str) -> MemorySession:
 def _session_sql(vendor: str) -> tuple[str, tuple[Any, ...]]:
     quote = connection.ops.quote_name
     fields = tuple(MemorySession._meta.concrete_fields)
-    sql = (f"SELECT {', '.join(quote(str(f.column)) for f in fields)} FROM {quote(MemorySession._meta.db_table)} "
+    sql = (f"SELECT {statements.columns(fields)} FROM {quote(MemorySession._meta.db_table)} "
            f"WHERE {statements.column(MemorySession, 'owner')} = %s AND {statements.column(MemorySession, 'key')} = %s")
     return sql, fields
 

@@ -146,7 +146,7 @@ def _recent_sql(vendor: str) -> tuple[str, tuple[Any, ...]]:
     def c(name: str) -> str:
         return statements.column(TimelineEntry, name)
 
-    sql = (f"SELECT {', '.join(quote(str(f.column)) for f in fields)} FROM {quote(TimelineEntry._meta.db_table)} "
+    sql = (f"SELECT {statements.columns(fields)} FROM {quote(TimelineEntry._meta.db_table)} "
            f"WHERE {c('owner')} = %s AND {c('seq')} < %s AND {c('kind')} IN (%s, %s) ORDER BY {c('seq')} DESC LIMIT %s")
     return sql, fields
 

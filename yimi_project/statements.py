@@ -18,6 +18,7 @@ receivers, or a database that cannot return the new primary key from an INSERT.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from functools import cache
 from typing import Any, TypeVar
 
@@ -44,7 +45,7 @@ def _insert_statement(model: type[Model], vendor: str) -> tuple[str, tuple[Field
     fields = tuple(f for f in meta.concrete_fields if f is not returned)
     quote = _connection().ops.quote_name
     sql = (
-        f"INSERT INTO {quote(meta.db_table)} ({', '.join(quote(str(f.column)) for f in fields)}) "
+        f"INSERT INTO {quote(meta.db_table)} ({columns(fields)}) "
         f"VALUES ({', '.join(['%s'] * len(fields))})"
     )
     if returned is not None:
@@ -89,7 +90,7 @@ def _fetch_statement(
         raise ValueError(f"{model.__name__}: not all of {field_names} are concrete fields")
     quote = _connection().ops.quote_name
     sql = (
-        f"SELECT {', '.join(quote(str(f.column)) for f in fields)} FROM {quote(meta.db_table)} "
+        f"SELECT {columns(fields)} FROM {quote(meta.db_table)} "
         f"WHERE {quote(str(pk.column))} = %s LIMIT 1"
     )
     return sql, tuple(f.attname for f in fields), _converters(tuple(fields), vendor)
@@ -137,6 +138,16 @@ def column(model: type[Model], name: str, *, qualified: bool = False) -> str:
     assert isinstance(field, Field), f"{model.__name__}.{name} is not a concrete field"
     quote = _connection().ops.quote_name
     return f"{quote(model._meta.db_table)}.{quote(str(field.column))}" if qualified else quote(str(field.column))
+
+
+def columns(fields: Iterable[Field[Any, Any]], *, qualified: bool = False) -> str:
+    """The quoted columns of ``fields``, comma-separated: a SELECT list for statement text
+    built once from ``_meta`` (``table.column`` each if ``qualified``, for a join; each
+    field's own model's table)."""
+    quote = _connection().ops.quote_name
+    if qualified:
+        return ", ".join(f"{quote(f.model._meta.db_table)}.{quote(str(f.column))}" for f in fields)
+    return ", ".join(quote(str(f.column)) for f in fields)
 
 
 def fetch(sql: str, params: list[Any], fields: tuple[Field[Any, Any], ...]) -> list[list[Any]]:
