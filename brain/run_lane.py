@@ -179,13 +179,11 @@ class Lane:
 
 async def execute_on_worker(run_id: str, stages: dict[str, float]) -> Any:
     """A lane run, as a Celery run task runs it: in a context of its own, so its database
-    calls get a thread of their own (``brain.tasks.on_worker_loop``)."""
-    from asgiref.sync import ThreadSensitiveContext
-
+    calls get a thread of their own (``brain.tasks.in_own_context``)."""
     from brain.runner import execute_run
+    from brain.tasks import in_own_context
 
-    async with ThreadSensitiveContext():
-        return await execute_run(run_id, stages=stages)
+    return await in_own_context(execute_run(run_id, stages=stages))
 
 
 _lane: Lane | None = None

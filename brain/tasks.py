@@ -38,7 +38,7 @@ def on_worker_loop(coro: Coroutine[Any, Any, T]) -> T:
     do, instead of every run's database trips queueing for asgiref's one process-wide
     thread. That thread borrows a connection from the process's pool for each call and
     gives it back after it (``close_old_connections``, ``CONN_MAX_AGE`` 0)."""
-    return asyncio.run_coroutine_threadsafe(_in_own_context(coro), worker_loop()).result()
+    return asyncio.run_coroutine_threadsafe(in_own_context(coro), worker_loop()).result()
 
 
 def worker_loop() -> asyncio.AbstractEventLoop:
@@ -56,7 +56,9 @@ def worker_loop() -> asyncio.AbstractEventLoop:
         return _loop
 
 
-async def _in_own_context(coro: Coroutine[Any, Any, T]) -> T:
+async def in_own_context(coro: Coroutine[Any, Any, T]) -> T:
+    """Await ``coro`` in a ``ThreadSensitiveContext`` of its own: its database calls get a
+    thread of their own (a Celery task's work, a run from the run lane)."""
     async with ThreadSensitiveContext():
         return await coro
 
