@@ -148,12 +148,18 @@ elif DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
     # (psycopg_pool's empty query every time): Django's backend with the pool's "check"
     # from the options (yimi_project/postgresql).
     DATABASES["default"]["ENGINE"] = "yimi_project.postgresql"
+    _prepare_threshold = env.str("YIMI_DB_PREPARE_THRESHOLD", default="5").strip()
     DATABASES["default"]["CONN_MAX_AGE"] = 0
     DATABASES["default"]["CONN_HEALTH_CHECKS"] = False
     DATABASES["default"].setdefault("OPTIONS", {}).update(
         {
-            # Server-side parameter binding lets psycopg prepare the hot queries (gateway, timeline).
+            # Server-side parameter binding, and psycopg prepares a statement on a connection
+            # once it has run there YIMI_DB_PREPARE_THRESHOLD times (Django's default is never):
+            # PostgreSQL then neither parses nor plans the hot statements again, which was a
+            # third of its CPU per text (issue 14). Empty turns preparing off, for a pooler in
+            # transaction mode that cannot carry prepared statements between clients.
             "server_side_binding": env.bool("YIMI_DB_SERVER_SIDE_BINDING", default=True),
+            "prepare_threshold": int(_prepare_threshold) if _prepare_threshold else None,
             "pool": {
                 "min_size": env.int("YIMI_DB_POOL_MIN_SIZE", default=1),
                 "max_size": env.int("YIMI_DB_POOL_MAX_SIZE", default=20),
