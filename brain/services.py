@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 from django.db.models import Q
-from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
 from accounts.models import VoiceCall
@@ -389,11 +388,21 @@ def add_trace_stages(run_id: Any, stages: dict[str, float]) -> int:
     of runs updated (0: no such run)."""
     if not stages:
         return 0
-    if connection.vendor == "postgresql":
-        merged = RawSQL("COALESCE(trace, '{}'::jsonb) || %s::jsonb", [json.dumps(stages)])
+    key = Run._meta.get_field("id").get_db_prep_value(uuid.UUID(str(run_id)), connection)
+    with connection.cursor() as cursor:  # on every reply's ACK: its SQL built once
+        cursor.execute(_add_trace_sql(connection.vendor), [json.dumps(stages), key])
+        return int(cursor.rowcount)
+
+
+@cache
+def _add_trace_sql(vendor: str) -> str:
+    trace = statements.column(Run, "trace")
+    if vendor == "postgresql":
+        merged = f"COALESCE({trace}, '{{}}'::jsonb) || %s::jsonb"
     else:  # SQLite, the embedded default
-        merged = RawSQL("json_patch(COALESCE(trace, '{}'), %s)", [json.dumps(stages)])
-    return Run.objects.filter(id=run_id).update(trace=merged)
+        merged = f"json_patch(COALESCE({trace}, '{{}}'), %s)"
+    table = connection.ops.quote_name(Run._meta.db_table)
+    return f"UPDATE {table} SET {trace} = {merged} WHERE {statements.column(Run, 'id')} = %s"
 
 
 def expire_run(run_id: Any) -> tuple[Run, TimelineEntry] | None:

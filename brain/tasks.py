@@ -4,6 +4,7 @@ import asyncio
 import threading
 import time
 from collections.abc import Coroutine
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from asgiref.sync import ThreadSensitiveContext
@@ -56,11 +57,25 @@ def worker_loop() -> asyncio.AbstractEventLoop:
         return _loop
 
 
+# Single-thread executors of ended contexts, for the next one: a context used to start a
+# thread of its own and stop it at its end, on every run (issue 14: thread start and
+# shutdown were ~4% of the worker's CPU). There are never more of them than contexts were
+# ever open at once (runs and tasks overlapping on the loop).
+_idle_executors: list[ThreadPoolExecutor] = []
+
+
 async def in_own_context(coro: Coroutine[Any, Any, T]) -> T:
     """Await ``coro`` in a ``ThreadSensitiveContext`` of its own: its database calls get a
-    thread of their own (a Celery task's work, a run from the run lane)."""
-    async with ThreadSensitiveContext():
-        return await coro
+    thread of their own (a Celery task's work, a run from the run lane) — an idle thread
+    an earlier context used, or a new one. Tasks ``coro`` starts must end with it
+    (asgiref refuses their database calls after it); a long-lived task, such as a pack
+    host, starts in a context of its own (``capabilities.mcp_host.manager``)."""
+    executor = _idle_executors.pop() if _idle_executors else ThreadPoolExecutor(1, thread_name_prefix="yimi-run-db")
+    try:
+        async with ThreadSensitiveContext(executor=executor):
+            return await coro
+    finally:
+        _idle_executors.append(executor)
 
 
 @shared_task(name="brain.tasks.execute_run", acks_late=True)

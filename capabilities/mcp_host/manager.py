@@ -20,6 +20,7 @@ to the loop that opened them.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import sys
 import time
 from collections.abc import Callable
@@ -63,7 +64,9 @@ class HostProcess:
         self._task: asyncio.Task | None = None
 
     async def start(self, timeout: float = 20.0) -> None:
-        self._task = asyncio.ensure_future(self._serve())
+        # A context of its own: the host outlives the run that started it (whose context,
+        # database thread included, ends with the run: brain.tasks.in_own_context).
+        self._task = asyncio.get_running_loop().create_task(self._serve(), context=contextvars.Context())
         await asyncio.wait_for(self._ready.wait(), timeout)
         if self.session is None:
             raise RuntimeError(f"pack host {self.key} did not start: {self.error!r}")
