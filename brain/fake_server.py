@@ -42,10 +42,12 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import io
 import json
 import math
 import re
+import socket
 import threading
 import time
 import uuid
@@ -220,7 +222,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-cache")
-        self.send_header("Connection", "close")
+        # As providers stream: chunked, and the connection stays open for the next request.
+        self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
         ident = f"chatcmpl-{uuid.uuid4().hex[:12]}"
         pieces = [reply[i : i + rule.chunk_chars] for i in range(0, len(reply), max(rule.chunk_chars, 1))]
@@ -240,12 +243,15 @@ class _Handler(BaseHTTPRequestHandler):
             self._event({"id": ident, "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {}, "finish_reason": reason}]})
             if usage is not None:
                 self._event({"id": ident, "object": "chat.completion.chunk", "choices": [], "usage": usage})
-            self.wfile.write(b"data: [DONE]\n\n")
+            self._chunk(b"data: [DONE]\n\n")
+        self.wfile.write(b"0\r\n\r\n")  # the body's end (a truncated stream ends it without [DONE])
         self.wfile.flush()
-        self.close_connection = True
 
     def _event(self, payload: dict[str, Any]) -> None:
-        self.wfile.write(b"data: " + json.dumps(payload, ensure_ascii=False).encode() + b"\n\n")
+        self._chunk(b"data: " + json.dumps(payload, ensure_ascii=False).encode() + b"\n\n")
+
+    def _chunk(self, data: bytes) -> None:
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
         self.wfile.flush()
 
     def _json(self, status: int, payload: dict[str, Any]) -> None:
@@ -280,6 +286,27 @@ class FakeBrainServer(ThreadingHTTPServer):
         super().__init__((host, port), _Handler)
         self.script = script or Script()
         self.report_usage = report_usage  # False: never a usage object, like a provider that does not report it
+        self._open: set[socket.socket] = set()  # connections kept open between requests
+        self._open_lock = threading.Lock()
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self._open_lock:
+            self._open.add(request)
+        super().process_request(request, client_address)
+
+    def shutdown_request(self, request: Any) -> None:
+        with self._open_lock:
+            self._open.discard(request)
+        super().shutdown_request(request)
+
+    def server_close(self) -> None:
+        """Stop listening and end the connections clients keep open: a stopped brain
+        answers nobody, as when its server goes away."""
+        super().server_close()
+        with self._open_lock:
+            for request in list(self._open):
+                with contextlib.suppress(OSError):
+                    request.shutdown(socket.SHUT_RDWR)
 
     @property
     def base_url(self) -> str:
