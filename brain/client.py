@@ -174,17 +174,33 @@ async def _post(
         raise BrainError("brain_unreachable", f"the brain could not be reached ({type(exc).__name__})") from None
 
 
+# After ``[DONE]``, how long the body may take to end (providers end it at once): a body
+# read to its end leaves the kept connection ready for the next request; one left unread
+# closes it, and the next call connects anew (issue 14: that was a TCP connect per run).
+BODY_END_SECONDS = 0.25
+
+
+async def _body_end(lines: AsyncIterator[str]) -> None:
+    """Read what follows ``[DONE]`` (nothing, usually) to the body's end, ignoring it."""
+    with contextlib.suppress(TimeoutError, httpx.HTTPError):
+        async with asyncio.timeout(BODY_END_SECONDS):
+            async for _ in lines:
+                pass
+
+
 async def _read_stream(response: httpx.Response, on_text: Callable[[str], Awaitable[None]] | None) -> Completion:
     parts: list[str] = []
     calls: dict[int, dict[str, str]] = {}
     reported: Any = None  # the provider's usage object: in the last event, or on every event
     finished = False
-    async for line in response.aiter_lines():
+    lines = response.aiter_lines()
+    async for line in lines:
         if not line.startswith("data:"):
             continue
         data = line[5:].strip()
         if data == "[DONE]":
             finished = True
+            await _body_end(lines)
             break
         try:
             event = json.loads(data)

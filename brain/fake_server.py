@@ -288,10 +288,12 @@ class FakeBrainServer(ThreadingHTTPServer):
         self.report_usage = report_usage  # False: never a usage object, like a provider that does not report it
         self._open: set[socket.socket] = set()  # connections kept open between requests
         self._open_lock = threading.Lock()
+        self.connections = 0  # accepted so far
 
     def process_request(self, request: Any, client_address: Any) -> None:
         with self._open_lock:
             self._open.add(request)
+            self.connections += 1
         super().process_request(request, client_address)
 
     def shutdown_request(self, request: Any) -> None:
