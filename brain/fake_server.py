@@ -167,6 +167,7 @@ def image_summary(messages: list[dict[str, Any]]) -> dict[str, Any] | None:
 class _Handler(BaseHTTPRequestHandler):
     server: FakeBrainServer
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # each event leaves when written, as from a provider's edge
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
         pass
