@@ -65,6 +65,7 @@ class SocketInbox(asyncio.Queue):  # type: ignore[type-arg]
     def __init__(self, maxsize: int) -> None:
         super().__init__(maxsize=maxsize)
         self.timeline: dict[str, Any] | None = None  # the timeline.new waiting in the inbox
+        self.error: BaseException | None = None  # fail()
 
     def _replace_timeline(self, seq: Any) -> None:
         old = self.timeline
@@ -95,6 +96,25 @@ class SocketInbox(asyncio.Queue):  # type: ignore[type-arg]
             self.timeline = None
         return item
 
+    def fail(self, error: BaseException) -> None:
+        """Wake the socket waiting on this (empty) inbox with ``error``: the process
+        inbox's reader failed (Redis is down), and its receive raises it."""
+        self.error = error
+        asyncio.Queue.put_nowait(self, _FAILED)
+
+
+_FAILED: dict[str, Any] = {"type": "yimi.reader_failed"}  # SocketInbox.fail's marker
+
+
+def _raise_if_cancelled() -> None:
+    """Python 3.11's ``asyncio.wait_for`` (redis-py's socket writes) can swallow a cancel
+    that comes as its inner await finishes; the task still counts the request
+    (``Task.cancelling``). A loop that would otherwise run on, the reader's, ends here."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError()
+CLOSED_CHANNELS_REMEMBERED = 4096
+
 
 class RedisChannelLayer(ChannelsRedisLayer):
     """``channels_redis``'s layer with socket inboxes (``SocketInbox``) and a logged
@@ -107,6 +127,99 @@ class RedisChannelLayer(ChannelsRedisLayer):
         )
         # Per process inbox: the message last handed over, still in the backup (receive_single).
         self._handed_over: dict[str, bytes] = {}
+        self._readers: dict[str, asyncio.Task[None]] = {}  # per process inbox (receive)
+        self._open: set[str] = set()  # this process's sockets' channels, receiving
+        self._closed: collections.OrderedDict[str, None] = collections.OrderedDict()  # recently, latest last
+
+    async def receive(self, channel: str) -> dict[str, Any]:
+        """The next message for one socket of this process (``specific.<process>!<socket>``).
+
+        ``channels_redis`` has every waiting socket race for one lock with two new tasks per
+        message, the lock's winner reading the process inbox for all of them (~10% of the
+        web process's CPU per text, issue 14). Here one reader task per process inbox
+        (``_read``) takes its messages in order (``receive_single``) and puts each into the
+        inbox of the socket it is for (``SocketInbox``: coalesced ``timeline.new``, logged
+        overflow); a socket's receive only waits on its own inbox.
+
+        Steps: 1. the channel counts as open from its first receive until a receive of it is
+        cancelled (the socket's consumer ended); 2. the reader starts with the first receive
+        on the event loop and serves until ``flush``/``close_pools`` or its loop ends (idle,
+        it waits in one blocking pop per ``brpop_timeout``); 3. a message for a channel that
+        ended is logged (``frame_undelivered``, ``socket_gone``) and dropped; 4. if the
+        reader fails (Redis down), every socket waiting on an empty inbox gets the error, as
+        it got it from its own read before, and the next receive starts a new reader. Other
+        channels receive as ``channels_redis``."""
+        if "!" not in channel:
+            return await super().receive(channel)  # type: ignore[no-any-return]
+        assert self.require_valid_channel_name(channel)
+        real_channel = self.non_local_name(channel)
+        assert real_channel.endswith(self.client_prefix + "!"), "Wrong client prefix"
+        self._open.add(channel)
+        self._closed.pop(channel, None)
+        inbox = self.receive_buffer[channel]
+        if inbox.empty():
+            self._start_reader(real_channel)
+        try:
+            message = await inbox.get()
+        except asyncio.CancelledError:
+            self._close(channel)
+            raise
+        if message is _FAILED:
+            self._close(channel)
+            assert inbox.error is not None
+            raise inbox.error
+        return message
+
+    def _start_reader(self, real_channel: str) -> None:
+        loop = asyncio.get_running_loop()
+        reader = self._readers.get(real_channel)
+        if reader is not None and not reader.done():
+            if reader.get_loop() is loop:
+                return
+            if not reader.get_loop().is_closed():
+                raise RuntimeError("Two event loops are trying to receive() on one channel layer at once!")
+        self._readers[real_channel] = loop.create_task(self._read(real_channel))
+
+    def _close(self, channel: str) -> None:
+        self._open.discard(channel)
+        self.receive_buffer.pop(channel, None)
+        self._closed[channel] = None
+        if len(self._closed) > CLOSED_CHANNELS_REMEMBERED:
+            self._closed.popitem(last=False)
+
+    async def _read(self, real_channel: str) -> None:
+        try:
+            while True:
+                message_channel, message = await self.receive_single(real_channel)
+                _raise_if_cancelled()
+                for channel in message_channel if isinstance(message_channel, list) else [message_channel]:
+                    if channel in self._closed:
+                        log_event("frame_undelivered", level=logging.INFO, reason="socket_gone", **_frame_fields(message))
+                    else:
+                        self.receive_buffer[channel].put_nowait(message)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - handed to every socket waiting
+            for channel in list(self._open):
+                inbox = self.receive_buffer.get(channel)
+                if channel.startswith(real_channel) and inbox is not None and inbox.empty():
+                    inbox.fail(exc)
+
+    async def flush(self) -> None:
+        self._stop_readers()
+        await super().flush()
+
+    async def close_pools(self) -> None:
+        self._stop_readers()
+        await super().close_pools()
+
+    def _stop_readers(self) -> None:
+        for reader in self._readers.values():
+            if not reader.get_loop().is_closed():
+                reader.cancel()
+        self._readers.clear()
+        self._open.clear()
+        self.receive_buffer.clear()
 
     async def receive_single(self, channel: str) -> tuple[Any, dict[str, Any]]:
         """One message off this process's inbox (``specific.<process>!``), with
@@ -132,11 +245,13 @@ class RedisChannelLayer(ChannelsRedisLayer):
         backup = self._backup_channel_name(channel_key)
         connection = self.connection(index)
         while True:
+            _raise_if_cancelled()
             handed = self._handed_over.get(channel_key, b"")
             content = await connection.eval(TAKE_LUA, 2, channel_key, backup, handed, self.expiry)
             self._handed_over.pop(channel_key, None)  # the script removed it from the backup
             if content:
                 break
+            _raise_if_cancelled()  # before blocking: a cancel swallowed by the write ends here
             popped = await connection.bzpopmin(channel_key, timeout=self.brpop_timeout)
             if popped is not None:
                 _, content, score = popped
