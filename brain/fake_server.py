@@ -284,12 +284,12 @@ class FakeBrainServer(ThreadingHTTPServer):
     daemon_threads = True
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, script: Script | None = None, *, report_usage: bool = True) -> None:
-        super().__init__((host, port), _Handler)
-        self.script = script or Script()
-        self.report_usage = report_usage  # False: never a usage object, like a provider that does not report it
         self._open: set[socket.socket] = set()  # connections kept open between requests
         self._open_lock = threading.Lock()
         self.connections = 0  # accepted so far
+        super().__init__((host, port), _Handler)  # a port in use raises here, after server_close
+        self.script = script or Script()
+        self.report_usage = report_usage  # False: never a usage object, like a provider that does not report it
 
     def process_request(self, request: Any, client_address: Any) -> None:
         with self._open_lock:
