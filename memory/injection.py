@@ -184,7 +184,14 @@ def accept(p: InjectionPlan) -> bool:
     baseline, blocks, scope and revision + 1 (and generation + 1 for a rebuild); 2. a row
     count of 0 means the session moved on meanwhile (another run accepted, or a forget
     reset it): nothing is stored and the next run plans again from the stored state.
+
+    An incremental plan that added nothing (no new facts: most turns) writes nothing: the
+    stored session already is what the prompt was built from, so there is nothing to
+    advance, and another run's plan made meanwhile is not made stale by it (issue 14: one
+    UPDATE, and its WAL flush, on every run).
     """
+    if p.mode == "incremental" and p.new_block is None:
+        return True
     blocks = [b.as_dict() for b in p.blocks]
     meta = MemorySession._meta
     values = [

@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from brain.runner import execute_run
 from brain.services import accept_utterance
@@ -101,6 +103,21 @@ def test_a_plan_made_before_the_session_moved_on_is_not_accepted(owner: Any) -> 
     slow, fast = injection.plan(owner.pk, "owner", 3), injection.plan(owner.pk, "owner", 4)
     assert injection.accept(fast) and not injection.accept(slow)
     assert [b["anchor"] for b in MemorySession.objects.get(owner=owner).blocks] == [1, 4]
+
+
+def test_a_turn_that_added_nothing_writes_nothing_and_stales_no_other_plan(owner: Any) -> None:
+    believe(owner, "不吃香菜")
+    turn(owner, anchor=1)
+    nothing = injection.plan(owner.pk, "owner", 2)  # no new fact: most turns
+    assert (nothing.mode, nothing.new_block) == ("incremental", None)
+    believe(owner, "喜欢冰美式", predicate="preference.drink")
+    with_fact = injection.plan(owner.pk, "owner", 3)
+    revision = MemorySession.objects.get(owner=owner).revision
+    with CaptureQueriesContext(connection) as queries:
+        assert injection.accept(nothing)
+    assert len(queries) == 0 and MemorySession.objects.get(owner=owner).revision == revision
+    assert injection.accept(with_fact)  # not made stale by the turn that added nothing
+    assert [b["anchor"] for b in MemorySession.objects.get(owner=owner).blocks] == [1, 3]
 
 
 def test_core_profile_and_speaking_preferences_are_not_injected_as_facts(owner: Any) -> None:

@@ -105,7 +105,8 @@ def test_acks_merge_into_the_stored_trace_with_one_update(owner: Any, make_devic
 # inbound entry and whether the device is in an open call, an attached image names the
 # request, the owner has background tasks working and the run's tree has pack receipts, so a
 # plain run looks up none of those; SQLite 2), history (1), memory (4: the core profile's
-# render, the ambient log, the session, its facts; and 1 to accept it), model roles (2: both
+# render, the ambient log, the session, its facts; and 1 to accept it, here a new session's
+# first turn: a later turn that adds no fact writes nothing), model roles (2: both
 # roles' rows in one read, the pin's conditional write with the thinking switch), usage (1),
 # finish (4: lock, sequence number, entry, close; SQLite adds its BEGIN IMMEDIATE).
 ADMISSION_QUERIES = 12
