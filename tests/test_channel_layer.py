@@ -168,8 +168,8 @@ async def test_one_reader_per_process_inbox_serves_every_socket(layer: Any, capl
 
 async def test_a_failing_reader_hands_its_error_to_every_waiting_socket(layer: Any, monkeypatch: Any) -> None:
     """Redis down under the reader: each socket waiting gets the error from its receive (the
-    consumer then closes with service_unavailable, 1013); the next receive starts a new
-    reader."""
+    consumer then closes with service_unavailable, 1013, and is gone); the next receive, a
+    new socket's, starts a new reader."""
     a, b = await layer.new_channel(), await layer.new_channel()
     await layer.group_add("owner.1", a)
     await layer.group_add("owner.1", b)
@@ -188,6 +188,35 @@ async def test_a_failing_reader_hands_its_error_to_every_waiting_socket(layer: A
     )
     assert [type(o) for o in outcomes] == [redis.exceptions.ConnectionError] * 2
     failing.clear()
+    c = await layer.new_channel()  # the device connects again: a new socket
+    await layer.group_add("owner.1", c)
     await layer.group_send("owner.1", {"type": "timeline.new", "seq": 5})
-    assert await asyncio.wait_for(layer.receive(a), 10) == {"type": "timeline.new", "seq": 5}
+    assert await asyncio.wait_for(layer.receive(c), 10) == {"type": "timeline.new", "seq": 5}
+    await layer.flush()
+
+
+async def test_a_group_message_reaches_each_process_once_and_only_the_sockets_in_the_group(layer: Any) -> None:
+    """One script puts the message, naming its group, once into each process's inbox; each
+    process hands it to its own sockets in the group (not to one that left it). A member
+    that is not a process's socket gets it by ``send``."""
+    other = RedisChannelLayer(hosts=layer.hosts, prefix=layer.prefix, expiry=EXPIRY, capacity=5,
+                              channel_capacity={"specific.*": 3})  # a second web process
+    a1, a2, b1 = await layer.new_channel(), await layer.new_channel(), await other.new_channel()
+    left = await layer.new_channel()
+    for channel in (a1, a2, left):
+        await layer.group_add("owner.1", channel)
+    await other.group_add("owner.1", b1)
+    await layer.group_add("owner.1", "plain.listener")
+    await layer.group_discard("owner.1", left)
+    waiting_left = asyncio.ensure_future(layer.receive(left))
+    await layer.group_send("owner.1", {"type": "timeline.new", "seq": 9})
+    client = redis.Redis.from_url(django_settings.REDIS_URL)
+    assert client.zcard(layer.prefix + layer.non_local_name(a1)) <= 1  # once for a1 and a2 (unless taken already)
+    for receiver, channel in ((layer, a1), (layer, a2), (other, b1), (layer, "plain.listener")):
+        assert await asyncio.wait_for(receiver.receive(channel), 10) == {"type": "timeline.new", "seq": 9}
+    await asyncio.sleep(0.1)
+    assert not waiting_left.done()  # it left the group before the message
+    waiting_left.cancel()
+    await asyncio.gather(waiting_left, return_exceptions=True)
+    await other.flush()
     await layer.flush()
