@@ -130,8 +130,6 @@ class RedisChannelLayer(ChannelsRedisLayer):
         self.receive_buffer: collections.defaultdict[str, SocketInbox] = collections.defaultdict(
             functools.partial(SocketInbox, self.capacity)
         )
-        # Per process inbox: the message last handed over, still in the backup (receive_single).
-        self._handed_over: dict[str, bytes] = {}
         self._readers: dict[str, asyncio.Task[None]] = {}  # per process inbox (receive)
         self._open: set[str] = set()  # this process's sockets' channels, receiving
         self._closed: collections.OrderedDict[str, None] = collections.OrderedDict()  # recently, latest last
@@ -211,6 +209,7 @@ class RedisChannelLayer(ChannelsRedisLayer):
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - handed to every socket waiting
+            _raise_if_cancelled()  # redis-py may turn a cancel into its own error: it was a cancel
             for channel in list(self._open):
                 inbox = self.receive_buffer.get(channel)
                 if channel.startswith(real_channel) and inbox is not None and inbox.empty():
@@ -235,45 +234,29 @@ class RedisChannelLayer(ChannelsRedisLayer):
         self._channel_groups.clear()
 
     async def receive_single(self, channel: str) -> tuple[Any, dict[str, Any]]:
-        """One message off this process's inbox (``specific.<process>!``), with
-        ``channels_redis``'s safety — a message taken off the inbox waits in the inbox's
-        backup (``$inflight``) until it is handed over, and whatever a cancelled receive left
-        there goes back to the inbox — in one round trip when a message is waiting, where
-        ``channels_redis`` takes four (restore script, BZPOPMIN, ZADD to the backup, and a
-        cleaner task's ZPOPMIN of the backup afterwards).
+        """One message off this process's inbox (``specific.<process>!``): one BZPOPMIN,
+        which returns at once when a message waits (again after each ``brpop_timeout``).
 
-        Steps: 1. one script (``TAKE_LUA``): remove the message handed over last time from
-        the backup, put anything else in it back into the inbox, take the oldest message into
-        the backup and return it; 2. only when the inbox was empty, ``channels_redis``'s
-        blocking BZPOPMIN and ZADD to the backup (again after each ``brpop_timeout``);
-        3. remember the message as handed over: the next receive's script removes it. The
-        backup expires with the layer's ``expiry``, so a process that stops leaves nothing
-        behind for long. Other channels (not this process's) receive as ``channels_redis``."""
+        Only the process's reader (``_read``) takes from its inbox, and it hands the message
+        to its socket's inbox without awaiting anything in between, so there is no moment
+        in which a cancelled receive could drop a message it took: ``channels_redis``'s
+        backup of a taken message (``$inflight``, a restore script before every pop and a
+        ZADD after it: three round trips per message) guarded against that and is not
+        kept. What a process still had in its sockets' inboxes when it stops is lost, as
+        with ``channels_redis``; each device recovers it with ``sync``. Other channels
+        (not a process's) receive as ``channels_redis``."""
         if "!" not in channel:
             return await super().receive_single(channel)  # type: ignore[no-any-return]
         assert self.require_valid_channel_name(channel, receive=True), "Channel name invalid"
         assert channel.endswith("!")
-        index = self.consistent_hash(channel)
+        connection = self.connection(self.consistent_hash(channel))
         channel_key = self.prefix + channel
-        backup = self._backup_channel_name(channel_key)
-        connection = self.connection(index)
         while True:
             _raise_if_cancelled()
-            handed = self._handed_over.get(channel_key, b"")
-            content = await connection.eval(TAKE_LUA, 2, channel_key, backup, handed, self.expiry)
-            self._handed_over.pop(channel_key, None)  # the script removed it from the backup
-            if content:
-                break
-            _raise_if_cancelled()  # before blocking: a cancel swallowed by the write ends here
             popped = await connection.bzpopmin(channel_key, timeout=self.brpop_timeout)
             if popped is not None:
-                _, content, score = popped
-                pipe = connection.pipeline(transaction=False)
-                pipe.zadd(backup, {content: float(score)})
-                pipe.expire(backup, self.expiry)
-                await pipe.execute()
                 break
-        self._handed_over[channel_key] = content
+        content = popped[1]
         message = self.deserialize(content)
         if "__asgi_group__" in message:  # group_send: this process's sockets in the group now
             return sorted(self._local_groups.get(message.pop("__asgi_group__"), ())), message
@@ -359,28 +342,6 @@ class RedisChannelLayer(ChannelsRedisLayer):
             if over:
                 log_event("frame_undelivered", level=logging.WARNING, reason="process_inbox_full",
                           group=group, inboxes=int(over), **_frame_fields(message))
-
-
-# receive_single's step 1: KEYS inbox, backup; ARGV the message handed over last time (or
-# ""), the backup's expiry. channels_redis's restore script, with the handed-over message
-# removed first and the oldest waiting message taken into the backup.
-TAKE_LUA = """
-    if ARGV[1] ~= '' then
-        redis.call('ZREM', KEYS[2], ARGV[1])
-    end
-    local backed_up = redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES')
-    for i = #backed_up, 1, -2 do
-        redis.call('ZADD', KEYS[1], backed_up[i], backed_up[i - 1])
-    end
-    redis.call('DEL', KEYS[2])
-    local taken = redis.call('ZPOPMIN', KEYS[1])
-    if taken[1] then
-        redis.call('ZADD', KEYS[2], taken[2], taken[1])
-        redis.call('EXPIRE', KEYS[2], ARGV[2])
-        return taken[1]
-    end
-    return false
-"""
 
 
 # group_send on one host: KEYS the group; ARGV the message (serialized once, naming the
