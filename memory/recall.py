@@ -35,6 +35,7 @@ from memory import assertions, raw_recall
 from memory.embeddings import Embedder, configured_embedder, index_timeline, nearest
 from memory.models import TimelineEntry
 from memory.services import serialize_entry
+from yimi_project import statements
 
 RRF_K = 60
 LIST_MAX = 100
@@ -187,7 +188,7 @@ def keyword_search(owner_id: int, query: str, *, limit: int = LIST_MAX, within: 
         f"FROM {TimelineEntry._meta.db_table} WHERE owner_id = %s{restrict}{prefilter}) AS scored "
         f"WHERE score > 0 ORDER BY {order} LIMIT %s"
     )
-    with connection.cursor() as cursor:
+    with statements.custom_plans(), connection.cursor() as cursor:  # a rare term and a common one want different plans
         cursor.execute(sql, [*params, owner_id, *restrict_params, *prefilter_params, limit])
         return [row[0] for row in cursor.fetchall()]
 

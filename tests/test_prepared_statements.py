@@ -11,6 +11,7 @@ import pytest
 from django.db import connection
 
 from tests.process_support import ROOT
+from yimi_project import statements
 
 pytestmark = pytest.mark.django_db
 
@@ -43,3 +44,19 @@ def test_the_threshold_comes_from_the_environment(value: str, expected: str) -> 
     env = {"DJANGO_SETTINGS_MODULE": "yimi_project.settings", "DATABASE_URL": "postgres://u@127.0.0.1:5432/x", "YIMI_DB_PREPARE_THRESHOLD": value}
     result = subprocess.run([sys.executable, "-c", f"import django; django.setup(); {code}"], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
     assert result.stdout.strip() == expected
+
+
+def test_statements_in_custom_plans_are_never_prepared() -> None:
+    """The keyword search runs in ``statements.custom_plans``: PostgreSQL plans it with each
+    run's own values (a rare term and a common one want different plans), and the
+    connection prepares again after it."""
+    if connection.vendor != "postgresql":
+        pytest.skip("prepared statements are PostgreSQL's")
+    threshold = connection.connection.prepare_threshold
+    sql = "SELECT %s::int + 1 AS yimi_custom_probe"
+    with statements.custom_plans():
+        for n in range(threshold + 3):
+            with connection.cursor() as cursor:
+                cursor.execute(sql, [n])
+    assert not [s for s in prepared_statements() if "yimi_custom_probe" in s]
+    assert connection.connection.prepare_threshold == threshold

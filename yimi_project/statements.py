@@ -18,7 +18,8 @@ receivers, or a database that cannot return the new primary key from an INSERT.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import contextlib
+from collections.abc import Iterable, Iterator
 from functools import cache
 from typing import Any, TypeVar
 
@@ -167,3 +168,24 @@ def instance(model: type[M], fields: tuple[Field[Any, Any], ...], values: list[A
     """An instance of ``model`` from converted ``values`` of its ``fields`` (in
     ``_meta.concrete_fields`` order, the key among them), as a queryset would build it."""
     return model.from_db(_connection().alias, [f.attname for f in fields], values)
+
+
+@contextlib.contextmanager
+def custom_plans() -> Iterator[None]:
+    """Statements run inside are not prepared, so PostgreSQL plans each run with its own
+    parameter values. For a query whose best plan depends on them: a prepared statement gets
+    a generic plan after five runs (settings: ``YIMI_DB_PREPARE_THRESHOLD``), and for the
+    keyword search that plan made a rare 2-character term 80 times slower than the plan its
+    values want (bench/memory.py: 0.2 ms → 18 ms). Elsewhere, and on SQLite, nothing changes."""
+    connection = _connection()
+    if connection.vendor != "postgresql":
+        yield
+        return
+    connection.ensure_connection()
+    raw = connection.connection
+    saved = raw.prepare_threshold
+    raw.prepare_threshold = None  # psycopg: prepare nothing, use no prepared statement
+    try:
+        yield
+    finally:
+        raw.prepare_threshold = saved
