@@ -513,6 +513,11 @@ class ForgetPreview:
 
 def forget_preview(owner_id: int, assertion_id: Any) -> ForgetPreview:
     """Everything ``forget`` would forget, without changing anything."""
+    with statements.custom_plans():  # rare, over graphs of any size: planned with its own values
+        return _forget_preview(owner_id, assertion_id)
+
+
+def _forget_preview(owner_id: int, assertion_id: Any) -> ForgetPreview:
     target = _owned(owner_id, assertion_id)
     ids = affected_by_forgetting(target.id)
     rows = {a.id: a for a in _in_chunks(Assertion.objects.filter(owner_id=owner_id), ids)}
@@ -537,6 +542,11 @@ def forget(owner_id: int, assertion_id: Any, *, request_id: str, actor: str = "o
     rolls the whole forget back; 8. store the receipt. After commit the projections are
     regenerated. An already forgotten target is a success with nothing more erased.
     """
+    with statements.custom_plans():  # rare, over graphs of any size: planned with its own values
+        return _forget(owner_id, assertion_id, request_id=request_id, actor=actor)
+
+
+def _forget(owner_id: int, assertion_id: Any, *, request_id: str, actor: str) -> ForgetResult:
     if not REQUEST_ID.match(request_id or ""):
         raise YimiError("invalid_request", "request_id must be 1-64 characters of letters, digits and ._:@-")
     target_id = parse_uuid(assertion_id)
