@@ -204,3 +204,55 @@ async def test_a_group_message_reaches_each_process_once_and_only_the_sockets_in
     await asyncio.gather(waiting_left, return_exceptions=True)
     await other.flush()
     await layer.flush()
+
+
+async def test_a_group_message_sent_as_a_socket_joins_reaches_it(layer: Any) -> None:
+    """The process knows a socket is in a group before Redis does: a message another
+    process sends as soon as Redis lists the member (here while the join's EXPIRE is still
+    on its way) is handed to the socket, not dropped as for a socket that left."""
+    other = RedisChannelLayer(hosts=layer.hosts, prefix=layer.prefix, expiry=EXPIRY, capacity=5,
+                              channel_capacity={"specific.*": 3})  # the worker
+    channel = await layer.new_channel()
+    waiting = asyncio.ensure_future(layer.receive(channel))
+    await asyncio.sleep(0.05)
+    connection = layer.connection(0)
+    expire = connection.expire
+    in_redis = asyncio.Event()
+
+    async def slow_expire(*args: Any, **kwargs: Any) -> Any:
+        in_redis.set()  # the ZADD is done: other processes see the member
+        await asyncio.sleep(0.05)
+        return await expire(*args, **kwargs)
+
+    connection.expire = slow_expire  # type: ignore[method-assign]
+    try:
+        join = asyncio.ensure_future(layer.group_add("owner.1", channel))
+        await asyncio.wait_for(in_redis.wait(), 10)
+        await other.group_send("owner.1", {"type": "notice", "seq": 1})
+        await join
+    finally:
+        connection.expire = expire  # type: ignore[method-assign]
+    assert await asyncio.wait_for(waiting, 10) == {"type": "notice", "seq": 1}
+    await other.flush()
+    await layer.flush()
+
+
+async def test_a_socket_that_ended_is_forgotten_and_an_unreadable_message_is_skipped(layer: Any, caplog: Any) -> None:
+    """``forget_channel`` (the consumer's exit) drops the socket's inbox and memberships
+    even when its last receive had completed; a message the reader cannot read is logged
+    and skipped, and the reader serves on."""
+    gone, live = await layer.new_channel(), await layer.new_channel()
+    for channel in (gone, live):
+        await layer.group_add("owner.1", channel)
+    await layer.group_send("owner.1", {"type": "notice", "seq": 1})
+    assert (await asyncio.wait_for(layer.receive(gone), 10))["seq"] == 1
+    assert (await asyncio.wait_for(layer.receive(live), 10))["seq"] == 1
+    layer.forget_channel(gone)  # its consumer ended without a receive pending
+    inbox = layer.prefix + layer.non_local_name(live)
+    redis.Redis.from_url(django_settings.REDIS_URL).zadd(inbox, {b"not a message": time.time()})
+    await layer.group_send("owner.1", {"type": "notice", "seq": 2})
+    assert (await asyncio.wait_for(layer.receive(live), 10))["seq"] == 2
+    assert gone not in layer.receive_buffer and gone not in layer._open
+    assert layer._local_groups == {"owner.1": {live}}
+    assert any(r.getMessage() == "channel_message_unreadable" for r in caplog.records)
+    await layer.flush()

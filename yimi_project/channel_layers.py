@@ -38,6 +38,7 @@ from typing import Any
 from channels.exceptions import ChannelFull
 from channels.layers import InMemoryChannelLayer as ChannelsInMemoryLayer
 from channels_redis.core import RedisChannelLayer as ChannelsRedisLayer
+from redis.exceptions import RedisError
 
 from yimi_project.logs import log_event
 
@@ -185,6 +186,13 @@ class RedisChannelLayer(ChannelsRedisLayer):
                 raise RuntimeError("Two event loops are trying to receive() on one channel layer at once!")
         self._readers[real_channel] = loop.create_task(self._read(real_channel))
 
+    def forget_channel(self, channel: str) -> None:
+        """The socket receiving on ``channel`` ended (its consumer calls this as it exits):
+        its inbox and its memberships here go. A cancelled receive does the same, but a
+        consumer can end with its last receive already done (a handler that raised)."""
+        if "!" in channel:
+            self._close(channel)
+
     def _close(self, channel: str) -> None:
         self._open.discard(channel)
         self.receive_buffer.pop(channel, None)
@@ -197,7 +205,14 @@ class RedisChannelLayer(ChannelsRedisLayer):
     async def _read(self, real_channel: str) -> None:
         try:
             while True:
-                message_channel, message = await self.receive_single(real_channel)
+                try:
+                    message_channel, message = await self.receive_single(real_channel)
+                except (RedisError, OSError):
+                    raise
+                except Exception as exc:  # noqa: BLE001 - one unreadable message, not the inbox
+                    _raise_if_cancelled()
+                    log_event("channel_message_unreadable", level=logging.WARNING, error=type(exc).__name__)
+                    continue
                 _raise_if_cancelled()
                 if message_channel == []:  # a group message, and none of our sockets is in it now
                     log_event("frame_undelivered", level=logging.INFO, reason="socket_gone", **_frame_fields(message))
@@ -265,10 +280,15 @@ class RedisChannelLayer(ChannelsRedisLayer):
         return channel, message
 
     async def group_add(self, group: str, channel: str) -> None:
-        await super().group_add(group, channel)
         if "!" in channel:  # one of this process's sockets: its group messages come by group name
+            # Known here before Redis knows it: a message sent as soon as Redis does finds it.
             self._local_groups.setdefault(group, set()).add(channel)
             self._channel_groups.setdefault(channel, set()).add(group)
+        try:
+            await super().group_add(group, channel)
+        except BaseException:
+            self._forget_local_member(group, channel)
+            raise
 
     async def group_discard(self, group: str, channel: str) -> None:
         await super().group_discard(group, channel)
