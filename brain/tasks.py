@@ -73,9 +73,14 @@ async def in_own_context(coro: Coroutine[Any, Any, T]) -> T:
     executor = _idle_executors.pop() if _idle_executors else ThreadPoolExecutor(1, thread_name_prefix="yimi-run-db")
     try:
         async with ThreadSensitiveContext(executor=executor):
-            return await coro
-    finally:
-        _idle_executors.append(executor)
+            result = await coro
+    except BaseException:
+        # A cancelled await leaves its database call running on the thread: the next run
+        # must not queue behind it. The thread ends when that call does.
+        executor.shutdown(wait=False)
+        raise
+    _idle_executors.append(executor)
+    return result
 
 
 @shared_task(name="brain.tasks.execute_run", acks_late=True)

@@ -1,0 +1,41 @@
+"""A run's database thread (brain.tasks.in_own_context): an idle thread an earlier run used
+is reused, but never one a cancelled run left busy."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+from asgiref.sync import sync_to_async
+
+from brain import tasks
+
+WAIT = 30.0  # a limit for the test, never a timing assertion
+
+
+def test_a_finished_runs_thread_is_reused_and_a_cancelled_runs_is_not() -> None:
+    release = threading.Event()
+
+    async def thread_name() -> int:  # the thread's identity (the stuck one is still alive at the end)
+        return await sync_to_async(threading.get_ident)()
+
+    async def stuck() -> None:
+        await sync_to_async(release.wait)()  # a database call that does not return yet
+
+    async def scenario() -> tuple[int, int, int, bool]:
+        tasks._idle_executors.clear()
+        first = await tasks.in_own_context(thread_name())
+        second = await tasks.in_own_context(thread_name())  # the same idle thread
+        cancelled = asyncio.ensure_future(tasks.in_own_context(stuck()))
+        await asyncio.sleep(0.1)
+        cancelled.cancel()
+        await asyncio.gather(cancelled, return_exceptions=True)
+        third = await asyncio.wait_for(tasks.in_own_context(thread_name()), WAIT)  # does not queue behind it
+        release.set()
+        return first, second, third, bool(tasks._idle_executors)
+
+    try:
+        first, second, third, idle = asyncio.run(scenario())
+    finally:
+        release.set()
+    assert first == second and third != first and idle
