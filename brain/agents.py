@@ -173,8 +173,7 @@ def active_tasks_for_owner(owner_id: int) -> list[AgentTask]:
     """The owner's background tasks still working (depth 1), oldest first; read on every
     main turn, so its SELECT is built once per process (``_active_sql``)."""
     sql, fields = _active_sql(connection.vendor)
-    rows = statements.fetch(sql, [1, AgentTask.Kind.TASK, owner_id, *ACTIVE], fields)
-    return [statements.instance(AgentTask, fields, values) for values in rows]
+    return statements.fetch_instances(AgentTask, sql, [1, AgentTask.Kind.TASK, owner_id, *ACTIVE], fields)
 
 
 @cache
@@ -182,8 +181,7 @@ def _active_sql(vendor: str) -> tuple[str, tuple[Any, ...]]:
     quote = connection.ops.quote_name
     fields = tuple(AgentTask._meta.concrete_fields)
 
-    def t(name: str) -> str:
-        return statements.column(AgentTask, name, qualified=True)
+    t = statements.column_of(AgentTask, qualified=True)
 
     sql = (
         f"SELECT {statements.columns(fields, qualified=True)} "

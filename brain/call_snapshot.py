@@ -181,11 +181,8 @@ def _profile_facts_sql(vendor: str, interests: bool) -> tuple[str, tuple[Any, ..
     v, a = AssertionVersion._meta, Assertion._meta
     vt, at = quote(v.db_table), quote(a.db_table)
 
-    def vc(name: str) -> str:
-        return statements.column(AssertionVersion, name, qualified=True)
-
-    def ac(name: str) -> str:
-        return statements.column(Assertion, name, qualified=True)
+    vc = statements.column_of(AssertionVersion, qualified=True)
+    ac = statements.column_of(Assertion, qualified=True)
 
     fields = (v.get_field("assertion"), a.get_field("predicate"), v.get_field("version"), v.get_field("payload"))
     wanted = f"{ac('predicate')} = %s"
@@ -361,8 +358,7 @@ def _recent_sql(vendor: str) -> tuple[str, tuple[Any, ...]]:
     quote = connection.ops.quote_name
     s = CallSnapshot._meta
 
-    def col(name: str) -> str:
-        return statements.column(CallSnapshot, name)
+    col = statements.column_of(CallSnapshot)
 
     fields = (s.get_field("opening_key"), s.get_field("card"))
     sql = (f"SELECT {col('opening_key')}, {col('card')} FROM {quote(s.db_table)} "
@@ -413,7 +409,7 @@ def _build(call: VoiceCall, now: datetime, start: _Start, reader: BackgroundRead
     sql, fields = _recent_sql(connection.vendor)
     recent = [(key, card_id) for key, card_id in statements.fetch(sql, [call.owner_id, False, call.id], fields)]
     sql, fields = _cards_sql(connection.vendor)
-    cards = [statements.instance(ContentCard, fields, values) for values in statements.fetch(sql, [True], fields)]
+    cards = statements.fetch_instances(ContentCard, sql, [True], fields)
     opening = build_opening(bg, cards, local=_local(start.time_zone, now), recent=recent)
     card = opening.card
     return {

@@ -207,7 +207,7 @@ def _role_rows(names: list[str]) -> list[ModelRole]:
     """The rows of ``names`` (read on every run start: the SELECT is built once per process
     and number of names, ``_role_rows_sql``)."""
     sql, fields = _role_rows_sql(connection.vendor, len(names))
-    return [statements.instance(ModelRole, fields, values) for values in statements.fetch(sql, names, fields)]
+    return statements.fetch_instances(ModelRole, sql, names, fields)
 
 
 @cache

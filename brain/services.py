@@ -214,8 +214,7 @@ def _claim_sql(vendor: str) -> _ClaimSQL:
     run_fields = tuple(Run._meta.concrete_fields)
     entry_fields = tuple(TimelineEntry._meta.concrete_fields)
 
-    def run(name: str) -> str:
-        return statements.column(Run, name)
+    run = statements.column_of(Run)
 
     def col(model: Any, name: str) -> str:
         return statements.column(model, name)
@@ -279,8 +278,7 @@ def heartbeat(run: Run) -> bool:
 
 @cache
 def _heartbeat_sql(vendor: str) -> str:
-    def c(name: str) -> str:
-        return statements.column(Run, name)
+    c = statements.column_of(Run)
 
     return (f"UPDATE {connection.ops.quote_name(Run._meta.db_table)} SET {c('heartbeat_at')} = %s "
             f"WHERE {c('id')} = %s AND {c('state')} = %s AND {c('attempts')} = %s")
@@ -305,8 +303,7 @@ def pin_turn(run_id: Any, model_roles: dict[str, Any], thinking: bool | None) ->
 
 @cache
 def _pin_sql(vendor: str) -> str:
-    def c(name: str) -> str:
-        return statements.column(Run, name)
+    c = statements.column_of(Run)
 
     return (f"UPDATE {connection.ops.quote_name(Run._meta.db_table)} SET {c('model_roles')} = %s, "
             f"{c('thinking')} = COALESCE({c('thinking')}, %s) WHERE {c('id')} = %s AND {c('model_roles')} IS NULL")
@@ -370,8 +367,7 @@ def _finish_sql(vendor: str, with_trace: bool) -> tuple[str, str]:
     whole database for a write transaction, has no ``FOR UPDATE``) and its closing UPDATE."""
     quote = connection.ops.quote_name
 
-    def c(name: str) -> str:
-        return statements.column(Run, name)
+    c = statements.column_of(Run)
 
     table = quote(Run._meta.db_table)
     lock = f"SELECT {c('state')}, {c('attempts')} FROM {table} WHERE {c('id')} = %s"

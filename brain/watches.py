@@ -226,11 +226,8 @@ def acknowledge_entry(entry_id: Any) -> int:
 
 @cache
 def _acknowledge_sql(vendor: str) -> tuple[str, str]:
-    def n(name: str) -> str:
-        return statements.column(WatchNotice, name)
-
-    def w(name: str) -> str:
-        return statements.column(Watch, name)
+    n = statements.column_of(WatchNotice)
+    w = statements.column_of(Watch)
 
     quote = connection.ops.quote_name
     return (

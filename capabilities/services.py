@@ -635,8 +635,7 @@ def acknowledge_entry(entry_id: int) -> int:
 
 @cache
 def _acknowledge_sql(vendor: str) -> str:
-    def c(name: str) -> str:
-        return statements.column(ToldFact, name)
+    c = statements.column_of(ToldFact)
 
     return (f"UPDATE {connection.ops.quote_name(ToldFact._meta.db_table)} SET {c('acknowledged_at')} = %s "
             f"WHERE {c('acknowledged_at')} IS NULL AND {c('entry')} = %s")

@@ -120,8 +120,7 @@ def _recent_sql(vendor: str) -> tuple[str, tuple[Any, ...]]:
     wanted = {"id", "heard_at", "device_label", "channel", "speaker_scope", "text"}
     fields = tuple(f for f in AmbientRecord._meta.concrete_fields if f.name in wanted)
 
-    def c(name: str) -> str:
-        return statements.column(AmbientRecord, name)
+    c = statements.column_of(AmbientRecord)
 
     sql = (f"SELECT {statements.columns(fields)} FROM {quote(AmbientRecord._meta.db_table)} "
            f"WHERE {c('owner')} = %s AND {c('heard_at')} > %s AND {c('heard_at')} <= %s "

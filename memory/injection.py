@@ -84,8 +84,7 @@ def visible_facts(owner_id: int, scope: str) -> list[Assertion]:
     if scope not in SCOPES_WITH_FACTS:
         return []
     sql, fields = _facts_sql(connection.vendor)
-    rows = statements.fetch(sql, [owner_id, Assertion.State.ACTIVE, 0, *assertions.PROJECTED_PREDICATES], fields)
-    return [statements.instance(Assertion, fields, values) for values in rows]
+    return statements.fetch_instances(Assertion, sql, [owner_id, Assertion.State.ACTIVE, 0, *assertions.PROJECTED_PREDICATES], fields)
 
 
 @cache
@@ -93,8 +92,7 @@ def _facts_sql(vendor: str) -> tuple[str, tuple[Any, ...]]:
     quote = connection.ops.quote_name
     fields = tuple(Assertion._meta.concrete_fields)
 
-    def c(name: str) -> str:
-        return statements.column(Assertion, name)
+    c = statements.column_of(Assertion)
 
     projected = ", ".join(["%s"] * len(assertions.PROJECTED_PREDICATES))
     sql = (f"SELECT {statements.columns(fields)} FROM {quote(Assertion._meta.db_table)} "
@@ -218,8 +216,7 @@ def _accept_sql(vendor: str, rebuild: bool) -> str:
     """``accept``'s compare-and-set UPDATE (a rebuild also counts a generation and keeps its
     reason), built once per process as the ORM built it."""
 
-    def c(name: str) -> str:
-        return statements.column(MemorySession, name)
+    c = statements.column_of(MemorySession)
 
     sets = [f"{c('baseline')} = %s", f"{c('blocks')} = %s", f"{c('scope')} = %s",
             f"{c('revision')} = ({c('revision')} + 1)", f"{c('updated_at')} = %s"]

@@ -71,11 +71,8 @@ def _projected_sql(vendor: str) -> tuple[str, tuple[Any, ...]]:
     assertions, oldest first; an assertion whose current version is missing has no payload."""
     quote = connection.ops.quote_name
 
-    def a(name: str) -> str:
-        return statements.column(Assertion, name, qualified=True)
-
-    def v(name: str) -> str:
-        return statements.column(AssertionVersion, name, qualified=True)
+    a = statements.column_of(Assertion, qualified=True)
+    v = statements.column_of(AssertionVersion, qualified=True)
 
     sql = (
         f"SELECT {a('predicate')}, {v('payload')} FROM {quote(Assertion._meta.db_table)} "

@@ -134,8 +134,8 @@ def recent_for_context(*, owner_id: int, before_seq: int, limit: int) -> list[Ti
     """The last ``limit`` utterances and replies before ``before_seq``, oldest first (on
     every run: its SELECT built once per process, ``_recent_sql``)."""
     sql, fields = _recent_sql(connection.vendor)
-    rows = statements.fetch(sql, [owner_id, before_seq, TimelineEntry.Kind.UTTERANCE, TimelineEntry.Kind.REPLY, int(limit)], fields)
-    return [statements.instance(TimelineEntry, fields, values) for values in reversed(rows)]
+    params = [owner_id, before_seq, TimelineEntry.Kind.UTTERANCE, TimelineEntry.Kind.REPLY, int(limit)]
+    return statements.fetch_instances(TimelineEntry, sql, params, fields)[::-1]
 
 
 @cache
@@ -143,8 +143,7 @@ def _recent_sql(vendor: str) -> tuple[str, tuple[Any, ...]]:
     quote = connection.ops.quote_name
     fields = tuple(TimelineEntry._meta.concrete_fields)
 
-    def c(name: str) -> str:
-        return statements.column(TimelineEntry, name)
+    c = statements.column_of(TimelineEntry)
 
     sql = (f"SELECT {statements.columns(fields)} FROM {quote(TimelineEntry._meta.db_table)} "
            f"WHERE {c('owner')} = %s AND {c('seq')} < %s AND {c('kind')} IN (%s, %s) ORDER BY {c('seq')} DESC LIMIT %s")

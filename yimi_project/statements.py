@@ -19,8 +19,8 @@ receivers, or a database that cannot return the new primary key from an INSERT.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator
-from functools import cache
+from collections.abc import Callable, Iterable, Iterator
+from functools import cache, partial
 from typing import Any, TypeVar
 
 from django.db import DEFAULT_DB_ALIAS, connections
@@ -141,6 +141,12 @@ def column(model: type[Model], name: str, *, qualified: bool = False) -> str:
     return f"{quote(model._meta.db_table)}.{quote(str(field.column))}" if qualified else quote(str(field.column))
 
 
+def column_of(model: type[Model], *, qualified: bool = False) -> Callable[[str], str]:
+    """``column`` for one model, for statement text naming many of its columns:
+    ``c = column_of(Run)`` then ``c("state")``."""
+    return partial(column, model, qualified=qualified)
+
+
 def columns(fields: Iterable[Field[Any, Any]], *, qualified: bool = False) -> str:
     """The quoted columns of ``fields``, comma-separated: a SELECT list for statement text
     built once from ``_meta`` (``table.column`` each if ``qualified``, for a join; each
@@ -162,6 +168,12 @@ def fetch(sql: str, params: list[Any], fields: tuple[Field[Any, Any], ...]) -> l
         cursor.execute(sql, params)
         rows = cursor.fetchall()
     return [_convert(row, converters, connection) for row in rows]
+
+
+def fetch_instances(model: type[M], sql: str, params: list[Any], fields: tuple[Field[Any, Any], ...]) -> list[M]:
+    """``fetch``'s rows as instances of ``model`` (``fields``: all of its concrete fields,
+    in ``_meta`` order, as the SELECT lists them)."""
+    return [instance(model, fields, values) for values in fetch(sql, params, fields)]
 
 
 def instance(model: type[M], fields: tuple[Field[Any, Any], ...], values: list[Any]) -> M:
