@@ -8,6 +8,7 @@ import asyncio
 import time
 import uuid
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import redis
@@ -84,7 +85,7 @@ async def test_a_process_inbox_hands_over_every_message_once_in_order(layer: Any
     inbox = layer.prefix + layer.non_local_name(a)
     assert client.zcard(inbox) == 0
     waiting = asyncio.ensure_future(layer.receive(a))  # an empty inbox: the reader's blocking pop
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0)  # the receive task takes its first step: its socket is open
     await layer.group_send("owner.1", {"type": "notice", "seq": 3})
     assert (await asyncio.wait_for(waiting, 10))["seq"] == 3
     await layer.group_send("owner.1", {"type": "notice", "seq": 4})
@@ -124,14 +125,14 @@ async def test_one_reader_per_process_inbox_serves_every_socket(layer: Any, capl
     await layer.group_add("device.a", a)
     await layer.group_add("device.b", b)
     waiting_a, waiting_b = asyncio.ensure_future(layer.receive(a)), asyncio.ensure_future(layer.receive(b))
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0)  # the receive task takes its first step: its socket is open
     [reader] = layer._readers.values()
     await layer.group_send("device.b", {"type": "notice", "seq": 1})
     await layer.group_send("device.a", {"type": "notice", "seq": 2})
     assert (await asyncio.wait_for(waiting_b, 10))["seq"] == 1
     assert (await asyncio.wait_for(waiting_a, 10))["seq"] == 2
     waiting_b = asyncio.ensure_future(layer.receive(b))
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0)  # the receive task takes its first step: its socket is open
     waiting_b.cancel()  # b's consumer ended
     await asyncio.gather(waiting_b, return_exceptions=True)
     await layer.group_send("device.b", {"type": "notice", "seq": 3})
@@ -198,7 +199,7 @@ async def test_a_group_message_reaches_each_process_once_and_only_the_sockets_in
     assert client.zcard(layer.prefix + layer.non_local_name(a1)) <= 1  # once for a1 and a2 (unless taken already)
     for receiver, channel in ((layer, a1), (layer, a2), (other, b1), (layer, "plain.listener")):
         assert await asyncio.wait_for(receiver.receive(channel), 10) == {"type": "timeline.new", "seq": 9}
-    await asyncio.sleep(0.1)
+    await asyncio.sleep(0)  # the reader handed the message to its sockets in one step, as a1's shows
     assert not waiting_left.done()  # it left the group before the message
     waiting_left.cancel()
     await asyncio.gather(waiting_left, return_exceptions=True)
@@ -214,21 +215,24 @@ async def test_a_group_message_sent_as_a_socket_joins_reaches_it(layer: Any) -> 
                               channel_capacity={"specific.*": 3})  # the worker
     channel = await layer.new_channel()
     waiting = asyncio.ensure_future(layer.receive(channel))
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0)  # the receive task takes its first step: its socket is open
     connection = layer.connection(0)
     expire = connection.expire
     in_redis = asyncio.Event()
 
-    async def slow_expire(*args: Any, **kwargs: Any) -> Any:
+    proceed = asyncio.Event()
+
+    async def held_expire(*args: Any, **kwargs: Any) -> Any:
         in_redis.set()  # the ZADD is done: other processes see the member
-        await asyncio.sleep(0.05)
+        await proceed.wait()  # the join's last round trip, held until the message is sent
         return await expire(*args, **kwargs)
 
-    connection.expire = slow_expire  # type: ignore[method-assign]
+    connection.expire = held_expire  # type: ignore[method-assign]
     try:
         join = asyncio.ensure_future(layer.group_add("owner.1", channel))
         await asyncio.wait_for(in_redis.wait(), 10)
         await other.group_send("owner.1", {"type": "notice", "seq": 1})
+        proceed.set()
         await join
     finally:
         connection.expire = expire  # type: ignore[method-assign]
@@ -256,3 +260,30 @@ async def test_a_socket_that_ended_is_forgotten_and_an_unreadable_message_is_ski
     assert layer._local_groups == {"owner.1": {live}}
     assert any(r.getMessage() == "channel_message_unreadable" for r in caplog.records)
     await layer.flush()
+
+
+async def test_with_several_redis_hosts_a_group_message_still_reaches_each_socket_once() -> None:
+    """Sharded over two Redis hosts (here two databases of one server), ``group_send`` takes
+    channels_redis's way, two round trips per host, and the reader hands the messages over
+    by their channel lists."""
+    need(bool(django_settings.REDIS_URL), "REDIS_URL is not set")
+    prefix = f"yimi-test-hosts-{uuid.uuid4().hex[:8]}"
+    url = urlsplit(django_settings.REDIS_URL)
+    base = f"{url.scheme}://{url.netloc}"
+    hosts = [{"address": f"{base}/{db}", "socket_timeout": django_settings.CHANNEL_LAYER_SOCKET_TIMEOUT_SECONDS} for db in (0, 1)]
+    layer = RedisChannelLayer(hosts=hosts, prefix=prefix, expiry=EXPIRY, capacity=5)
+    try:
+        channels = [await layer.new_channel() for _ in range(4)]
+        for channel in channels:
+            await layer.group_add("owner.1", channel)
+        await layer.group_send("owner.1", {"type": "timeline.new", "seq": 3})
+        for channel in channels:
+            assert await asyncio.wait_for(layer.receive(channel), 10) == {"type": "timeline.new", "seq": 3}
+        await asyncio.sleep(0)
+        assert all(layer.receive_buffer[channel].empty() for channel in channels)  # once each
+    finally:
+        await layer.flush()
+        for db in (0, 1):
+            client = redis.Redis.from_url(f"{base}/{db}")
+            for key in client.scan_iter(f"{prefix}*"):
+                client.delete(key)

@@ -19,15 +19,21 @@ def test_a_finished_runs_thread_is_reused_and_a_cancelled_runs_is_not() -> None:
     async def thread_name() -> int:  # the thread's identity (the stuck one is still alive at the end)
         return await sync_to_async(threading.get_ident)()
 
+    started = threading.Event()
+
+    def blocked() -> None:  # a database call that does not return yet
+        started.set()
+        release.wait(WAIT)
+
     async def stuck() -> None:
-        await sync_to_async(release.wait)()  # a database call that does not return yet
+        await sync_to_async(blocked)()
 
     async def scenario() -> tuple[int, int, int, bool]:
         tasks._idle_executors.clear()
         first = await tasks.in_own_context(thread_name())
         second = await tasks.in_own_context(thread_name())  # the same idle thread
         cancelled = asyncio.ensure_future(tasks.in_own_context(stuck()))
-        await asyncio.sleep(0.1)
+        await asyncio.to_thread(started.wait, WAIT)  # its call runs on the thread
         cancelled.cancel()
         await asyncio.gather(cancelled, return_exceptions=True)
         third = await asyncio.wait_for(tasks.in_own_context(thread_name()), WAIT)  # does not queue behind it
