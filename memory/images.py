@@ -337,14 +337,15 @@ def image_for_request(
     ``IMAGE_REQUEST_WINDOW_SECONDS`` before the request. None otherwise.
     ``may_be_linked=False``: the caller has just read that no such linked image exists (the
     runner's claim), so that lookup is skipped."""
-    if not (client_id and may_be_linked) and not ASKS_ABOUT_IMAGE.search(text or ""):
+    linkable, asks = bool(client_id and may_be_linked), ASKS_ABOUT_IMAGE.search(text or "") is not None
+    if not (linkable or asks):
         return None  # on most runs: no query is even built (issue 14)
     usable = ImageRecord.objects.filter(device_id=device_id, state=ImageRecord.State.ATTACHED).exclude(path="")
-    if client_id and may_be_linked:
+    if linkable:
         linked = usable.filter(about_client_id=client_id).order_by("-attached_at").first()
         if linked is not None:
             return linked
-    if not ASKS_ABOUT_IMAGE.search(text or ""):
+    if not asks:
         return None
     since = at - timedelta(seconds=settings.IMAGE_REQUEST_WINDOW_SECONDS)
     return usable.filter(attached_at__gte=since, attached_at__lte=at, about_client_id="").order_by("-attached_at").first()
