@@ -12,6 +12,7 @@ from urllib.parse import urlsplit
 
 import pytest
 import redis
+import redis.asyncio
 from django.conf import settings as django_settings
 
 from tests.conftest import need
@@ -78,9 +79,18 @@ async def test_a_process_inbox_hands_over_every_message_once_in_order(layer: Any
     a, b = await layer.new_channel(), await layer.new_channel()
     await layer.group_add("owner.1", a)
     await layer.group_add("device.1", b)
-    for seq in range(3):  # capacity 3: all wait in the inbox, taken one per round trip
+    for seq in range(3):  # capacity 3: all wait in the inbox, taken in one round trip
         await layer.group_send("device.1" if seq == 1 else "owner.1", {"type": "notice", "seq": seq})
+    takes = []
+    real_take = layer._take
+
+    async def take(*args: Any) -> Any:
+        takes.append(taken := await real_take(*args))
+        return taken
+
+    layer._take = take
     assert [(await layer.receive(a))["seq"], (await layer.receive(b))["seq"], (await layer.receive(a))["seq"]] == [0, 1, 2]
+    assert [len(t) for t in takes] == [3]  # one BZMPOP for the three
     client = redis.Redis.from_url(django_settings.REDIS_URL)
     inbox = layer.prefix + layer.non_local_name(a)
     assert client.zcard(inbox) == 0
@@ -287,3 +297,20 @@ async def test_with_several_redis_hosts_a_group_message_still_reaches_each_socke
             client = redis.Redis.from_url(f"{base}/{db}")
             for key in client.scan_iter(f"{prefix}*"):
                 client.delete(key)
+
+
+async def test_a_redis_without_bzmpop_is_read_one_message_per_pop(layer: Any, monkeypatch: Any, caplog: Any) -> None:
+    """Redis before 7.0 has no BZMPOP: the reader says so once and takes one message per
+    BZPOPMIN, in order, losing nothing."""
+    async def bzmpop(*args: Any, **kwargs: Any) -> Any:
+        raise redis.exceptions.ResponseError("unknown command 'BZMPOP', with args beginning with: ")
+
+    monkeypatch.setattr(redis.asyncio.Redis, "bzmpop", bzmpop)
+    a = await layer.new_channel()
+    await layer.group_add("owner.1", a)
+    for seq in range(3):
+        await layer.group_send("owner.1", {"type": "notice", "seq": seq})
+    assert [(await asyncio.wait_for(layer.receive(a), 10))["seq"] for _ in range(3)] == [0, 1, 2]
+    assert layer._batch_pop is False
+    assert [r.getMessage() for r in caplog.records].count("channel_batch_pop_unavailable") == 1
+    await layer.flush()
