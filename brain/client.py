@@ -22,7 +22,7 @@ from typing import Any
 
 import httpx
 
-from brain import usage
+from brain import http11, usage
 from brain.roles import RoleSettings
 from brain.usage import CallContext, TokenUsage
 
@@ -98,7 +98,7 @@ async def complete(
     if role_settings.max_tokens:
         body["max_tokens"] = role_settings.max_tokens
     body.update(thinking_fields(thinking, role_settings.thinking_field))
-    timeout = httpx.Timeout(role_settings.timeout_seconds, connect=role_settings.connect_timeout_seconds)
+    timeout = http11.Timeouts(connect=role_settings.connect_timeout_seconds, read=role_settings.timeout_seconds)
     url = role_settings.base_url.rstrip("/") + "/chat/completions"
     if role_settings.include_usage:
         # The token counts in the stream's last event. Some endpoints reject the field:
@@ -131,20 +131,23 @@ async def _record_usage(
     )
 
 
-# One kept client per long-lived event loop — a worker process's run loop (``brain.tasks``)
-# and, in the embedded default, the web server's (``brain.dispatch.remember_loop``): its
-# connection pool keeps the connection to the endpoint open between calls instead of
-# building a client and connecting for each call. A client's connections belong to the loop
-# they were opened on, hence one per loop. Any other loop (``async_to_sync``'s, made for one
-# call and then dropped) gets a client for the call, closed after it: a kept client's open
-# connection would keep its dead loop, and a socket, alive for good.
+# Connections are kept per long-lived event loop — a worker process's run loop
+# (``brain.tasks``) and, in the embedded default's, the web server's
+# (``brain.dispatch.remember_loop``): the connection to the endpoint stays open between calls
+# instead of a connect for each call. A connection belongs to the loop it was opened on,
+# hence one pool per loop. Any other loop (``async_to_sync``'s, made for one call and then
+# dropped) gets a connection for the call, closed after it: a kept connection would keep its
+# dead loop, and a socket, alive for good. Calls go over ``brain.http11`` (asyncio streams
+# and h11); an endpoint that an environment proxy applies to over httpx, with one kept client
+# per loop in the same way.
 _clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient] = weakref.WeakKeyDictionary()
 _kept_loops: weakref.WeakSet[asyncio.AbstractEventLoop] = weakref.WeakSet()
 
 
 def keep_client_on(loop: asyncio.AbstractEventLoop) -> None:
-    """``loop`` lives as long as its process: its model calls share one kept client."""
+    """``loop`` lives as long as its process: its model calls share kept connections."""
     _kept_loops.add(loop)
+    http11.keep_connections_on(loop)
 
 
 @contextlib.asynccontextmanager
@@ -161,13 +164,32 @@ async def _client() -> AsyncIterator[httpx.AsyncClient]:
 
 
 async def _post(
-    url: str, body: dict[str, Any], headers: dict[str, str], timeout: httpx.Timeout, on_text: Callable[[str], Awaitable[None]] | None
+    url: str, body: dict[str, Any], headers: dict[str, str], timeout: http11.Timeouts, on_text: Callable[[str], Awaitable[None]] | None
+) -> Completion:
+    if http11.proxied(url):
+        return await _post_via_proxy(url, body, headers, timeout, on_text)
+    content = json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+    try:
+        async with http11.post(url, content, headers, timeout, _tls_context()) as response:
+            if response.status != 200:
+                raise BrainError("brain_error", f"the brain answered HTTP {response.status}")
+            return await _read_stream(response.lines(), on_text)
+    except http11.StreamTimeout:
+        raise BrainError("brain_timeout", "the brain did not answer in time") from None
+    except http11.StreamBroken as exc:
+        raise BrainError("brain_unreachable", f"the brain could not be reached ({exc})") from None
+
+
+async def _post_via_proxy(
+    url: str, body: dict[str, Any], headers: dict[str, str], timeout: http11.Timeouts, on_text: Callable[[str], Awaitable[None]] | None
 ) -> Completion:
     try:
-        async with _client() as client, client.stream("POST", url, json=body, headers=headers, timeout=timeout) as response:
+        async with _client() as client, client.stream(
+            "POST", url, json=body, headers=headers, timeout=httpx.Timeout(timeout.read, connect=timeout.connect)
+        ) as response:
             if response.status_code != 200:
                 raise BrainError("brain_error", f"the brain answered HTTP {response.status_code}")
-            return await _read_stream(response, on_text)
+            return await _read_stream(response.aiter_lines(), on_text)
     except httpx.TimeoutException:
         raise BrainError("brain_timeout", "the brain did not answer in time") from None
     except httpx.TransportError as exc:
@@ -182,18 +204,17 @@ BODY_END_SECONDS = 0.25
 
 async def _body_end(lines: AsyncIterator[str]) -> None:
     """Read what follows ``[DONE]`` (nothing, usually) to the body's end, ignoring it."""
-    with contextlib.suppress(TimeoutError, httpx.HTTPError):
+    with contextlib.suppress(TimeoutError, httpx.HTTPError, http11.StreamError):
         async with asyncio.timeout(BODY_END_SECONDS):
             async for _ in lines:
                 pass
 
 
-async def _read_stream(response: httpx.Response, on_text: Callable[[str], Awaitable[None]] | None) -> Completion:
+async def _read_stream(lines: AsyncIterator[str], on_text: Callable[[str], Awaitable[None]] | None) -> Completion:
     parts: list[str] = []
     calls: dict[int, dict[str, str]] = {}
     reported: Any = None  # the provider's usage object: in the last event, or on every event
     finished = False
-    lines = response.aiter_lines()
     async for line in lines:
         if not line.startswith("data:"):
             continue

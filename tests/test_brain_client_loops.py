@@ -6,22 +6,29 @@ connection after it."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import gc
+import importlib.util
+import json
+import socket
+import ssl
 import threading
 import weakref
+from pathlib import Path
 from typing import Any
 
 import pytest
 from asgiref.sync import async_to_sync
 
 from brain import client as brain_client
-from brain import roles
-from brain.client import complete, keep_client_on
+from brain import http11, roles
+from brain.client import BrainError, complete, keep_client_on
 from tests.conftest import script
 
 pytestmark = pytest.mark.django_db(transaction=True)  # usage records are written from other threads
 
+ROOT = Path(__file__).resolve().parent.parent
 MESSAGES = [{"role": "user", "content": "hello"}]
 WAIT = 60.0  # a limit for one call, never a timing assertion
 
@@ -51,21 +58,20 @@ def test_a_kept_loop_reuses_one_open_client(brain: Any) -> None:
     keep_client_on(loop)
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
+    pool = http11.pool_of(loop)
+    assert pool is not None
     try:
-        seen = []
         connections_before = brain.connections
         for _ in range(3):
             completion = asyncio.run_coroutine_threadsafe(complete(MESSAGES, role_settings=role), loop).result(WAIT)
             assert completion.text == "ok"
-            seen.append(brain_client._clients[loop])
-        assert len({id(c) for c in seen}) == 1 and not seen[0].is_closed
+            assert pool.idle() == 1  # the call's connection, back in the pool
         # ... over one connection: each streamed body is read to its end after [DONE], so
         # the connection is ready for the next call (the fake keeps it open, as providers do).
         assert brain.connections - connections_before == 1
+        assert loop not in brain_client._clients  # httpx only for a proxied endpoint
     finally:
-        kept = brain_client._clients.pop(loop, None)
-        if kept is not None:
-            asyncio.run_coroutine_threadsafe(kept.aclose(), loop).result(WAIT)
+        loop.call_soon_threadsafe(pool.close)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(WAIT)
         loop.close()
@@ -99,3 +105,134 @@ def test_a_body_that_does_not_end_after_done_still_completes_the_call(brain: Any
             server.close()
 
     assert asyncio.run(scenario()) == "held"
+
+
+async def _serve(handler: Any) -> tuple[asyncio.Server, int]:
+    server = await asyncio.start_server(handler, "127.0.0.1", 0)
+    return server, server.sockets[0].getsockname()[1]
+
+
+def _answer(text: str) -> bytes:
+    event = json.dumps({"choices": [{"delta": {"content": text}, "finish_reason": "stop"}]}).encode()
+    body = b"data: " + event + b"\n\ndata: [DONE]\n\n"
+    return b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+
+
+async def _read_request(reader: asyncio.StreamReader) -> bytes:
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = int(next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")))
+    return head + await reader.readexactly(length)
+
+
+def test_a_kept_connection_the_server_closed_while_idle_is_replaced_and_the_call_sent_again(db: Any) -> None:
+    """The server's keep-alive ran out between two calls (it closes the connection when
+    the next request comes, before answering): the request is sent once more on a new
+    connection, and the call succeeds."""
+    configured = roles.resolve("brain")
+    connections: list[int] = []
+
+    async def scenario() -> list[str]:
+        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            connections.append(len(connections) + 1)
+            await _read_request(reader)
+            writer.write(_answer(f"connection {len(connections)}"))
+            await writer.drain()
+            await _read_request(reader)  # the next request on this connection: not answered
+            writer.transport.abort()
+
+        server, port = await _serve(serve)
+        role = dataclasses.replace(configured, base_url=f"http://127.0.0.1:{port}/v1")
+        http11.keep_connections_on(asyncio.get_running_loop())
+        try:
+            return [(await asyncio.wait_for(complete(MESSAGES, role_settings=role), WAIT)).text for _ in range(2)]
+        finally:
+            http11.pool_of(asyncio.get_running_loop()).close()  # type: ignore[union-attr]
+            server.close()
+
+    assert asyncio.run(scenario()) == ["connection 1", "connection 2"]
+    assert connections == [1, 2]
+
+
+def test_a_connection_broken_mid_answer_is_not_sent_again(db: Any) -> None:
+    """Once part of the answer came back, a broken connection ends the call as
+    brain_unreachable: the request is not sent a second time."""
+    configured = roles.resolve("brain")
+    requests: list[bytes] = []
+
+    async def scenario() -> None:
+        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            requests.append(await _read_request(reader))
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nda")
+            await writer.drain()
+            writer.transport.abort()
+
+        server, port = await _serve(serve)
+        role = dataclasses.replace(configured, base_url=f"http://127.0.0.1:{port}/v1")
+        try:
+            await asyncio.wait_for(complete(MESSAGES, role_settings=role), WAIT)
+        finally:
+            server.close()
+
+    with pytest.raises(BrainError) as raised:
+        asyncio.run(scenario())
+    assert raised.value.code == "brain_unreachable"
+    assert len(requests) == 1
+    assert requests[0].startswith(b"POST /v1/chat/completions HTTP/1.1\r\n")
+    assert json.loads(requests[0].split(b"\r\n\r\n", 1)[1])["messages"] == MESSAGES
+
+
+def test_an_https_endpoint_is_called_over_tls_with_the_trust_store(db: Any, tmp_path: Any, monkeypatch: Any) -> None:
+    """TLS with the platform's context: a certificate it trusts is accepted, one it does
+    not trust ends the call as brain_unreachable."""
+    spec = importlib.util.spec_from_file_location("yimi_front", ROOT / "docker" / "front" / "front.py")
+    assert spec is not None and spec.loader is not None
+    front = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(front)
+    cert, key = front.ensure_certificates(tmp_path / "tls", ["localhost", "127.0.0.1"])
+    server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_context.load_cert_chain(cert, key)
+    configured = roles.resolve("brain")
+
+    async def scenario() -> str:
+        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            with contextlib.suppress(OSError, asyncio.IncompleteReadError):
+                await _read_request(reader)
+                writer.write(_answer("over tls"))
+                await writer.drain()
+                writer.close()
+
+        server = await asyncio.start_server(serve, "127.0.0.1", 0, ssl=server_context)
+        port = server.sockets[0].getsockname()[1]
+        role = dataclasses.replace(configured, base_url=f"https://localhost:{port}/v1")
+        try:
+            return (await asyncio.wait_for(complete(MESSAGES, role_settings=role), WAIT)).text
+        finally:
+            server.close()
+
+    with pytest.raises(BrainError) as raised:  # the local CA is not in the trust store
+        asyncio.run(scenario())
+    assert raised.value.code == "brain_unreachable"
+    trusting = ssl.create_default_context(cafile=str(tmp_path / "tls" / "ca.pem"))
+    monkeypatch.setattr(brain_client, "_tls_context", lambda: trusting)
+    assert asyncio.run(scenario()) == "over tls"
+
+
+def test_an_endpoint_behind_an_environment_proxy_is_called_through_it(brain: Any, monkeypatch: Any) -> None:
+    """HTTP_PROXY applies to the endpoint: the call goes to the proxy (here: nothing
+    listens there, so it fails) over httpx; NO_PROXY for the host: straight to it."""
+    script(brain, reply="direct")
+    role = roles.resolve("brain")
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        proxy = f"http://127.0.0.1:{unused.getsockname()[1]}"
+    for name in ("http_proxy", "https_proxy", "all_proxy", "no_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    assert not http11.proxied(brain.base_url)
+    monkeypatch.setenv("HTTP_PROXY", proxy)
+    assert http11.proxied(brain.base_url) and not http11.proxied("https://api.example.com/v1")
+    with pytest.raises(BrainError) as raised:
+        asyncio.run(complete(MESSAGES, role_settings=role))
+    assert raised.value.code == "brain_unreachable"
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    assert not http11.proxied(brain.base_url)
+    assert asyncio.run(complete(MESSAGES, role_settings=role)).text == "direct"
