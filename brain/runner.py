@@ -298,7 +298,7 @@ def _store_outcome(
 
 
 async def _announce(run: Run, entry: TimelineEntry) -> None:
-    """Deliver the outcome to the origin device and tell every device to sync."""
+    """Deliver the outcome to the origin device and tell the other devices to sync."""
     if entry.kind == TimelineEntry.Kind.REPLY:
         frame = {"type": "reply.done", "run_id": str(run.id), "reply_to_seq": run.inbound.seq, "seq": entry.seq, "text": entry.text}
     else:
@@ -311,4 +311,4 @@ async def _announce(run: Run, entry: TimelineEntry) -> None:
             "text": entry.text,
         }
     await push.to_device(run.origin_device_id, frame)
-    await push.to_owner(run.owner_id, {"type": "timeline.new", "seq": entry.seq})
+    await push.to_owner(run.owner_id, push.timeline_new(entry.seq, known_to_device=run.origin_device_id))

@@ -332,7 +332,7 @@ class DeviceConsumer(AsyncWebsocketConsumer):
         if not accepted.duplicate:
             if not published:  # the embedded default: the run starts on this event loop
                 await dispatch_run(accepted.run_id)
-            await push.to_owner(self.device.owner_id, {"type": "timeline.new", "seq": accepted.entry.seq})
+            await push.to_owner(self.device.owner_id, push.timeline_new(accepted.entry.seq, known_to_socket=self.channel_name))
 
     async def _on_ack(self, frame: dict[str, Any]) -> None:
         """Record the ACK; the first ACK of a ``reply.done`` this socket sent also closes that
@@ -487,7 +487,7 @@ class DeviceConsumer(AsyncWebsocketConsumer):
             "duplicate": attached.duplicate,
         })
         if not attached.duplicate:
-            await push.to_owner(device.owner_id, {"type": "timeline.new", "seq": attached.entry.seq})
+            await push.to_owner(device.owner_id, push.timeline_new(attached.entry.seq, known_to_socket=self.channel_name))
 
     async def _on_gesture(self, frame: dict[str, Any]) -> None:
         """A nod or a shake from the glasses on a card (devices/hud.py)."""
@@ -620,8 +620,13 @@ class DeviceConsumer(AsyncWebsocketConsumer):
             await self._send(hud.with_hud(self.device, dict(event)))
 
     async def timeline_new(self, event: dict[str, Any]) -> None:
-        if self.device is not None and not self.device.is_guest:
-            await self._send(dict(event))
+        """The hint, to owner devices, except where it tells nothing new (``push.timeline_new``):
+        the socket whose ack carried the ``seq``, the device whose ``reply.done`` did."""
+        if self.device is None or self.device.is_guest:
+            return
+        if event.get("known_to_socket") == self.channel_name or event.get("known_to_device") == str(self.device.id):
+            return
+        await self._send({"type": "timeline.new", "seq": event.get("seq")})
 
     # an operation for this Mac, and the owner's pause, from the Mac relay (devices/mac_relay.py)
     mac_op = mac_relay.deliver_op

@@ -338,6 +338,39 @@ async def test_text_round_trip_with_chunks_ack_and_sync_on_another_device(make_d
     await mac_ws.disconnect()
 
 
+async def frames_until(comm: Any, last: str) -> list[dict[str, Any]]:
+    """Every frame up to and including the first of type ``last``."""
+    frames = [json.loads(await comm.receive_from(timeout=SOCKET_TIMEOUT))]
+    while frames[-1]["type"] != last:
+        frames.append(json.loads(await comm.receive_from(timeout=SOCKET_TIMEOUT)))
+    return frames
+
+
+async def test_timeline_new_goes_to_the_devices_that_do_not_know_the_seq_yet(make_device: Any, brain: Any) -> None:
+    """The device that spoke was told its utterance's seq (text.ack) and its reply's
+    (reply.done): it gets no timeline.new for them; the other devices get the hint."""
+    script(brain, reply="Noted.")
+    phone, mac = await db_async(make_device)("phone"), await db_async(make_device)("mac")
+    phone_ws, _ = await open_socket(phone)
+    mac_ws, _ = await open_socket(mac)
+
+    await phone_ws.send_json_to({"type": "text", "id": "p1", "text": "hello"})
+    spoken = await frames_until(phone_ws, "reply.done")
+    await mac_ws.send_json_to({"type": "text", "id": "m1", "text": "hello from the mac"})
+    heard = await frames_until(mac_ws, "reply.done")
+    # The mac's exchange came after the phone's whole reply: every hint for seq 1 and 2 was
+    # sent before the mac's text.ack, and the mac got at least the one for seq 2.
+    assert {"type": "timeline.new", "seq": 2} in heard
+    assert [f for f in heard if f["type"] == "timeline.new" and f["seq"] > 2] == []
+    seen = spoken + await frames_until(phone_ws, "timeline.new")  # the mac's entries: the phone is told
+    await phone_ws.send_json_to({"type": "ping", "id": "after"})
+    seen += await frames_until(phone_ws, "pong")
+    hints = [f["seq"] for f in seen if f["type"] == "timeline.new"]
+    assert hints and min(hints) >= 3  # none for the phone's own seq 1 and 2
+    await phone_ws.disconnect()
+    await mac_ws.disconnect()
+
+
 async def test_resending_the_same_frame_id_stores_nothing_new(make_device: Any, brain: Any) -> None:
     sim = await db_async(make_device)()
     comm, _ = await open_socket(sim)

@@ -56,6 +56,21 @@ async def to_owner(owner_id: int, frame: dict[str, Any]) -> None:
     await get_channel_layer().group_send(owner_group(owner_id), frame)
 
 
+def timeline_new(seq: int, *, known_to_socket: str | None = None, known_to_device: Any = None) -> dict[str, Any]:
+    """The ``timeline.new`` hint for ``seq``, for ``to_owner``. A socket that was told
+    ``seq`` already is not sent it (its consumer drops it): ``known_to_socket``, the channel
+    of the socket whose ``text.ack``/``image.ack`` carried it, and ``known_to_device``, the
+    device whose sockets got the ``reply.done``/``notice`` that carried it. Only the hint
+    itself is spared: merged with another (``yimi_project.channel_layers``), it goes to
+    every socket."""
+    message: dict[str, Any] = {"type": "timeline.new", "seq": seq}
+    if known_to_socket is not None:
+        message["known_to_socket"] = known_to_socket
+    if known_to_device is not None:
+        message["known_to_device"] = str(known_to_device)
+    return message
+
+
 def _send_sync(group: str, frame: dict[str, Any]) -> None:
     layer = get_channel_layer()
     if layer is not None:
