@@ -40,12 +40,14 @@ def append_entry(
 
     Steps: 1. take the owner's next number (``next_seq``: create, lock and increment the
     counter row in one statement); 2. insert the entry with it. Both commit or neither
-    does. Two round trips; they were five (get_or_create, SELECT FOR UPDATE, UPDATE, and a
-    savepoint around them) and an append is on every utterance's and reply's way.
+    does. On PostgreSQL both are one statement (the counter's upsert as a data-modifying
+    WITH query, ``statements.insert_with``); elsewhere two. They were five (get_or_create,
+    SELECT FOR UPDATE, UPDATE, and a savepoint around them) and an append is on every
+    utterance's and reply's way.
     """
     entry = TimelineEntry(
         owner_id=owner_id,
-        seq=next_seq(owner_id),
+        seq=0,  # the counter's next number, below
         kind=kind,
         text=text,
         device_id=device_id,
@@ -54,7 +56,11 @@ def append_entry(
         reply_to=reply_to,
         notice_code=notice_code,
     )
-    statements.insert(entry)
+    connection = transaction.get_connection()
+    upsert = _next_seq_statement(connection.ops.quote_name)
+    if not statements.insert_with(entry, "seq", upsert, [owner_id]):
+        entry.seq = next_seq(owner_id)
+        statements.insert(entry)
     return entry
 
 
@@ -82,7 +88,7 @@ def _next_seq_statement(quote: Any) -> str:
     table = quote(TimelineCounter._meta.db_table)
     return (
         f"INSERT INTO {table} (owner_id, last_seq) VALUES (%s, 1) "
-        f"ON CONFLICT (owner_id) DO UPDATE SET last_seq = {table}.last_seq + 1 RETURNING last_seq"
+        f"ON CONFLICT (owner_id) DO UPDATE SET last_seq = {table}.last_seq + 1 RETURNING last_seq AS value"
     )
 
 

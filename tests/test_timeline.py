@@ -6,8 +6,9 @@ from typing import Any
 
 import pytest
 from django.db import connection, connections
+from django.test.utils import CaptureQueriesContext
 
-from memory.models import TimelineEntry
+from memory.models import TimelineCounter, TimelineEntry
 from memory.services import append_entry, page_after
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -111,6 +112,23 @@ def test_sequence_numbers_are_per_owner(owner: Any, django_user_model: Any) -> N
     assert append_entry(owner_id=owner.id, kind="notice", text="a").seq == 1
     assert append_entry(owner_id=other.id, kind="notice", text="b").seq == 1
     assert append_entry(owner_id=owner.id, kind="notice", text="c").seq == 2
+
+
+def test_an_append_is_one_statement_on_postgresql_and_the_entry_holds_its_row(owner: Any, make_device: Any) -> None:
+    """The counter's upsert and the entry's INSERT go as one statement on PostgreSQL (two
+    elsewhere); the returned entry has its key and number, as the row does, and the
+    counter has moved on."""
+    device = make_device("phone").device
+    append_entry(owner_id=owner.id, kind="notice", text="before")
+    with CaptureQueriesContext(connection) as queries:
+        entry = append_entry(owner_id=owner.id, kind="utterance", text="hi", device_id=device.id, client_id="c1", scope="owner")
+    written = [q["sql"] for q in queries if q["sql"].split()[0] not in ("BEGIN", "COMMIT", "SAVEPOINT", "RELEASE")]
+    assert len(written) == (1 if connection.vendor == "postgresql" else 2), written
+    stored = TimelineEntry.objects.get(pk=entry.pk)
+    assert (stored.seq, stored.text, stored.device_id, stored.client_id, stored.created_at) == (
+        2, "hi", device.id, "c1", entry.created_at
+    ) and entry.seq == 2 and not entry._state.adding
+    assert TimelineCounter.objects.get(owner_id=owner.id).last_seq == 2
 
 
 def test_pages_walk_the_whole_timeline_in_order(owner: Any) -> None:

@@ -54,16 +54,22 @@ def _insert_statement(model: type[Model], vendor: str) -> tuple[str, tuple[Field
     return sql, fields, returned
 
 
+def _plain_insert(model: type[Model], connection: Any) -> bool:
+    """Whether an INSERT of ``model`` may skip ``save``: no save of its own (it may fill
+    columns), no save signals, and a database that returns columns from an INSERT."""
+    return not (
+        model.save is not Model.save
+        or pre_save.has_listeners(model)
+        or post_save.has_listeners(model)
+        or not connection.features.can_return_columns_from_insert
+    )
+
+
 def insert(obj: Model) -> None:
     """INSERT ``obj`` as a new row (as ``obj.save(force_insert=True)``), in one statement."""
     model = type(obj)
     connection = _connection()
-    if (
-        model.save is not Model.save  # a model's own save may fill columns: keep it
-        or pre_save.has_listeners(model)
-        or post_save.has_listeners(model)
-        or not connection.features.can_return_columns_from_insert
-    ):
+    if not _plain_insert(model, connection):
         obj.save(force_insert=True)
         return
     sql, fields, returned = _insert_statement(model, connection.vendor)
@@ -76,6 +82,42 @@ def insert(obj: Model) -> None:
             setattr(obj, returned.attname, row[0])
     obj._state.adding = False
     obj._state.db = connection.alias
+
+
+def insert_with(obj: Model, field: str, with_sql: str, with_params: list[Any]) -> bool:
+    """INSERT ``obj`` with the value of ``field`` taken from a data-modifying query run in the
+    same statement (PostgreSQL only): ``WITH computed AS (with_sql) INSERT … SELECT …,
+    computed.value, … FROM computed``, where ``with_sql`` returns one row with one column
+    named ``value``. ``obj`` gets that value and its key. False, with nothing written, where
+    it cannot be one statement (another database, a model with its own save or save
+    signals): the caller takes the two-statement way."""
+    model = type(obj)
+    connection = _connection()
+    if connection.vendor != "postgresql" or not _plain_insert(model, connection):
+        return False
+    sql, fields, returned = _insert_with_statement(model, field)
+    values = [f.get_db_prep_save(f.pre_save(obj, True), connection) for f in fields if f.name != field]
+    with connection.cursor() as cursor:
+        cursor.execute(f"WITH computed AS ({with_sql}) {sql}", [*with_params, *values])
+        row = cursor.fetchone()
+    assert row is not None
+    setattr(obj, model._meta.get_field(field).attname, row[0])
+    if returned is not None:
+        setattr(obj, returned.attname, row[1])
+    obj._state.adding = False
+    obj._state.db = connection.alias
+    return True
+
+
+@cache
+def _insert_with_statement(model: type[Model], field: str) -> tuple[str, tuple[Field[Any, Any], ...], Field[Any, Any] | None]:
+    _, fields, returned = _insert_statement(model, "postgresql")
+    computed = model._meta.get_field(field)
+    quote = _connection().ops.quote_name
+    values = ", ".join("computed.value" if f is computed else "%s" for f in fields)
+    back = quote(str(computed.column)) + (f", {quote(str(returned.column))}" if returned is not None else "")
+    sql = f"INSERT INTO {quote(model._meta.db_table)} ({columns(fields)}) SELECT {values} FROM computed RETURNING {back}"
+    return sql, fields, returned
 
 
 @cache
