@@ -310,5 +310,6 @@ async def _announce(run: Run, entry: TimelineEntry) -> None:
             "code": entry.notice_code,
             "text": entry.text,
         }
-    await push.to_device(run.origin_device_id, frame)
-    await push.to_owner(run.owner_id, push.timeline_new(entry.seq, known_to_device=run.origin_device_id))
+    await push.to_device_then_owner(
+        run.origin_device_id, frame, run.owner_id, push.timeline_new(entry.seq, known_to_device=run.origin_device_id)
+    )

@@ -314,3 +314,31 @@ async def test_a_redis_without_bzmpop_is_read_one_message_per_pop(layer: Any, mo
     assert layer._batch_pop is False
     assert [r.getMessage() for r in caplog.records].count("channel_batch_pop_unavailable") == 1
     await layer.flush()
+
+
+async def test_several_group_messages_go_in_one_round_trip_and_arrive_in_order(layer: Any, monkeypatch: Any) -> None:
+    """A reply's end (to its device) and its hint (to the owner): one script run; the
+    process inbox takes them in the order sent; each reaches only its group's sockets."""
+    phone, mac = await layer.new_channel(), await layer.new_channel()
+    await layer.group_add("device.phone", phone)
+    for channel in (phone, mac):
+        await layer.group_add("owner.1", channel)
+    evals = []
+    real_eval = redis.asyncio.Redis.eval
+
+    async def counted_eval(self: Any, *args: Any) -> Any:
+        evals.append(args[1])
+        return await real_eval(self, *args)
+
+    monkeypatch.setattr(redis.asyncio.Redis, "eval", counted_eval)
+    for round_ in range(20):  # same-time scores would come out in any order: the order holds every time
+        await layer.group_send_many([
+            ("device.phone", {"type": "reply.done", "seq": 2 * round_}),
+            ("owner.1", {"type": "timeline.new", "seq": 2 * round_ + 1}),
+        ])
+        assert [await asyncio.wait_for(layer.receive(phone), 10) for _ in range(2)] == [
+            {"type": "reply.done", "seq": 2 * round_}, {"type": "timeline.new", "seq": 2 * round_ + 1},
+        ]
+        assert await asyncio.wait_for(layer.receive(mac), 10) == {"type": "timeline.new", "seq": 2 * round_ + 1}
+    assert evals == [2] * 20  # one script run with both groups, per pair
+    await layer.flush()

@@ -333,7 +333,7 @@ class RedisChannelLayer(ChannelsRedisLayer):
         with a process inbox at its capacity reported with ``frame_undelivered`` (group,
         frame type, seq, how many inboxes) instead of an INFO line without the frame.
 
-        Steps (one Redis host, the usual case): 1. one script (``GROUP_SEND_ONE_LUA``):
+        Steps (one Redis host, the usual case): 1. one script (``GROUP_SEND_LUA_ONE_HOST``):
         forget the group's members past the group expiry; for each process inbox the others
         receive in, forget messages past the message expiry, then add the message where the
         inbox is below its capacity and count the others; return members that are not a
@@ -342,25 +342,36 @@ class RedisChannelLayer(ChannelsRedisLayer):
         sockets in the group (``group_add`` here keeps that list), one serialization for
         all; 3. a member that is not a process's socket gets ``send`` as before. With
         several hosts, ``_group_send_per_host``: two round trips per host."""
-        assert self.require_valid_group_name(group), "Group name not valid"
+        await self.group_send_many([(group, message)])
+
+    async def group_send_many(self, sends: list[tuple[str, dict[str, Any]]]) -> None:
+        """``group_send`` of each (group, message) of ``sends``, in that order, in one round
+        trip on one Redis host (one script run for all of them; a process inbox that gets
+        several takes them in this order)."""
+        for group, _ in sends:
+            assert self.require_valid_group_name(group), "Group name not valid"
         if self.ring_size > 1:
-            await self._group_send_per_host(group, message)
+            for group, message in sends:
+                await self._group_send_per_host(group, message)
             return
         now = time.time()
-        over, others = await self.connection(0).eval(
-            GROUP_SEND_ONE_LUA, 1, self._group_key(group),
-            self.serialize({**message, "__asgi_group__": group}), self.prefix,
-            int(now) - self.group_expiry, int(now) - int(self.expiry), now, self.expiry,
+        args: list[Any] = [
+            self.prefix, int(now) - self.group_expiry, int(now) - int(self.expiry), self.expiry,
             self.get_capacity("specific.inbox!"),
-        )
-        for channel in others:
-            try:
-                await self.send(channel.decode("utf8"), message)
-            except ChannelFull:
-                over += 1
-        if over:
-            log_event("frame_undelivered", level=logging.WARNING, reason="process_inbox_full",
-                      group=group, inboxes=int(over), **_frame_fields(message))
+        ]
+        for i, (group, message) in enumerate(sends):  # scores a microsecond apart: popped in order
+            args += [self.serialize({**message, "__asgi_group__": group}), now + i * 1e-6]
+        keys = [self._group_key(group) for group, _ in sends]
+        results = await self.connection(0).eval(GROUP_SEND_LUA_ONE_HOST, len(keys), *keys, *args)
+        for (group, message), (over, others) in zip(sends, results, strict=True):
+            for channel in others:
+                try:
+                    await self.send(channel.decode("utf8"), message)
+                except ChannelFull:
+                    over += 1
+            if over:
+                log_event("frame_undelivered", level=logging.WARNING, reason="process_inbox_full",
+                          group=group, inboxes=int(over), **_frame_fields(message))
 
     async def _group_send_per_host(self, group: str, message: dict[str, Any]) -> None:
         """``channels_redis``'s ``group_send`` in two round trips per host, where it took four.
@@ -386,33 +397,40 @@ class RedisChannelLayer(ChannelsRedisLayer):
                           group=group, inboxes=int(over), **_frame_fields(message))
 
 
-# group_send on one host: KEYS the group; ARGV the message (serialized once, naming the
-# group), the key prefix, the members' and the messages' expiry cutoffs, now (the score), the
-# inboxes' expiry and capacity. A member "specific.<process>!<socket>" receives in the
-# process's inbox "<prefix>specific.<process>!", which gets the message once for all of the
-# process's members. Returns the inboxes over capacity and the members that are no socket.
-GROUP_SEND_ONE_LUA = """
-    redis.call('ZREMRANGEBYSCORE', KEYS[1], 0, ARGV[3])
-    local over_capacity, done, others = 0, {}, {}
-    for _, member in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
-        local bang = string.find(member, '!', 1, true)
-        if not bang then
-            table.insert(others, member)
-        else
-            local inbox = ARGV[2] .. string.sub(member, 1, bang)
-            if not done[inbox] then
-                done[inbox] = true
-                redis.call('ZREMRANGEBYSCORE', inbox, 0, ARGV[4])
-                if redis.call('ZCOUNT', inbox, '-inf', '+inf') < tonumber(ARGV[7]) then
-                    redis.call('ZADD', inbox, ARGV[5], ARGV[1])
-                    redis.call('EXPIRE', inbox, ARGV[6])
-                else
-                    over_capacity = over_capacity + 1
+# group_send on one host, for one group or several in order: KEYS the groups; ARGV the key
+# prefix, the members' and the messages' expiry cutoffs, the inboxes' expiry and capacity, then
+# per group its message (serialized once, naming the group) and score (the time). A member
+# "specific.<process>!<socket>" receives in the process's inbox "<prefix>specific.<process>!",
+# which gets the message once for all of the process's members. Returns, per group, the
+# inboxes over capacity and the members that are no socket.
+GROUP_SEND_LUA_ONE_HOST = """
+    local prefix, capacity = ARGV[1], tonumber(ARGV[5])
+    local results = {}
+    for g = 1, #KEYS do
+        local message, score = ARGV[4 + 2 * g], ARGV[5 + 2 * g]
+        redis.call('ZREMRANGEBYSCORE', KEYS[g], 0, ARGV[2])
+        local over_capacity, done, others = 0, {}, {}
+        for _, member in ipairs(redis.call('ZRANGE', KEYS[g], 0, -1)) do
+            local bang = string.find(member, '!', 1, true)
+            if not bang then
+                table.insert(others, member)
+            else
+                local inbox = prefix .. string.sub(member, 1, bang)
+                if not done[inbox] then
+                    done[inbox] = true
+                    redis.call('ZREMRANGEBYSCORE', inbox, 0, ARGV[3])
+                    if redis.call('ZCOUNT', inbox, '-inf', '+inf') < capacity then
+                        redis.call('ZADD', inbox, score, message)
+                        redis.call('EXPIRE', inbox, ARGV[4])
+                    else
+                        over_capacity = over_capacity + 1
+                    end
                 end
             end
         end
+        results[g] = {over_capacity, others}
     end
-    return {over_capacity, others}
+    return results
 """
 
 
@@ -450,6 +468,10 @@ class InMemoryChannelLayer(ChannelsInMemoryLayer):
                 queue._queue.append((time.time() + self.expiry, _newer_hint(waiting[1], message.get("seq"))))
                 return
         await super().send(channel, message)
+
+    async def group_send_many(self, sends: list[tuple[str, dict[str, Any]]]) -> None:
+        for group, message in sends:
+            await self.group_send(group, message)
 
     async def group_send(self, group: str, message: dict[str, Any]) -> None:
         assert isinstance(message, dict), "Message is not a dict"

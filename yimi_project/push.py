@@ -71,6 +71,20 @@ def timeline_new(seq: int, *, known_to_socket: str | None = None, known_to_devic
     return message
 
 
+async def to_device_then_owner(device_id: Any, frame: dict[str, Any], owner_id: int, owner_frame: dict[str, Any]) -> None:
+    """``to_device(device_id, frame)`` then ``to_owner(owner_id, owner_frame)``, in one
+    round trip where the channel layer can (``group_send_many``): a reply's end and its
+    ``timeline.new``."""
+    layer = get_channel_layer()
+    sends = [(device_group(device_id), frame), (owner_group(owner_id), owner_frame)]
+    many = getattr(layer, "group_send_many", None)
+    if many is not None:
+        await many(sends)
+        return
+    for group, message in sends:
+        await layer.group_send(group, message)
+
+
 def _send_sync(group: str, frame: dict[str, Any]) -> None:
     layer = get_channel_layer()
     if layer is not None:
