@@ -16,10 +16,15 @@ timeout; 2. the request: ``POST`` with ``Host``, ``Content-Length`` and the call
 headers, the body in one write; the response's head within the read timeout; 3. the body:
 read as it comes, each read within the read timeout, split into lines (``Response.lines``);
 4. afterwards: a connection whose response was read to its end goes back to the pool, any
-other is closed. A kept connection that the server closed while it was idle (its keep-alive
-ran out) fails before any byte of a response comes back: the request is then sent once more
-on a new connection. Every failure is a ``StreamError``: ``StreamTimeout`` for a timeout,
-``StreamBroken`` for the rest (refused, reset, TLS, a response that is not HTTP/1.1).
+other is closed. An idle connection is kept ``KEEPALIVE_SECONDS`` at most (httpx's 5 s: a
+connection a NAT or load balancer dropped silently would otherwise hold the next call for
+its whole read timeout), ``IDLE_PER_ORIGIN`` of them at most. A kept connection found closed
+by the server (its keep-alive ran out), or failing while the request is written, is
+replaced by a new one and the request sent there; once the whole request was written it is
+never sent again (the endpoint may be working on it: a second would be a second, billed
+call). Every failure is a ``StreamError``: ``StreamTimeout`` for a timeout,
+``StreamBroken`` for the rest (refused, reset, TLS, a request h11 refuses to write, a
+response that is not HTTP/1.1).
 """
 
 from __future__ import annotations
@@ -29,16 +34,24 @@ import contextlib
 import ssl
 import urllib.request
 import weakref
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import NamedTuple, TypeVar
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 import h11
 
 READ_SIZE = 65536
+KEEPALIVE_SECONDS = 5.0  # an idle kept connection older than this is closed, not used
+IDLE_PER_ORIGIN = 8
+# A host name that resolves to several addresses: the next one is tried after this long
+# (RFC 8305's "happy eyeballs"), not after the whole connect timeout.
+HAPPY_EYEBALLS_SECONDS = 0.25
 T = TypeVar("T")
 USER_AGENT = "yimi"
+
+
+_TARGET_SAFE = "/%:@!$&'()*+,;=-._~"
 
 
 class StreamError(Exception):
@@ -90,7 +103,9 @@ def _split(url: str) -> tuple[Origin, str, str]:
     authority = f"[{host}]" if ":" in host else host
     if port != default:
         authority += f":{port}"
-    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    # Characters a request target may not hold (a space, non-ASCII) percent-encoded, as
+    # httpx did; what is already encoded stays as it is.
+    target = quote(parts.path or "/", safe=_TARGET_SAFE) + (f"?{quote(parts.query, safe=_TARGET_SAFE + '?')}" if parts.query else "")
     return Origin(parts.scheme, host, port), authority, target
 
 
@@ -100,7 +115,7 @@ class _Connection:
         self.reader = reader
         self.writer = writer
         self.h11 = h11.Connection(h11.CLIENT)
-        self.received = False  # a byte of the current response came back
+        self.idle_since = 0.0  # the event loop's time it went back to the pool
 
     def idle_and_open(self) -> bool:
         return self.h11.our_state is h11.IDLE and not self.writer.is_closing() and not self.reader.at_eof()
@@ -108,7 +123,6 @@ class _Connection:
     def reusable(self) -> bool:
         if self.h11.our_state is h11.DONE and self.h11.their_state is h11.DONE and not self.writer.is_closing():
             self.h11.start_next_cycle()
-            self.received = False
             return True
         return False
 
@@ -128,8 +142,6 @@ class _Connection:
                 return event  # type: ignore[return-value]
             async with asyncio.timeout(timeout):
                 data = await self.reader.read(READ_SIZE)
-            if data:
-                self.received = True
             self.h11.receive_data(data)  # b"": the server closed the connection
 
 
@@ -152,13 +164,15 @@ class Response:
                 raise StreamBroken(type(exc).__name__) from None
             if isinstance(event, h11.Data):
                 pending += event.data
+                if b"\r" in pending:  # SSE ends a line with CRLF, LF or CR (a CRLF cut in two: one empty line more)
+                    pending = pending.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
                 if b"\n" in pending:
                     *complete, pending = pending.split(b"\n")
                     for line in complete:
-                        yield line.rstrip(b"\r").decode("utf-8", "replace")
+                        yield line.decode("utf-8", "replace")
             elif isinstance(event, h11.EndOfMessage):
                 if pending:
-                    yield pending.rstrip(b"\r").decode("utf-8", "replace")
+                    yield pending.decode("utf-8", "replace")
                 return
 
 
@@ -178,20 +192,30 @@ async def _guarded(step: Awaitable[T]) -> T:
 class Pool:
     """The idle kept connections of one long-lived event loop, by origin."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] | None = None) -> None:
         self._idle: dict[Origin, list[_Connection]] = {}
+        self.clock = clock or (lambda: asyncio.get_running_loop().time())
 
     def take(self, origin: Origin) -> _Connection | None:
+        """The most recently used idle connection to ``origin`` that is still open and
+        younger than ``KEEPALIVE_SECONDS``; the others of that origin past it are closed."""
         idle = self._idle.get(origin)
+        if not idle:
+            return None
+        expired_before = self.clock() - KEEPALIVE_SECONDS
         while idle:
             connection = idle.pop()
-            if connection.idle_and_open():
+            if connection.idle_since >= expired_before and connection.idle_and_open():
                 return connection
             connection.close()
         return None
 
     def give_back(self, connection: _Connection) -> None:
-        self._idle.setdefault(connection.origin, []).append(connection)
+        connection.idle_since = self.clock()
+        idle = self._idle.setdefault(connection.origin, [])
+        idle.append(connection)
+        while len(idle) > IDLE_PER_ORIGIN:
+            idle.pop(0).close()  # the longest idle
 
     def idle(self) -> int:
         return sum(len(c) for c in self._idle.values())
@@ -223,7 +247,7 @@ async def _connect(origin: Origin, timeouts: Timeouts, tls: ssl.SSLContext) -> _
     async with asyncio.timeout(timeouts.connect):
         reader, writer = await asyncio.open_connection(
             origin.host, origin.port, ssl=tls if secure else None, server_hostname=origin.host if secure else None,
-            limit=READ_SIZE,
+            limit=READ_SIZE, happy_eyeballs_delay=HAPPY_EYEBALLS_SECONDS,
         )
     return _Connection(origin, reader, writer)
 
@@ -233,25 +257,28 @@ async def post(url: str, body: bytes, headers: dict[str, str], timeouts: Timeout
     """``POST url`` with ``body``: the response, its head read, its body to be read with
     ``Response.lines`` inside the ``async with``."""
     origin, authority, target = _split(url)
-    request = h11.Request(
-        method="POST", target=target,
-        headers=[("Host", authority), ("User-Agent", USER_AGENT), ("Content-Length", str(len(body))), *headers.items()],
-    )
+    try:
+        request = h11.Request(
+            method="POST", target=target,
+            headers=[("Host", authority), ("User-Agent", USER_AGENT), ("Content-Length", str(len(body))), *headers.items()],
+        )
+    except h11.LocalProtocolError as exc:  # a header value with a line break, say
+        raise StreamBroken(f"the request cannot be written ({exc})") from None
     pool = _pools.get(asyncio.get_running_loop())
     connection = pool.take(origin) if pool is not None else None
     try:
         if connection is not None:
             try:
-                status = await _guarded(_exchange_head(connection, request, body, timeouts))
+                await _guarded(connection.send(request, body, timeouts.read))
             except StreamBroken:
-                if connection.received:
-                    raise
-                # The server had closed the kept connection: the request never reached it.
+                # Closed while idle, seen as the request was written: the request is sent
+                # on a new connection. Once it was written whole, it is never sent again.
                 connection.close()
                 connection = None
         if connection is None:
             connection = await _guarded(_connect(origin, timeouts, tls))
-            status = await _guarded(_exchange_head(connection, request, body, timeouts))
+            await _guarded(connection.send(request, body, timeouts.read))
+        status = await _guarded(_response_head(connection, timeouts))
         yield Response(connection, status, timeouts)
     finally:
         if connection is not None:
@@ -261,8 +288,7 @@ async def post(url: str, body: bytes, headers: dict[str, str], timeouts: Timeout
                 connection.close()
 
 
-async def _exchange_head(connection: _Connection, request: h11.Request, body: bytes, timeouts: Timeouts) -> int:
-    await connection.send(request, body, timeouts.read)
+async def _response_head(connection: _Connection, timeouts: Timeouts) -> int:
     while True:
         event = await connection.next_event(timeouts.read)
         if isinstance(event, h11.InformationalResponse):

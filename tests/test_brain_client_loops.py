@@ -124,61 +124,138 @@ async def _read_request(reader: asyncio.StreamReader) -> bytes:
     return head + await reader.readexactly(length)
 
 
-def test_a_kept_connection_the_server_closed_while_idle_is_replaced_and_the_call_sent_again(db: Any) -> None:
-    """The server's keep-alive ran out between two calls (it closes the connection when
-    the next request comes, before answering): the request is sent once more on a new
-    connection, and the call succeeds."""
+async def _until(condition: Any) -> None:
+    """Wait (WAIT at most, never a timing assertion) until ``condition()`` holds."""
+    async with asyncio.timeout(WAIT):
+        while not condition():
+            await asyncio.sleep(0.01)
+
+
+def test_a_kept_connection_the_server_closed_while_idle_is_replaced(db: Any) -> None:
+    """The server's keep-alive ran out between two calls and it closed the connection: the
+    next call takes a new connection, and each request reaches the server once."""
     configured = roles.resolve("brain")
+    bodies: list[bytes] = []
     connections: list[int] = []
 
     async def scenario() -> list[str]:
         async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             connections.append(len(connections) + 1)
-            await _read_request(reader)
+            bodies.append(await _read_request(reader))
             writer.write(_answer(f"connection {len(connections)}"))
             await writer.drain()
-            await _read_request(reader)  # the next request on this connection: not answered
-            writer.transport.abort()
+            writer.close()  # keep-alive over
 
         server, port = await _serve(serve)
         role = dataclasses.replace(configured, base_url=f"http://127.0.0.1:{port}/v1")
-        http11.keep_connections_on(asyncio.get_running_loop())
+        pool = http11.keep_connections_on(asyncio.get_running_loop())
         try:
-            return [(await asyncio.wait_for(complete(MESSAGES, role_settings=role), WAIT)).text for _ in range(2)]
+            texts = [(await asyncio.wait_for(complete(MESSAGES, role_settings=role), WAIT)).text]
+            kept = pool._idle[http11.Origin("http", "127.0.0.1", port)][0]
+            await _until(kept.reader.at_eof)  # the client has seen the close
+            texts.append((await asyncio.wait_for(complete(MESSAGES, role_settings=role), WAIT)).text)
+            return texts
         finally:
-            http11.pool_of(asyncio.get_running_loop()).close()  # type: ignore[union-attr]
+            pool.close()
             server.close()
 
     assert asyncio.run(scenario()) == ["connection 1", "connection 2"]
-    assert connections == [1, 2]
+    assert connections == [1, 2] and len(bodies) == 2
 
 
-def test_a_connection_broken_mid_answer_is_not_sent_again(db: Any) -> None:
-    """Once part of the answer came back, a broken connection ends the call as
-    brain_unreachable: the request is not sent a second time."""
+def test_a_request_written_whole_is_not_sent_again_when_the_connection_breaks(db: Any) -> None:
+    """The endpoint read the whole request on a kept connection and then the connection
+    broke before any answer: the call ends as brain_unreachable, and the request is not
+    sent a second time (the endpoint may have been working on it: a second call is billed)."""
     configured = roles.resolve("brain")
     requests: list[bytes] = []
 
     async def scenario() -> None:
         async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             requests.append(await _read_request(reader))
-            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nda")
+            writer.write(_answer("first"))
             await writer.drain()
+            requests.append(await _read_request(reader))  # the next request: read, then the connection breaks
             writer.transport.abort()
 
         server, port = await _serve(serve)
         role = dataclasses.replace(configured, base_url=f"http://127.0.0.1:{port}/v1")
+        pool = http11.keep_connections_on(asyncio.get_running_loop())
         try:
+            assert (await asyncio.wait_for(complete(MESSAGES, role_settings=role), WAIT)).text == "first"
             await asyncio.wait_for(complete(MESSAGES, role_settings=role), WAIT)
         finally:
+            pool.close()
             server.close()
 
     with pytest.raises(BrainError) as raised:
         asyncio.run(scenario())
     assert raised.value.code == "brain_unreachable"
-    assert len(requests) == 1
-    assert requests[0].startswith(b"POST /v1/chat/completions HTTP/1.1\r\n")
-    assert json.loads(requests[0].split(b"\r\n\r\n", 1)[1])["messages"] == MESSAGES
+    assert len(requests) == 2
+
+
+def test_an_idle_connection_past_its_keepalive_is_not_used(db: Any) -> None:
+    """A kept connection idle for longer than KEEPALIVE_SECONDS may have been dropped
+    silently on the way (a NAT, a load balancer): it is closed and a new one made. The
+    pool's clock is the test's."""
+    configured = roles.resolve("brain")
+    connections: list[int] = []
+    now = [1000.0]
+
+    async def scenario() -> list[str]:
+        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            connections.append(len(connections) + 1)
+            number = len(connections)
+            with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+                while True:
+                    await _read_request(reader)
+                    writer.write(_answer(f"connection {number}"))
+                    await writer.drain()
+
+        server, port = await _serve(serve)
+        role = dataclasses.replace(configured, base_url=f"http://127.0.0.1:{port}/v1")
+        pool = http11.keep_connections_on(asyncio.get_running_loop())
+        pool.clock = lambda: now[0]
+        texts = []
+        try:
+            for advance in (0.0, http11.KEEPALIVE_SECONDS - 1, http11.KEEPALIVE_SECONDS + 1):
+                now[0] += advance
+                texts.append((await asyncio.wait_for(complete(MESSAGES, role_settings=role), WAIT)).text)
+            return texts
+        finally:
+            pool.close()
+            server.close()
+
+    assert asyncio.run(scenario()) == ["connection 1", "connection 1", "connection 2"]
+
+
+def test_a_request_h11_refuses_to_write_is_a_brain_error_and_a_path_is_encoded(db: Any) -> None:
+    """A key with a line break cannot be a header value: brain_unreachable, as before,
+    never an exception the runner does not know. A space in the URL's path is sent
+    percent-encoded."""
+    configured = roles.resolve("brain")
+    targets: list[bytes] = []
+
+    async def scenario(role_change: dict[str, Any]) -> str:
+        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            targets.append((await _read_request(reader)).split(b" ")[1])
+            writer.write(_answer("ok"))
+            await writer.drain()
+            writer.close()
+
+        server, port = await _serve(serve)
+        role = dataclasses.replace(configured, **{"base_url": f"http://127.0.0.1:{port}/v1", **role_change})
+        role = dataclasses.replace(role, base_url=role.base_url.replace("PORT", str(port)))
+        try:
+            return (await asyncio.wait_for(complete(MESSAGES, role_settings=role), WAIT)).text
+        finally:
+            server.close()
+
+    with pytest.raises(BrainError) as raised:
+        asyncio.run(scenario({"api_key": "sk-abc\n"}))
+    assert raised.value.code == "brain_unreachable" and targets == []
+    assert asyncio.run(scenario({"base_url": "http://127.0.0.1:PORT/my models/v1"})) == "ok"
+    assert targets == [b"/my%20models/v1/chat/completions"]
 
 
 def test_an_https_endpoint_is_called_over_tls_with_the_trust_store(db: Any, tmp_path: Any, monkeypatch: Any) -> None:
@@ -236,3 +313,32 @@ def test_an_endpoint_behind_an_environment_proxy_is_called_through_it(brain: Any
     monkeypatch.setenv("NO_PROXY", "127.0.0.1")
     assert not http11.proxied(brain.base_url)
     assert asyncio.run(complete(MESSAGES, role_settings=role)).text == "direct"
+
+
+def test_lines_end_in_cr_lf_or_crlf_and_a_character_may_come_in_two_pieces(db: Any) -> None:
+    """SSE allows CR, LF or CRLF at a line's end (here: CR only); a UTF-8 character may be
+    split between two chunks of the body."""
+    configured = roles.resolve("brain")
+    event = json.dumps({"choices": [{"delta": {"content": "你好"}, "finish_reason": "stop"}]}, ensure_ascii=False).encode()
+    cut = event.index("好".encode()) + 1  # inside the character's three bytes
+    pieces = [b"data: " + event[:cut], event[cut:] + b"\r", b"\rdata: [DONE]\r\r"]  # CR only
+
+    async def scenario() -> str:
+        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await _read_request(reader)
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+            for piece in pieces:
+                writer.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+                await writer.drain()
+            writer.write(b"0\r\n\r\n")
+            await writer.drain()
+            writer.close()
+
+        server, port = await _serve(serve)
+        role = dataclasses.replace(configured, base_url=f"http://127.0.0.1:{port}/v1")
+        try:
+            return (await asyncio.wait_for(complete(MESSAGES, role_settings=role), WAIT)).text
+        finally:
+            server.close()
+
+    assert asyncio.run(scenario()) == "你好"

@@ -292,10 +292,10 @@ class RedisChannelLayer(ChannelsRedisLayer):
             try:
                 popped = await connection.bzmpop(self.brpop_timeout, 1, [channel_key], min=True, count=POP_BATCH)
             except ResponseError as exc:
-                if "unknown command" not in str(exc).lower():
-                    raise
+                if not any(refusal in str(exc).lower() for refusal in ("unknown command", "noperm")):
+                    raise  # a Redis before 7.0 does not know BZMPOP; an ACL may not allow it
                 self._batch_pop = False
-                log_event("channel_batch_pop_unavailable", level=logging.WARNING, detail="Redis before 7.0: one BZPOPMIN per message")
+                log_event("channel_batch_pop_unavailable", level=logging.WARNING, detail=str(exc)[:200])
                 return []
             return [member for member, _score in popped[1]] if popped is not None else []
         popped = await connection.bzpopmin(channel_key, timeout=self.brpop_timeout)
