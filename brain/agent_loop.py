@@ -164,12 +164,13 @@ def turn_context(run: Run, *, tasks_working: bool = True) -> tuple[list[AgentTas
 
 async def main_turn(
     run: Run, messages: list[dict[str, Any]], on_text: Callable[[str], Awaitable[None]], *, run_models: roles.RunRoles | None = None,
-    active: list[AgentTask] | None = None, thinking: bool | None = None,
+    active: list[AgentTask] | None = None, thinking: bool | None = None, usage_for: CallContext | None = None,
 ) -> tuple[str, list[AgentTask]]:
     """One main-agent turn with ``run_models.brain`` (the run's pinned roles; read here when
     not given): returns the reply text and the tasks it delegated, which the caller starts
     once the reply is stored (raises BrainError on failure). ``active`` and ``thinking``:
-    ``turn_context`` when the caller has read it already; read here when not given."""
+    ``turn_context`` when the caller has read it already; read here when not given.
+    ``usage_for``: the call's usage context (``CallContext(run.id)`` when not given)."""
     if run_models is None:
         run_models = await run_roles(run.id)
     if active is None or thinking is None:
@@ -184,7 +185,7 @@ async def main_turn(
 
     trace.mark(run, "brain_request")
     completion = await complete(messages, tools=MAIN_TOOLS, on_text=first_token, thinking=thinking, role_settings=run_models.brain,
-                                usage_for=CallContext(run.id))
+                                usage_for=usage_for or CallContext(run.id))
     not_started: list[str] = []
     delegated = await handle_main_tool_calls(run, completion, not_started)
     text = completion.text.strip()

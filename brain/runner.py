@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -31,7 +31,7 @@ from channels.db import database_sync_to_async
 from django.conf import settings
 from django.db import connection
 
-from brain import agent_loop, call_snapshot, reporting, roles, services, trace, vision
+from brain import agent_loop, call_snapshot, reporting, roles, services, trace, usage, vision
 from brain.agent_loop import DELEGATED_ACK, main_turn
 from brain.client import BrainError
 from brain.dispatch import dispatch_task, keep_claim
@@ -245,33 +245,38 @@ async def execute_run(run_id: Any, *, stages: dict[str, float] | None = None) ->
         check = truth.ReplyCheck(receipts=report.receipts, delivered_fact_ids=report.delivered, facts=report.facts)
     forward = CheckedStream(send, check)
     image = turn.image
-    try:
-        if isinstance(turn.models, YimiError):
-            raise agent_loop.roles_unusable(run.id, turn.models)
-        if image is not None:
-            vision.admit_image_numbers(check, image)
-            raw = await vision.vision_turn(run, messages, forward, image)
+    # The main turn's usage record waits for the store's trip (one trip fewer per run); if
+    # the run ends before it, it is written on the way out.
+    calls = usage.CallContext(run.id, deferred=[])
+    async with _deferred_usage_written(calls):
+        try:
+            if isinstance(turn.models, YimiError):
+                raise agent_loop.roles_unusable(run.id, turn.models)
+            if image is not None:
+                vision.admit_image_numbers(check, image)
+                raw = await vision.vision_turn(run, messages, forward, image)
+            else:
+                raw, delegated = await main_turn(run, messages, forward, run_models=turn.models, active=turn.active,
+                                                 thinking=turn.thinking, usage_for=calls)
+            text = await forward.close(fallback=DELEGATED_ACK if delegated else NOTHING_BACKED) if check else raw
+        except BrainError as exc:
+            state, kind, code = Run.State.FAILED, TimelineEntry.Kind.NOTICE, exc.code
+            text = redact_markers(services.NOTICE_TEXT[exc.code])
+            log_event("run_failed", run_id=str(run.id), error_code=exc.code, detail=exc.detail)
         else:
-            raw, delegated = await main_turn(run, messages, forward, run_models=turn.models, active=turn.active,
-                                             thinking=turn.thinking)
-        text = await forward.close(fallback=DELEGATED_ACK if delegated else NOTHING_BACKED) if check else raw
-    except BrainError as exc:
-        state, kind, code = Run.State.FAILED, TimelineEntry.Kind.NOTICE, exc.code
-        text = redact_markers(services.NOTICE_TEXT[exc.code])
-        log_event("run_failed", run_id=str(run.id), error_code=exc.code, detail=exc.detail)
-    else:
-        state, kind, code = Run.State.SUCCEEDED, TimelineEntry.Kind.REPLY, ""
-    finally:
-        beat.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await beat
-    await chunks.close()  # every chunk is out before the reply is stored and reply.done sent
-    if image is not None:
-        await vision.release(image)  # a guest's image is not kept beyond its request
-    told = list(check.told) if check is not None and kind == TimelineEntry.Kind.REPLY else []
-    entry = await database_sync_to_async(_store_outcome)(
-        run, memory if state == Run.State.SUCCEEDED else None, state=state, text=text, kind=kind, error_code=code, told=told
-    )
+            state, kind, code = Run.State.SUCCEEDED, TimelineEntry.Kind.REPLY, ""
+        finally:
+            beat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await beat
+        await chunks.close()  # every chunk is out before the reply is stored and reply.done sent
+        if image is not None:
+            await vision.release(image)  # a guest's image is not kept beyond its request
+        told = list(check.told) if check is not None and kind == TimelineEntry.Kind.REPLY else []
+        entry = await database_sync_to_async(_store_outcome)(
+            run, memory if state == Run.State.SUCCEEDED else None, state=state, text=text, kind=kind, error_code=code, told=told,
+            calls=calls,
+        )
     if entry is None:
         log_event("run_lost_claim", run_id=str(run.id))
         return "skipped"
@@ -282,19 +287,30 @@ async def execute_run(run_id: Any, *, stages: dict[str, float] | None = None) ->
 
 
 def _store_outcome(
-    run: Run, memory: Any, *, state: str, text: str, kind: str, error_code: str, told: list[Any]
+    run: Run, memory: Any, *, state: str, text: str, kind: str, error_code: str, told: list[Any],
+    calls: usage.CallContext | None = None,
 ) -> TimelineEntry | None:
     """Step 4's database work in one trip to the database thread (each trip costs a thread
-    hop and a pool checkout): the memory hook's ``accept_memory`` when the brain accepted
-    the prompt (``memory``; None after a failure), ``services.finish_run``, and, for a reply
-    that told facts, ``capabilities.services.facts_carried`` (None: the claim was lost,
-    nothing stored)."""
+    hop and a pool checkout): the turn's model usage records (``calls``, deferred), the
+    memory hook's ``accept_memory`` when the brain accepted the prompt (``memory``; None
+    after a failure), ``services.finish_run``, and, for a reply that told facts,
+    ``capabilities.services.facts_carried`` (None: the claim was lost, nothing stored)."""
+    if calls is not None:
+        usage.record_deferred(calls)
     if memory is not None:
         accept_memory(memory)  # memory hook (issue 5): the brain accepted the prompt
     entry = services.finish_run(run, state=state, text=text, kind=kind, error_code=error_code)
     if entry is not None and told:
         capability_services.facts_carried(run.owner_id, entry.id, told)
     return entry
+
+
+@contextlib.asynccontextmanager
+async def _deferred_usage_written(calls: usage.CallContext) -> AsyncIterator[None]:
+    try:
+        yield
+    finally:
+        await usage.record_deferred_safely(calls)  # nothing waits unless the run ended before its store
 
 
 async def _announce(run: Run, entry: TimelineEntry) -> None:

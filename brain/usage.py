@@ -275,6 +275,10 @@ class CallContext:
 
     run_id: Any = None
     agent_task_id: Any = None
+    # Given: the calls' records wait here (their fields) for the caller's next trip to the
+    # database, which writes them (``record_deferred``): the runner's main turn, whose
+    # reply is stored right after its call, so a run takes one database trip fewer.
+    deferred: list[dict[str, Any]] | None = field(default=None, compare=False)
 
 
 def record_call(
@@ -321,12 +325,35 @@ def record_call(
 async def record_call_safely(context: CallContext, *, role: str, **fields: Any) -> ModelUsage | None:
     """``record_call`` from async code; a failure to record is logged, never raised (a
     reply never fails because its usage could not be written). Shielded, so a call
-    cancelled while recording still records."""
+    cancelled while recording still records. With ``context.deferred`` the record waits
+    there instead (stamped now) and None is returned."""
+    if context.deferred is not None:
+        context.deferred.append({"role": role, **fields, "now": fields.get("now") or timezone.now()})
+        return None
     try:
         return await asyncio.shield(database_sync_to_async(record_call)(context, role=role, **fields))
     except Exception as exc:  # noqa: BLE001 - recording must not break the reply
         log_event("model_usage_not_recorded", role=role, run_id=str(context.run_id or ""), error=type(exc).__name__)
         return None
+
+
+def record_deferred(context: CallContext) -> None:
+    """Write the records waiting in ``context.deferred`` (``record_call_safely``) and empty
+    it; a failure to write is logged, never raised, as for a call recorded at once."""
+    waiting = context.deferred or []
+    while waiting:
+        fields = waiting.pop(0)
+        try:
+            record_call(context, **fields)
+        except Exception as exc:  # noqa: BLE001 - recording must not break the reply
+            log_event("model_usage_not_recorded", role=fields.get("role", ""), run_id=str(context.run_id or ""), error=type(exc).__name__)
+
+
+async def record_deferred_safely(context: CallContext) -> None:
+    """``record_deferred`` from async code, shielded: for a caller that ends without the
+    database trip that would have written them (it failed, or was cancelled)."""
+    if context.deferred:
+        await asyncio.shield(database_sync_to_async(record_deferred)(context))
 
 
 # --- the console: usage by role and by day ----------------------------------------------------

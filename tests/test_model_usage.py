@@ -20,7 +20,7 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from brain import agents, roles, usage
+from brain import agents, roles, runner, usage
 from brain.agent_loop import execute_agent_task
 from brain.client import BrainError, complete
 from brain.fake_server import FakeBrainServer, Script
@@ -156,6 +156,46 @@ async def test_a_failed_call_is_recorded_with_its_error_code(make_device: Any, b
     assert unreachable.outcome == "brain_unreachable" and unreachable.run_id is None
     for row in (failed, unreachable):
         assert row.tokens_source == "unknown" and row.input_tokens is None and row.cost is None
+
+
+async def test_a_runs_main_call_is_recorded_in_the_stores_trip_and_on_the_way_out_of_a_crash(
+    make_device: Any, brain: Any, monkeypatch: Any
+) -> None:
+    """The main turn's usage record waits for the reply's store (one database trip for
+    both); a run that breaks between its call and its store still writes it as it ends."""
+    script(brain, reply="Noted.")
+    sim = await db_async(make_device)()
+    trips: list[str] = []
+    real_record_call = usage.record_call
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        trips.append("record_call")
+        return real_record_call(*args, **kwargs)
+
+    monkeypatch.setattr(usage, "record_call", counted)
+    real_store = runner._store_outcome
+
+    def store(*args: Any, **kwargs: Any) -> Any:
+        trips.append("store")
+        return real_store(*args, **kwargs)
+
+    monkeypatch.setattr(runner, "_store_outcome", store)
+    accepted = await db_async(accept_utterance)(sim.device, new_client_id(), "hello")
+    assert await execute_run(accepted.run_id) == "succeeded"
+    assert trips == ["store", "record_call"]  # written inside the store's trip
+    [row] = await db_async(rows)()
+    assert (row.run_id, row.outcome, row.role) == (accepted.run_id, "ok", "brain")
+
+    async def broken_close(self: Any) -> None:
+        raise RuntimeError("Redis went away mid-reply")
+
+    monkeypatch.setattr(runner.push.ReplyChunks, "close", broken_close)
+    trips.clear()
+    second = await db_async(accept_utterance)(sim.device, new_client_id(), "hello again")
+    with pytest.raises(RuntimeError):
+        await execute_run(second.run_id)
+    assert trips == ["record_call"]  # no store: written on the way out
+    assert [r.run_id for r in await db_async(rows)()] == [accepted.run_id, second.run_id]
 
 
 async def test_a_usage_record_that_cannot_be_written_does_not_break_the_reply(brain: Any) -> None:
