@@ -95,13 +95,13 @@ def insert_with(obj: Model, field: str, with_sql: str, with_params: list[Any]) -
     connection = _connection()
     if connection.vendor != "postgresql" or not _plain_insert(model, connection):
         return False
-    sql, fields, returned = _insert_with_statement(model, field)
-    values = [f.get_db_prep_save(f.pre_save(obj, True), connection) for f in fields if f.name != field]
+    sql, fields, computed, returned = _insert_with_statement(model, field)
+    values = [f.get_db_prep_save(f.pre_save(obj, True), connection) for f in fields if f is not computed]
     with connection.cursor() as cursor:
         cursor.execute(f"WITH computed AS ({with_sql}) {sql}", [*with_params, *values])
         row = cursor.fetchone()
     assert row is not None
-    setattr(obj, model._meta.get_field(field).attname, row[0])
+    setattr(obj, computed.attname, row[0])
     if returned is not None:
         setattr(obj, returned.attname, row[1])
     obj._state.adding = False
@@ -110,14 +110,16 @@ def insert_with(obj: Model, field: str, with_sql: str, with_params: list[Any]) -
 
 
 @cache
-def _insert_with_statement(model: type[Model], field: str) -> tuple[str, tuple[Field[Any, Any], ...], Field[Any, Any] | None]:
+def _insert_with_statement(
+    model: type[Model], field: str
+) -> tuple[str, tuple[Field[Any, Any], ...], Field[Any, Any], Field[Any, Any] | None]:
     _, fields, returned = _insert_statement(model, "postgresql")
-    computed = model._meta.get_field(field)
+    computed = next(f for f in fields if f.name == field)  # a concrete column the INSERT writes
     quote = _connection().ops.quote_name
     values = ", ".join("computed.value" if f is computed else "%s" for f in fields)
     back = quote(str(computed.column)) + (f", {quote(str(returned.column))}" if returned is not None else "")
     sql = f"INSERT INTO {quote(model._meta.db_table)} ({columns(fields)}) SELECT {values} FROM computed RETURNING {back}"
-    return sql, fields, returned
+    return sql, fields, computed, returned
 
 
 @cache
