@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import random
+import re
 import socket
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +24,8 @@ from capabilities.truth import (
     activity_card,
     check_reply,
     chinese_to_arabic,
+    claims,
+    numerals,
     render_diff,
     render_facts,
     split_sentences,
@@ -453,3 +458,31 @@ def test_facts_after_a_draft_ending_in_a_colon_follow_it_without_a_full_stop() -
     assert check("这是写下的：", [r], facts=facts).text == "这是写下的：" + "".join(f.text for f in facts)
     assert check("Here is what the file says:", [r], facts=facts, lang="en").text.startswith("Here is what the file says: 「写文件」")
     assert check("写好了", [r], facts=facts).text.startswith("写好了。已写入 notes.md")  # other ends still get one
+
+
+def test_the_quick_paths_answer_as_the_full_scans_do() -> None:
+    """A sentence without any status phrase skips the six patterns; a text without a
+    Chinese numeral skips the numeral scan. On sentences built to sit near both edges
+    (phrases in any case, inside longer words, long s, Chinese numerals and idioms) each
+    answers exactly as its full scan."""
+    rng = random.Random(14)
+    phrases = [p for _, words in claims.STATUS_WORDS for p in words]
+    filler = ["the", "order", "condone", "presented", "failure", "ok", "ſent", "It", "was", "3", "20%", "4500 万",
+              "一下", "十二", "两三个", "零下五度", "百分之五十", "then", ",", ".", "SENT", "Done!", "un-done",
+              "“quoted”", "已经", "完", "记", "KELVIN", "İstanbul", "成"]
+    sentences = [
+        " ".join(rng.choice(phrases + filler) if rng.random() < 0.3 else rng.choice(filler) for _ in range(rng.randint(1, 9)))
+        for _ in range(3000)
+    ]
+    sentences += ["Message sent.", "It is DONE", "I could not do it", "presented", "ſent it", "noted, thanks"]
+    for sentence in sentences:
+        s = sentence.strip()
+        if not (s.endswith(("?", "？")) or s.endswith("吗")):
+            assert claims.status_claims(sentence) == claims._scan_status(s), sentence
+        text = sentence.translate(numerals._FULLWIDTH)
+        assert numerals._convert(sentence) == numerals._scan(text), sentence
+    assert claims.status_claims("Message sent.") == {"done"} and claims.status_claims("presented") == set()
+    assert claims.status_claims("Message ſent.") == {"done"}  # long s: IGNORECASE reads "sent"
+    # The letters IGNORECASE folds into ASCII ones, all of them (the quick path's exceptions).
+    ascii_letter = re.compile("[a-z]", re.IGNORECASE)
+    assert {chr(c) for c in range(0x80, sys.maxunicode + 1) if ascii_letter.fullmatch(chr(c))} == claims.FOLDS_INTO_ASCII

@@ -72,12 +72,29 @@ RETRY_PATTERNS = (r"再[\u4e00-\u9fff]{1,2}一[次遍]", r"重新(?:发|做|执�
 _RETRY_RE = re.compile(_phrase_re(RETRY_WORDS).pattern + "|" + "|".join(RETRY_PATTERNS), re.IGNORECASE)
 
 
+# A sentence that contains no status phrase makes no claim, and the six patterns need not
+# run (most sentences of a reply): a substring test of every phrase on the lowered sentence
+# comes first. IGNORECASE also folds these non-ASCII letters into ASCII ones, which lower()
+# does not do the same way; a sentence with one of them takes the patterns always
+# (tests/test_truth.py checks that the list is whole).
+FOLDS_INTO_ASCII = frozenset("\u0130\u0131\u017f\u212a")  # İ ı ſ K (Kelvin)
+_PHRASES = tuple(p.lower() for _, words in STATUS_WORDS for p in words)
+
+
 def status_claims(sentence: str) -> set[str]:
     """The status claims a sentence makes (partial/working/failed/cancelled/noted/done).
     A question makes no claim."""
     s = sentence.strip()
     if s.endswith(("?", "？")) or re.search(r"吗\W*$", s):
         return set()
+    if FOLDS_INTO_ASCII.isdisjoint(s):
+        low = s.lower()
+        if not any(phrase in low for phrase in _PHRASES):
+            return set()
+    return _scan_status(s)
+
+
+def _scan_status(s: str) -> set[str]:
     claims: set[str] = set()
     work = s
     for claim, rx in _STATUS_RES:

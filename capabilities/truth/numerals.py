@@ -73,6 +73,12 @@ def _convert(text: str) -> tuple[str, set[int]]:
     """Chinese numerals → Arabic digits; also returns the output offsets of every "1" that
     came from a lone 一 (an article-like "one", e.g. 一个, 一次)."""
     text = text.translate(_FULLWIDTH)
+    if _CN_NUMERAL.isdisjoint(text):
+        return text, set()  # no Chinese numeral: nothing below would change a character
+    return _scan(text)
+
+
+def _scan(text: str) -> tuple[str, set[int]]:
     out: list[str] = []
     bare: set[int] = set()
     length = 0
