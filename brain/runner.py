@@ -280,7 +280,7 @@ async def execute_run(run_id: Any, *, stages: dict[str, float] | None = None) ->
     if entry is None:
         log_event("run_lost_claim", run_id=str(run.id))
         return "skipped"
-    await _announce(run, entry)
+    await _announce(run, entry, told=bool(told))
     for task in delegated:  # after the reply is stored, so the report comes after it
         await dispatch_task(task.id)
     return state
@@ -313,10 +313,13 @@ async def _deferred_usage_written(calls: usage.CallContext) -> AsyncIterator[Non
         await usage.record_deferred_safely(calls)  # nothing waits unless the run ended before its store
 
 
-async def _announce(run: Run, entry: TimelineEntry) -> None:
-    """Deliver the outcome to the origin device and tell the other devices to sync."""
+async def _announce(run: Run, entry: TimelineEntry, *, told: bool = True) -> None:
+    """Deliver the outcome to the origin device and tell the other devices to sync.
+    ``told``: the reply carried facts (``facts_carried``); without, the ACK has no ledger
+    to close (``ledgers``, read by the consumer, not sent)."""
     if entry.kind == TimelineEntry.Kind.REPLY:
-        frame = {"type": "reply.done", "run_id": str(run.id), "reply_to_seq": run.inbound.seq, "seq": entry.seq, "text": entry.text}
+        frame = {"type": "reply.done", "run_id": str(run.id), "reply_to_seq": run.inbound.seq, "seq": entry.seq, "text": entry.text,
+                 "ledgers": told}
     else:
         frame = {
             "type": "notice",

@@ -119,7 +119,8 @@ class DeviceConsumer(AsyncWebsocketConsumer):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         # reply.done frames sent and not yet ACKed: seq -> (run id, when sent), for the trace.
-        self._done_sent: dict[int, tuple[str, float]] = {}
+        # With whether an ACK of it has ledgers to close (``record_delivery``'s ``ledgers``).
+        self._done_sent: dict[int, tuple[str, float, bool]] = {}
 
     # --- connection lifecycle -----------------------------------------------------------
 
@@ -344,7 +345,7 @@ class DeviceConsumer(AsyncWebsocketConsumer):
         def ack() -> Device:
             """One trip to this socket's database thread: the device re-check, then the ACK."""
             device = device_services.active_device(device_id)
-            device_services.record_delivery(device, seq, frame.get("status"))
+            device_services.record_delivery(device, seq, frame.get("status"), ledgers=sent[2] if sent is not None else True)
             if sent is not None:
                 add_trace_stages(sent[0], {"done_sent": sent[1], "ack": acked_at})
             return device
@@ -595,10 +596,12 @@ class DeviceConsumer(AsyncWebsocketConsumer):
         await self._send(dict(event))
 
     async def reply_done(self, event: dict[str, Any]) -> None:
-        await self._send(dict(event))
+        frame = dict(event)
+        ledgers = frame.pop("ledgers", True) is not False  # the sender's word, not the device's
+        await self._send(frame)
         # The trace's done_sent, kept until the device ACKs (written with the ack; brain.trace).
         if isinstance(event.get("seq"), int) and event.get("run_id"):
-            self._done_sent[event["seq"]] = (event["run_id"], now_ms())
+            self._done_sent[event["seq"]] = (event["run_id"], now_ms(), ledgers)
             while len(self._done_sent) > DONE_SENT_KEPT:
                 self._done_sent.pop(next(iter(self._done_sent)))
 

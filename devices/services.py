@@ -372,8 +372,11 @@ def owner_devices_preferring(owner_id: int, kinds: tuple[str, ...]) -> list[Any]
 SEQ_MIN, SEQ_MAX = -(2**63), 2**63 - 1  # a timeline seq is a 64-bit integer column
 
 
-def record_delivery(device: Device, seq: Any, status: Any) -> Delivery:
-    """Record a device's ACK for the timeline entry ``seq``. Idempotent per status."""
+def record_delivery(device: Device, seq: Any, status: Any, *, ledgers: bool = True) -> Delivery:
+    """Record a device's ACK for the timeline entry ``seq``. Idempotent per status.
+    ``ledgers=False``: whoever sent the entry's ``reply.done`` said no ledger holds anything
+    for it (no told facts: ``brain.runner``), so the told-fact and watch-notice UPDATEs, which
+    would match no row, are not sent."""
     if status not in Delivery.Status.values:
         raise YimiError("invalid_frame", "status must be rendered (text) or played (speech)")
     if isinstance(seq, bool) or not isinstance(seq, int):
@@ -381,8 +384,9 @@ def record_delivery(device: Device, seq: Any, status: Any) -> Delivery:
     if not device.is_guest and SEQ_MIN <= seq <= SEQ_MAX:  # outside: no entry has it (SQLite's driver refuses it)
         recorded = _record_first_delivery(device, seq, status)
         if recorded is not None:  # the usual ACK: the first of this status for an entry that exists
-            acknowledge_entry(recorded.entry_id)
-            acknowledge_watch_notice(recorded.entry_id)
+            if ledgers:
+                acknowledge_entry(recorded.entry_id)
+                acknowledge_watch_notice(recorded.entry_id)
             return recorded
     # A guest ACKs only what it may see (its own exchange): it never marks the owner's facts
     # as told, and the answer does not say whether the owner's entry exists.

@@ -61,6 +61,20 @@ def test_an_owner_devices_ack_stays_within_the_query_budget_and_closes_the_told_
     assert told.acknowledged_at is not None
 
 
+def test_an_ack_of_a_reply_that_carried_no_facts_sends_no_ledger_update(make_device: Any) -> None:
+    """The runner said (``reply.done``'s ``ledgers``) that the reply carried no facts: the ACK
+    is the re-check and the delivery, without the two UPDATEs that would match no row."""
+    device = make_device().device
+    ack(device.id, said(device, "warm").seq)  # first use: prepared statements
+    entry = said(device)
+    with CaptureQueriesContext(connection) as queries:
+        delivery = record_delivery(active_device(device.id), entry.seq, "rendered", ledgers=False)
+    issued = [q["sql"] for q in queries.captured_queries]
+    assert len(issued) == ACK_QUERIES - 2, "\n".join(issued)
+    assert not any("told" in sql or "watchnotice" in sql for sql in issued), issued
+    assert Delivery.objects.get(id=delivery.id).entry_id == entry.id
+
+
 def test_a_repeated_ack_returns_the_delivery_recorded_first(make_device: Any) -> None:
     device = make_device().device
     entry = said(device)

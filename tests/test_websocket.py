@@ -18,7 +18,9 @@ from devices.models import Delivery, Device
 from devices.services import revoke_device
 from devices.signatures import auth_message, challenge_message, verify
 from memory.models import TimelineEntry
+from memory.services import append_entry
 from tests.conftest import SOCKET_TIMEOUT, SimDevice, db_async, new_client_id, new_keypair, open_socket, receive_until, script
+from yimi_project import push
 
 pytestmark = pytest.mark.django_db(transaction=True)
 SOCKETS = ["/ws/device/", "/ws/voice/"]
@@ -245,7 +247,7 @@ async def test_an_unexpected_error_answers_internal_error_logs_it_and_the_socket
 ) -> None:
     sim = await db_async(make_device)()
 
-    def broken(*args: Any) -> None:
+    def broken(*args: Any, **kwargs: Any) -> None:
         raise RuntimeError("trace text /srv/secret-path")  # a bug, anywhere under a handler
 
     monkeypatch.setattr(device_services, "record_delivery", broken)
@@ -356,6 +358,7 @@ async def test_timeline_new_goes_to_the_devices_that_do_not_know_the_seq_yet(mak
 
     await phone_ws.send_json_to({"type": "text", "id": "p1", "text": "hello"})
     spoken = await frames_until(phone_ws, "reply.done")
+    assert set(spoken[-1]) == {"type", "run_id", "reply_to_seq", "seq", "text"}  # what protocol.md lists, nothing internal
     await mac_ws.send_json_to({"type": "text", "id": "m1", "text": "hello from the mac"})
     heard = await frames_until(mac_ws, "reply.done")
     # The mac's exchange came after the phone's whole reply: every hint for seq 1 and 2 was
@@ -369,6 +372,36 @@ async def test_timeline_new_goes_to_the_devices_that_do_not_know_the_seq_yet(mak
     assert hints and min(hints) >= 3  # none for the phone's own seq 1 and 2
     await phone_ws.disconnect()
     await mac_ws.disconnect()
+
+
+async def test_the_ack_of_a_reply_that_told_no_facts_closes_no_ledger(make_device: Any, brain: Any, monkeypatch: Any) -> None:
+    """The runner's reply.done says whether the reply carried facts; the socket passes that
+    to the ACK (``record_delivery``'s ``ledgers``). A reply.done that does not say (any other
+    sender) closes the ledgers as before."""
+    script(brain, reply="Noted.")
+    seen: list[bool] = []
+    real = device_services.record_delivery
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        seen.append(kwargs.get("ledgers", True))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(device_services, "record_delivery", recording)
+    phone = await db_async(make_device)("phone")
+    phone_ws, _ = await open_socket(phone)
+    await phone_ws.send_json_to({"type": "text", "id": "p1", "text": "hello"})
+    done = await receive_until(phone_ws, "reply.done")
+    await phone_ws.send_json_to({"type": "ack", "seq": done["seq"], "status": "rendered"})
+    await phone_ws.send_json_to({"type": "ping", "id": "a"})
+    await receive_until(phone_ws, "pong")
+    other = await db_async(lambda: append_entry(owner_id=phone.device.owner_id, kind="reply", text="a report", scope="owner"))()
+    await push.to_device(phone.device.id, {"type": "reply.done", "run_id": done["run_id"], "reply_to_seq": 1, "seq": other.seq, "text": "a report"})
+    await receive_until(phone_ws, "reply.done")
+    await phone_ws.send_json_to({"type": "ack", "seq": other.seq, "status": "rendered"})
+    await phone_ws.send_json_to({"type": "ping", "id": "b"})
+    await receive_until(phone_ws, "pong")
+    assert seen == [False, True]
+    await phone_ws.disconnect()
 
 
 async def test_resending_the_same_frame_id_stores_nothing_new(make_device: Any, brain: Any) -> None:
