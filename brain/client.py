@@ -166,7 +166,8 @@ async def _client() -> AsyncIterator[httpx.AsyncClient]:
 async def _post(
     url: str, body: dict[str, Any], headers: dict[str, str], timeout: http11.Timeouts, on_text: Callable[[str], Awaitable[None]] | None
 ) -> Completion:
-    if http11.proxied(url):
+    pool = http11.pool_of(asyncio.get_running_loop())
+    if pool.proxy_applies(url) if pool is not None else http11.proxied(url):
         return await _post_via_proxy(url, body, headers, timeout, on_text)
     content = json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
     try:

@@ -194,7 +194,17 @@ class Pool:
 
     def __init__(self, clock: Callable[[], float] | None = None) -> None:
         self._idle: dict[Origin, list[_Connection]] = {}
+        self._proxied: dict[str, bool] = {}
         self.clock = clock or (lambda: asyncio.get_running_loop().time())
+
+    def proxy_applies(self, url: str) -> bool:
+        """``proxied(url)``, read once per URL for this loop, as httpx read the environment
+        once when its kept client was made (reading it costs ~60 µs: every variable of the
+        environment, on every call)."""
+        applies = self._proxied.get(url)
+        if applies is None:
+            applies = self._proxied[url] = proxied(url)
+        return applies
 
     def take(self, origin: Origin) -> _Connection | None:
         """The most recently used idle connection to ``origin`` that is still open and

@@ -70,6 +70,7 @@ def test_a_kept_loop_reuses_one_open_client(brain: Any) -> None:
         # the connection is ready for the next call (the fake keeps it open, as providers do).
         assert brain.connections - connections_before == 1
         assert loop not in brain_client._clients  # httpx only for a proxied endpoint
+        assert pool._proxied == {role.base_url.rstrip("/") + "/chat/completions": False}  # the environment read once
     finally:
         loop.call_soon_threadsafe(pool.close)
         loop.call_soon_threadsafe(loop.stop)
@@ -95,8 +96,7 @@ def test_a_body_that_does_not_end_after_done_still_completes_the_call(brain: Any
             await asyncio.get_running_loop().run_in_executor(None, released.wait, WAIT)  # the body never ends
             writer.close()
 
-        server = await asyncio.start_server(serve, "127.0.0.1", 0)
-        port = server.sockets[0].getsockname()[1]
+        server, port = await _serve(serve)
         role = dataclasses.replace(configured, base_url=f"http://127.0.0.1:{port}/v1")
         try:
             return (await asyncio.wait_for(complete(MESSAGES, role_settings=role), WAIT)).text
@@ -107,8 +107,8 @@ def test_a_body_that_does_not_end_after_done_still_completes_the_call(brain: Any
     assert asyncio.run(scenario()) == "held"
 
 
-async def _serve(handler: Any) -> tuple[asyncio.Server, int]:
-    server = await asyncio.start_server(handler, "127.0.0.1", 0)
+async def _serve(handler: Any, tls: ssl.SSLContext | None = None) -> tuple[asyncio.Server, int]:
+    server = await asyncio.start_server(handler, "127.0.0.1", 0, ssl=tls)
     return server, server.sockets[0].getsockname()[1]
 
 
@@ -122,13 +122,6 @@ async def _read_request(reader: asyncio.StreamReader) -> bytes:
     head = await reader.readuntil(b"\r\n\r\n")
     length = int(next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")))
     return head + await reader.readexactly(length)
-
-
-async def _until(condition: Any) -> None:
-    """Wait (WAIT at most, never a timing assertion) until ``condition()`` holds."""
-    async with asyncio.timeout(WAIT):
-        while not condition():
-            await asyncio.sleep(0.01)
 
 
 def test_a_kept_connection_the_server_closed_while_idle_is_replaced(db: Any) -> None:
@@ -152,7 +145,7 @@ def test_a_kept_connection_the_server_closed_while_idle_is_replaced(db: Any) -> 
         try:
             texts = [(await asyncio.wait_for(complete(MESSAGES, role_settings=role), WAIT)).text]
             kept = pool._idle[http11.Origin("http", "127.0.0.1", port)][0]
-            await _until(kept.reader.at_eof)  # the client has seen the close
+            assert await asyncio.wait_for(kept.reader.read(1), WAIT) == b""  # the client has seen the close
             texts.append((await asyncio.wait_for(complete(MESSAGES, role_settings=role), WAIT)).text)
             return texts
         finally:
@@ -278,8 +271,7 @@ def test_an_https_endpoint_is_called_over_tls_with_the_trust_store(db: Any, tmp_
                 await writer.drain()
                 writer.close()
 
-        server = await asyncio.start_server(serve, "127.0.0.1", 0, ssl=server_context)
-        port = server.sockets[0].getsockname()[1]
+        server, port = await _serve(serve, server_context)
         role = dataclasses.replace(configured, base_url=f"https://localhost:{port}/v1")
         try:
             return (await asyncio.wait_for(complete(MESSAGES, role_settings=role), WAIT)).text
