@@ -73,15 +73,19 @@ def ensure_owner(username: str = "owner", password: str | None = None) -> OwnerC
 
 
 def admit_text(device) -> AdmissionRecord:  # type: ignore[no-untyped-def]
-    """Admission of typed text: a paired owner device (``is_owner_device``: not a guest
-    device, and paired to the owner's account) runs in scope ``owner``; a guest device, or
-    a device of any other account, runs in scope ``guest``."""
-    scope, reason = device_scope_limit(device) or (Scope.OWNER, "paired_owner_device")
-    record = AdmissionRecord(
-        owner_id=device.owner_id, device=device, channel=AdmissionRecord.Channel.TEXT, scope=scope, reason=reason
-    )
-    statements.insert(record)  # on every typed utterance's way: SQL built once
+    """Admission of typed text, stored (``text_admission``)."""
+    record = text_admission(device)
+    statements.insert(record)  # SQL built once
     return record
+
+
+def text_admission(device) -> AdmissionRecord:  # type: ignore[no-untyped-def]
+    """Admission of typed text, not yet stored (an utterance stores it with its entry and
+    run, ``brain.services.accept_utterance``): a paired owner device (``is_owner_device``:
+    not a guest device, and paired to the owner's account) runs in scope ``owner``; a guest
+    device, or a device of any other account, runs in scope ``guest``."""
+    scope, reason = device_scope_limit(device) or (Scope.OWNER, "paired_owner_device")
+    return AdmissionRecord(owner_id=device.owner_id, device=device, channel=AdmissionRecord.Channel.TEXT, scope=scope, reason=reason)
 
 
 def admit_scheduled(device) -> AdmissionRecord:  # type: ignore[no-untyped-def]
@@ -96,8 +100,15 @@ def admit_scheduled(device) -> AdmissionRecord:  # type: ignore[no-untyped-def]
 
 
 def admit_voice(device, *, scope: str, reason: str) -> AdmissionRecord:  # type: ignore[no-untyped-def]
-    """Admission for a spoken request: the scope was decided from the voice itself
-    (``accounts.voice.decide_speaker``: voiceprint, trust window or call anchor), not
+    """Admission for a spoken request, stored (``voice_admission``)."""
+    record = voice_admission(device, scope=scope, reason=reason)
+    record.save(force_insert=True)
+    return record
+
+
+def voice_admission(device, *, scope: str, reason: str) -> AdmissionRecord:  # type: ignore[no-untyped-def]
+    """Admission for a spoken request, not yet stored: the scope was decided from the voice
+    itself (``accounts.voice.decide_speaker``: voiceprint, trust window or call anchor), not
     from the device. A guest device, or a device not paired to the owner's account, can
     never be admitted above ``guest``."""
     if scope not in (Scope.OWNER, Scope.OWNER_UNCERTAIN, Scope.GUEST):
@@ -105,6 +116,6 @@ def admit_voice(device, *, scope: str, reason: str) -> AdmissionRecord:  # type:
     limit = device_scope_limit(device)
     if limit is not None:
         scope, reason = limit
-    return AdmissionRecord.objects.create(
+    return AdmissionRecord(
         owner_id=device.owner_id, device=device, channel=AdmissionRecord.Channel.VOICE, scope=scope, reason=reason[:64]
     )

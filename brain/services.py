@@ -6,6 +6,7 @@ the row in another state did not happen, and the caller backs off.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import uuid
 from collections.abc import Collection
@@ -19,8 +20,8 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from accounts.models import VoiceCall
-from accounts.services import admit_scheduled, admit_text, admit_voice
+from accounts.models import AdmissionRecord, VoiceCall
+from accounts.services import admit_scheduled, text_admission, voice_admission
 from brain.agents import ACTIVE, run_has_active_agents
 from brain.models import AgentTask, Run
 from brain.trace import now_ms
@@ -63,44 +64,53 @@ def accept_utterance(
     turn decides it from the words, ``brain.prompts.decide_thinking``). ``received_ms`` is
     when the frame reached the consumer: the run's trace (``brain.trace``) starts with it.
     """
-    return _accept(device, client_id, text, lambda: admit_text(device), thinking, received_ms)
+    return _accept(device, client_id, text, text_admission(device), thinking, received_ms)
 
 
 def accept_voice_utterance(
     device: Device, client_id: str, text: str, *, scope: str, reason: str, thinking: bool | None = None
 ) -> AcceptedUtterance:
     """The same for a spoken request, except step 2: the scope was decided from the audio
-    (``accounts.voice.decide_speaker``) and is admitted by ``accounts.services.admit_voice``.
+    (``accounts.voice.decide_speaker``) and is admitted by ``accounts.services.voice_admission``.
     ``client_id`` is the utterance's id, so a resent transcript stores nothing new."""
-    return _accept(device, client_id, text, lambda: admit_voice(device, scope=scope, reason=reason), thinking)
+    return _accept(device, client_id, text, voice_admission(device, scope=scope, reason=reason), thinking)
 
 
 def _accept(
-    device: Device, client_id: str, text: str, admit: Any, thinking: bool | None = None, received_ms: float | None = None
+    device: Device, client_id: str, text: str, admission: AdmissionRecord, thinking: bool | None = None,
+    received_ms: float | None = None,
 ) -> AcceptedUtterance:
-    """Step 1 is the unique (device, client id) constraint itself, not a lookup first: a
-    resend (rare: a reconnect) fails the entry's INSERT, the transaction rolls back whole
-    (admission and sequence number too, no gap) and the stored entry is read then. The
-    usual utterance thus costs BEGIN, the admission, the sequence number, the entry, the
-    run and COMMIT, and nothing else (tests/test_admission_queries.py)."""
+    """Store ``admission``, the entry with the owner's next sequence number and the run, all
+    or nothing. On PostgreSQL that is one statement (``statements.insert_parts``: the
+    admission, the counter's upsert, the entry and the run as data-modifying WITH queries,
+    atomic without BEGIN and COMMIT; inside a caller's transaction, under a savepoint);
+    elsewhere the same rows one statement each, in a transaction. They were six round trips.
+
+    Step 1 is the unique (device, client id) constraint itself, not a lookup first: a
+    resend (rare: a reconnect) fails the entry's INSERT, the whole statement or transaction
+    rolls back (admission and sequence number too, no gap) and the stored entry is read
+    then (tests/test_admission_queries.py)."""
+    entry = TimelineEntry(
+        owner_id=device.owner_id, seq=0, kind=TimelineEntry.Kind.UTTERANCE, text=text, device_id=device.id, client_id=client_id,
+        scope=admission.scope,
+    )
+    trace = {"received": received_ms} if received_ms is not None else {}
+    trace["admitted"] = now_ms()
+    run = Run(
+        owner_id=device.owner_id, admission=admission, inbound=entry, origin_device=device, scope=admission.scope,
+        thinking=thinking, trace=trace,
+    )
+    parts = [statements.Part(admission), statements.Part(entry, computed="seq"), statements.Part(run, takes=(("inbound", 1),))]
+    alone = connection.get_autocommit() and not connection.in_atomic_block  # one statement needs no transaction
     try:
-        with transaction.atomic():
-            admission = admit()
-            entry = timeline.append_entry(
-                owner_id=device.owner_id,
-                kind=TimelineEntry.Kind.UTTERANCE,
-                text=text,
-                device_id=device.id,
-                client_id=client_id,
-                scope=admission.scope,
-            )
-            trace = {"received": received_ms} if received_ms is not None else {}
-            trace["admitted"] = now_ms()
-            run = Run(
-                owner_id=device.owner_id, admission=admission, inbound=entry, origin_device=device, scope=admission.scope,
-                thinking=thinking, trace=trace,
-            )
-            statements.insert(run)
+        with contextlib.nullcontext() if alone else transaction.atomic():
+            if not statements.insert_parts(parts, *timeline.seq_upsert(device.owner_id)):
+                with transaction.atomic(savepoint=False):  # a transaction of its own, if it has none yet
+                    statements.insert(admission)
+                    entry.seq = timeline.next_seq(device.owner_id)
+                    statements.insert(entry)
+                    run.inbound = entry
+                    statements.insert(run)
     except IntegrityError:
         # A resend of a stored frame, or the same frame racing itself (two sockets of one
         # device) and the other one won.
@@ -384,10 +394,17 @@ def add_trace_stages(run_id: Any, stages: dict[str, float]) -> int:
     of runs updated (0: no such run)."""
     if not stages:
         return 0
-    key = Run._meta.get_field("id").get_db_prep_value(uuid.UUID(str(run_id)), connection)
-    with connection.cursor() as cursor:  # on every reply's ACK: its SQL built once
-        cursor.execute(_add_trace_sql(connection.vendor), [json.dumps(stages), key])
+    with connection.cursor() as cursor:
+        cursor.execute(*trace_stages_update(run_id, stages))
         return int(cursor.rowcount)
+
+
+def trace_stages_update(run_id: Any, stages: dict[str, float]) -> tuple[str, list[Any]]:
+    """``add_trace_stages``'s UPDATE and its parameters, for a caller that runs it inside a
+    statement of its own (the ACK: ``devices.services.acknowledge``'s rider). Its text ends
+    with its WHERE clause, so a condition may be appended. On every reply's ACK: built once."""
+    key = Run._meta.get_field("id").get_db_prep_value(uuid.UUID(str(run_id)), connection)
+    return _add_trace_sql(connection.vendor), [json.dumps(stages), key]
 
 
 @cache

@@ -18,7 +18,7 @@ Writing it must not slow the path it measures: the stages up to ``stored`` are k
 memory (the receive time travels with the frame into admission, ``queued`` travels with
 the task message) and written with the run's INSERT and the UPDATE that closes the run;
 ``done_sent`` and ``ack`` are written together, by one UPDATE, when the device ACKs
-(``brain.services.add_trace_stages``). This module needs no database (the benchmark
+(``brain.services.trace_stages_update``, inside the ACK's statement). This module needs no database (the benchmark
 reads its ``STAGES`` and ``stage_durations``). A
 stage that never happened (a delegation-only reply has no first token; a device that
 never ACKs) is absent, and shown as missing, never as zero.

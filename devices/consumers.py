@@ -31,7 +31,7 @@ from accounts.models import Scope
 from accounts.services import device_scope_limit, is_owner_device
 from brain import catalog, geofences, model_settings, role_drafts
 from brain.dispatch import dispatch_card_execution, dispatch_payment, dispatch_run, ensure_embedded_sweeper, publish_run
-from brain.services import accept_utterance, add_trace_stages
+from brain.services import accept_utterance, trace_stages_update
 from brain.trace import now_ms
 from consent import services as consent
 from devices import hud, mac_relay
@@ -119,7 +119,7 @@ class DeviceConsumer(AsyncWebsocketConsumer):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         # reply.done frames sent and not yet ACKed: seq -> (run id, when sent), for the trace.
-        # With whether an ACK of it has ledgers to close (``record_delivery``'s ``ledgers``).
+        # With whether an ACK of it has ledgers to close (``acknowledge``'s ``ledgers``).
         self._done_sent: dict[int, tuple[str, float, bool]] = {}
 
     # --- connection lifecycle -----------------------------------------------------------
@@ -343,12 +343,12 @@ class DeviceConsumer(AsyncWebsocketConsumer):
         sent = self._done_sent.get(seq) if isinstance(seq, int) and not isinstance(seq, bool) else None
 
         def ack() -> Device:
-            """One trip to this socket's database thread: the device re-check, then the ACK."""
-            device = device_services.active_device(device_id)
-            device_services.record_delivery(device, seq, frame.get("status"), ledgers=sent[2] if sent is not None else True)
-            if sent is not None:
-                add_trace_stages(sent[0], {"done_sent": sent[1], "ack": acked_at})
-            return device
+            """One trip to this socket's database thread: the device re-check, the ACK and the
+            trace's stamp (on PostgreSQL one statement: ``acknowledge``)."""
+            rider = trace_stages_update(sent[0], {"done_sent": sent[1], "ack": acked_at}) if sent is not None else None
+            return device_services.acknowledge(
+                device_id, seq, frame.get("status"), ledgers=sent[2] if sent is not None else True, rider=rider
+            )
 
         self.device = await database_sync_to_async(ack)()
         if sent is not None:

@@ -299,12 +299,17 @@ def active_device(device_id: Any) -> Device:
     built once (``_active_device_sql``), not by the ORM each time."""
     sql, fields = _active_device_sql(connection.vendor)
     key = Device._meta.get_field("id").get_db_prep_value(uuid_or_nil(device_id), connection)
-    rows = statements.fetch(sql, [key], fields)
+    return _device_of(statements.fetch(sql, [key], fields), fields)
+
+
+def _device_of(rows: list[list[Any]], fields: tuple[Any, ...]) -> Device:
+    """The device (its owner's account cached on it) from the first row of a statement that
+    starts with ``_active_device_sql``'s columns; raises as ``active_device`` does."""
     if not rows:
         raise YimiError("not_authenticated", "unknown device")
-    n = len(Device._meta.concrete_fields)
+    n, m = len(Device._meta.concrete_fields), len(Device._meta.concrete_fields) + len(User._meta.concrete_fields)
     device = statements.instance(Device, fields[:n], rows[0][:n])
-    Device._meta.get_field("owner").set_cached_value(device, statements.instance(User, fields[n:], rows[0][n:]))  # type: ignore[union-attr]
+    Device._meta.get_field("owner").set_cached_value(device, statements.instance(User, fields[n:m], rows[0][n:m]))  # type: ignore[union-attr]
     if device.revoked_at is not None:
         raise YimiError("device_revoked", "this device was revoked by its owner")
     return device
@@ -372,16 +377,17 @@ def owner_devices_preferring(owner_id: int, kinds: tuple[str, ...]) -> list[Any]
 SEQ_MIN, SEQ_MAX = -(2**63), 2**63 - 1  # a timeline seq is a 64-bit integer column
 
 
-def record_delivery(device: Device, seq: Any, status: Any, *, ledgers: bool = True) -> Delivery:
+def record_delivery(device: Device, seq: Any, status: Any, *, ledgers: bool = True, tried: bool = False) -> Delivery:
     """Record a device's ACK for the timeline entry ``seq``. Idempotent per status.
     ``ledgers=False``: whoever sent the entry's ``reply.done`` said no ledger holds anything
     for it (no told facts: ``brain.runner``), so the told-fact and watch-notice UPDATEs, which
-    would match no row, are not sent."""
+    would match no row, are not sent. ``tried``: ``acknowledge`` already tried the first
+    delivery's INSERT and it inserted nothing."""
     if status not in Delivery.Status.values:
         raise YimiError("invalid_frame", "status must be rendered (text) or played (speech)")
     if isinstance(seq, bool) or not isinstance(seq, int):
         raise YimiError("invalid_frame", "seq must be an integer")
-    if not device.is_guest and SEQ_MIN <= seq <= SEQ_MAX:  # outside: no entry has it (SQLite's driver refuses it)
+    if not tried and not device.is_guest and SEQ_MIN <= seq <= SEQ_MAX:  # outside: no entry has it (SQLite's driver refuses it)
         recorded = _record_first_delivery(device, seq, status)
         if recorded is not None:  # the usual ACK: the first of this status for an entry that exists
             if ledgers:
@@ -419,6 +425,73 @@ def _first_delivery_sql(vendor: str) -> tuple[str, tuple[Any, ...]]:
         f"ON CONFLICT DO NOTHING RETURNING {statements.columns(fields)}"
     )
     return sql, fields
+
+
+def acknowledge(device_id: Any, seq: Any, status: Any, *, ledgers: bool = True, rider: tuple[str, list[Any]] | None = None) -> Device:
+    """A device's ACK, with the device re-check every frame gets: ``active_device`` then
+    ``record_delivery``, and ``rider`` (a caller's ``UPDATE … WHERE …``, run only while the
+    device is active; the consumer's trace stamp). Returns the device as read.
+
+    On PostgreSQL the usual ACK (an owner device, a valid status and seq, ``rider`` or not) is
+    one statement (``_ack_sql``): the re-check's SELECT, the delivery's INSERT (only for an
+    active owner device) and the rider (only if the INSERT inserted) as data-modifying WITH
+    queries. When it inserted nothing (a guest, a repeat, no such entry) ``record_delivery``
+    answers as always, without trying the INSERT again, and the rider runs after it, as
+    everywhere: an ACK refused writes nothing. They were three statements."""
+    valid = status in Delivery.Status.values and isinstance(seq, int) and not isinstance(seq, bool) and SEQ_MIN <= seq <= SEQ_MAX
+    if connection.vendor != "postgresql" or not valid:
+        device = active_device(device_id)
+        record_delivery(device, seq, status, ledgers=ledgers)
+        if rider is not None:
+            with connection.cursor() as cursor:
+                cursor.execute(*rider)
+        return device
+    sql, fields = _ack_sql(connection.vendor, rider[0] if rider is not None else None)
+    key = Device._meta.get_field("id").get_db_prep_value(uuid_or_nil(device_id), connection)
+    at = Delivery._meta.get_field("at").get_db_prep_save(timezone.now(), connection)
+    rows = statements.fetch(sql, [key, status, at, seq, *(rider[1] if rider is not None else [])], fields)
+    device = _device_of(rows, fields)  # raises for an unknown or revoked device: nothing was written
+    n = len(fields) - len(Delivery._meta.concrete_fields)
+    if rows[0][n] is None:  # nothing inserted: a guest, a repeat or no such entry
+        record_delivery(device, seq, status, ledgers=ledgers, tried=not device.is_guest)
+        if rider is not None:
+            with connection.cursor() as cursor:
+                cursor.execute(*rider)
+    elif ledgers:
+        acknowledge_entry(rows[0][n + 1])  # the delivery's entry: its facts are now told
+        acknowledge_watch_notice(rows[0][n + 1])
+    return device
+
+
+@cache
+def _ack_sql(vendor: str, rider: str | None) -> tuple[str, tuple[Any, ...]]:
+    """``acknowledge``'s statement (PostgreSQL), built once per rider text (one: the trace
+    stamp's): ``dev`` is the re-check's SELECT (its columns renamed c0, c1, …), ``ins`` the
+    delivery's INSERT as ``_first_delivery_sql``'s, ``rider`` the caller's UPDATE, run only
+    if ``ins`` inserted; the result is the device's row and the inserted delivery's columns
+    (NULL when none was inserted)."""
+    select, device_fields = _active_device_sql(vendor)
+    d, e = Delivery._meta, TimelineEntry._meta
+    delivery_fields = tuple(d.concrete_fields)  # id, entry, device, status, at
+    device_column = {f.name: f"dev.c{i}" for i, f in enumerate(device_fields[: len(Device._meta.concrete_fields)])}
+    active = f"{device_column['revoked_at']} IS NULL"
+    named = ", ".join(f"c{i}" for i in range(len(device_fields)))
+    inserted = [f for f in delivery_fields if f.name != "id"]
+    values = {"entry": statements.column(TimelineEntry, "id", qualified=True), "device": device_column["id"],
+              "status": "%s", "at": "%s"}
+    quote = connection.ops.quote_name
+    sql = (
+        f"WITH dev ({named}) AS ({select}), "
+        f"ins AS (INSERT INTO {quote(d.db_table)} ({statements.columns(inserted)}) "
+        f"SELECT {', '.join(values[f.name] for f in inserted)} FROM {quote(e.db_table)}, dev "
+        f"WHERE {statements.column(TimelineEntry, 'owner', qualified=True)} = {device_column['owner']} "
+        f"AND {statements.column(TimelineEntry, 'seq', qualified=True)} = %s AND {active} AND NOT {device_column['is_guest']} "
+        f"ON CONFLICT DO NOTHING RETURNING {statements.columns(delivery_fields)})"
+    )
+    if rider is not None:
+        sql += f", rider AS ({rider} AND EXISTS (SELECT 1 FROM ins))"
+    sql += " SELECT dev.*, ins.* FROM dev LEFT JOIN ins ON TRUE"
+    return sql, (*device_fields, *delivery_fields)
 
 
 def _record_first_delivery(device: Device, seq: int, status: str) -> Delivery | None:

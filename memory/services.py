@@ -56,12 +56,18 @@ def append_entry(
         reply_to=reply_to,
         notice_code=notice_code,
     )
-    connection = transaction.get_connection()
-    upsert = _next_seq_statement(connection.ops.quote_name)
-    if not statements.insert_with(entry, "seq", upsert, [owner_id]):
+    if not statements.insert_with(entry, "seq", *seq_upsert(owner_id)):
         entry.seq = next_seq(owner_id)
         statements.insert(entry)
     return entry
+
+
+def seq_upsert(owner_id: int) -> tuple[str, list[Any]]:
+    """``next_seq``'s statement as a query for a data-modifying WITH (its one column is
+    ``value``) and its parameters: a caller that stores an entry together with other rows
+    in one statement (``statements.insert_parts``, the entry's part computing ``seq``) takes
+    the owner's next number with it, as ``append_entry`` does."""
+    return _next_seq_statement(transaction.get_connection().ops.quote_name), [owner_id]
 
 
 def next_seq(owner_id: int) -> int:

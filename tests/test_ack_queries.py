@@ -1,5 +1,5 @@
-"""A device's ACK (devices/consumers.py ``_on_ack``, devices.services ``record_delivery``):
-its query budget, and the rules the one-statement way keeps.
+"""A device's ACK (devices/consumers.py ``_on_ack``, devices.services ``acknowledge`` and
+``record_delivery``): its query budget, and the rules the one-statement way keeps.
 
 Counted, never timed, in autocommit as in production: the device re-check (with its owner's
 account), the delivery INSERTed from the owner's entry in one statement (nothing inserted
@@ -19,14 +19,15 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from accounts.models import User
+from brain.models import Run
 from brain.schedule_models import Watch, WatchNotice
-from brain.services import accept_utterance
+from brain.services import accept_utterance, trace_stages_update
 from brain.watches import acknowledge_entry as acknowledge_notice
 from brain.watches import create_watch
 from capabilities.models import ToldFact
 from capabilities.services import acknowledge_entry as acknowledge_facts
 from devices.models import Delivery, Device
-from devices.services import active_device, record_delivery
+from devices.services import acknowledge, active_device, record_delivery, revoke_device
 from tests.conftest import new_client_id
 from yimi_project.errors import YimiError
 
@@ -153,3 +154,87 @@ def test_an_ack_closes_exactly_the_ledgers_of_its_entry_as_the_orm_updates_did(m
     assert not Watch.objects.get(id=one_time_elsewhere.id).active
     assert acknowledge_notice(third.id) == 1 and Watch.objects.get(id=repeating.id).active  # a repeating watch goes on
     assert WatchNotice.objects.get(entry=third).state == WatchNotice.State.DELIVERED
+
+
+def acknowledged(device_id: Any, seq: Any, status: Any = "rendered", **kwargs: Any) -> tuple[Device, list[str]]:
+    with CaptureQueriesContext(connection) as queries:
+        device = acknowledge(device_id, seq, status, **kwargs)
+    return device, [q["sql"] for q in queries.captured_queries]
+
+
+def test_the_usual_ack_with_the_trace_stamp_is_one_statement_on_postgresql(make_device: Any) -> None:
+    """The consumer's ACK of a reply.done it sent (no facts told): the re-check, the delivery
+    and the trace's stamp. One statement on PostgreSQL; three on SQLite (the embedded default)."""
+    device = make_device().device
+    acknowledged(device.id, said(device, "warm").seq)  # first use: prepared statements
+    accepted = accept_utterance(active_device(device.id), new_client_id(), "hello")
+    stamp = {"done_sent": 1.0, "ack": 2.0}
+    back, issued = acknowledged(device.id, accepted.entry.seq, ledgers=False, rider=trace_stages_update(accepted.run_id, stamp))
+    assert len(issued) == (1 if connection.vendor == "postgresql" else 3), "\n".join(issued)
+    assert (back.id, back.owner.id) == (device.id, device.owner_id)
+    assert Delivery.objects.filter(entry=accepted.entry, device_id=device.id, status="rendered").count() == 1
+    trace = Run.objects.get(id=accepted.run_id).trace
+    assert (trace["done_sent"], trace["ack"]) == (1.0, 2.0) and "admitted" in trace  # merged, not replaced
+
+
+def test_an_ack_with_ledgers_closes_them_after_the_one_statement(make_device: Any) -> None:
+    device = make_device().device
+    acknowledged(device.id, said(device, "warm").seq)
+    entry = said(device)
+    told = ToldFact.objects.create(owner_id=device.owner_id, entry=entry, fact_id="clinic")
+    _, issued = acknowledged(device.id, entry.seq)
+    assert len(issued) == (3 if connection.vendor == "postgresql" else 4), "\n".join(issued)
+    told.refresh_from_db()
+    assert told.acknowledged_at is not None
+
+
+def test_a_revoked_or_unknown_devices_ack_writes_nothing_not_even_the_riders_stamp(make_device: Any) -> None:
+    device = make_device().device
+    accepted = accept_utterance(active_device(device.id), new_client_id(), "hello")
+    revoke_device(device)
+    before = Run.objects.get(id=accepted.run_id).trace
+    rider = trace_stages_update(accepted.run_id, {"ack": 9.0})
+    for device_id, code in ((device.id, "device_revoked"), ("00000000-0000-0000-0000-000000000000", "not_authenticated")):
+        with pytest.raises(YimiError) as raised:
+            acknowledge(device_id, accepted.entry.seq, "rendered", rider=rider)
+        assert raised.value.code == code
+    assert not Delivery.objects.exists()
+    assert Run.objects.get(id=accepted.run_id).trace == before
+
+
+def test_a_guest_a_repeat_and_a_missing_entry_are_answered_as_record_delivery_answers(make_device: Any) -> None:
+    """The statement inserts only for an owner device; what it did not insert goes the
+    general way: a guest ACKs only its own exchange, a repeat is a no-op, a missing entry
+    is unknown_entry. The rider's stamp is written only with an ACK that is taken."""
+    owner_device = make_device().device
+    guest = make_device("mac", guest=True).device
+    own = accept_utterance(active_device(guest.id), new_client_id(), "a guest's question")
+    owners = said(owner_device, "the owner's")
+    acknowledge(guest.id, own.entry.seq, "rendered", rider=trace_stages_update(own.run_id, {"ack": 3.0}))
+    assert Delivery.objects.filter(entry=own.entry, device_id=guest.id).count() == 1
+    assert Run.objects.get(id=own.run_id).trace["ack"] == 3.0
+    owners_run = Run.objects.get(inbound=owners)
+    with pytest.raises(YimiError) as raised:  # the owner's entry: not the guest's to see
+        acknowledge(guest.id, owners.seq, "rendered", rider=trace_stages_update(owners_run.id, {"ack": 4.0}))
+    assert raised.value.code == "unknown_entry"
+    assert "ack" not in Run.objects.get(id=owners_run.id).trace
+    acknowledge(owner_device.id, owners.seq, "rendered")
+    _, issued = acknowledged(owner_device.id, owners.seq)  # a repeat: nothing new
+    assert Delivery.objects.filter(entry=owners, device_id=owner_device.id).count() == 1
+    assert sum("INSERT INTO" in sql for sql in issued) == 1, issued  # the first delivery's INSERT, not tried twice
+    with pytest.raises(YimiError) as raised:
+        acknowledge(owner_device.id, owners.seq + 100, "rendered", rider=trace_stages_update(owners_run.id, {"ack": 5.0}))
+    assert raised.value.code == "unknown_entry"
+    assert "ack" not in Run.objects.get(id=owners_run.id).trace
+    acknowledge(owner_device.id, owners.seq, "played", rider=trace_stages_update(owners_run.id, {"ack": 6.0}))
+    assert Run.objects.get(id=owners_run.id).trace["ack"] == 6.0  # a taken ACK (another status) stamps
+
+
+@pytest.mark.parametrize(("seq", "status"), [("7", "rendered"), (True, "rendered"), (1, "read"), (2**63, "rendered")])
+def test_an_invalid_ack_is_refused_as_before_and_writes_nothing(make_device: Any, seq: Any, status: Any) -> None:
+    device = make_device().device
+    said(device)
+    with pytest.raises(YimiError) as raised:
+        acknowledge(device.id, seq, status)
+    assert raised.value.code == ("unknown_entry" if seq == 2**63 else "invalid_frame")
+    assert not Delivery.objects.exists()

@@ -250,7 +250,7 @@ async def test_an_unexpected_error_answers_internal_error_logs_it_and_the_socket
     def broken(*args: Any, **kwargs: Any) -> None:
         raise RuntimeError("trace text /srv/secret-path")  # a bug, anywhere under a handler
 
-    monkeypatch.setattr(device_services, "record_delivery", broken)
+    monkeypatch.setattr(device_services, "acknowledge", broken)
     comm, _ = await open_socket(sim, path=path)
     with caplog.at_level(logging.ERROR, logger="yimi"):
         await comm.send_json_to({"type": "ack", "seq": 1, "status": "rendered"})
@@ -376,17 +376,17 @@ async def test_timeline_new_goes_to_the_devices_that_do_not_know_the_seq_yet(mak
 
 async def test_the_ack_of_a_reply_that_told_no_facts_closes_no_ledger(make_device: Any, brain: Any, monkeypatch: Any) -> None:
     """The runner's reply.done says whether the reply carried facts; the socket passes that
-    to the ACK (``record_delivery``'s ``ledgers``). A reply.done that does not say (any other
+    to the ACK (``acknowledge``'s ``ledgers``). A reply.done that does not say (any other
     sender) closes the ledgers as before."""
     script(brain, reply="Noted.")
     seen: list[bool] = []
-    real = device_services.record_delivery
+    real = device_services.acknowledge
 
     def recording(*args: Any, **kwargs: Any) -> Any:
         seen.append(kwargs.get("ledgers", True))
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(device_services, "record_delivery", recording)
+    monkeypatch.setattr(device_services, "acknowledge", recording)
     phone = await db_async(make_device)("phone")
     phone_ws, _ = await open_socket(phone)
     await phone_ws.send_json_to({"type": "text", "id": "p1", "text": "hello"})

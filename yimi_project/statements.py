@@ -11,6 +11,9 @@ field exactly as ``Model.save`` and the query compiler do (``pre_save`` fills ``
 Django's connection, so transactions, ``CaptureQueriesContext`` and the test database work
 as with the ORM; a fixed statement text also lets psycopg prepare it server-side.
 
+``insert_parts`` writes several rows in one statement (PostgreSQL), one row taking a value
+the database computes in it or another row's new key.
+
 ``insert`` falls back to ``Model.save(force_insert=True)`` where the shortcut would change
 behaviour: a model with its own ``save``, a model with ``pre_save``/``post_save``
 receivers, or a database that cannot return the new primary key from an INSERT.
@@ -19,7 +22,8 @@ receivers, or a database that cannot return the new primary key from an INSERT.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from functools import cache, partial
 from typing import Any, TypeVar
 
@@ -91,35 +95,91 @@ def insert_with(obj: Model, field: str, with_sql: str, with_params: list[Any]) -
     named ``value``. ``obj`` gets that value and its key. False, with nothing written, where
     it cannot be one statement (another database, a model with its own save or save
     signals): the caller takes the two-statement way."""
-    model = type(obj)
+    return insert_parts([Part(obj, computed=field)], with_sql, with_params)
+
+
+@dataclass(frozen=True)
+class Part:
+    """One row of ``insert_parts``: ``obj``, with ``computed`` (a field) taking the value of
+    the statement's ``computed`` query, and each field named in ``takes`` taking the key of
+    the earlier part at that index (a foreign key to a row inserted in the same statement)."""
+
+    obj: Model
+    computed: str | None = None
+    takes: tuple[tuple[str, int], ...] = ()
+
+
+def insert_parts(parts: Sequence[Part], with_sql: str | None = None, with_params: Sequence[Any] = ()) -> bool:
+    """INSERT several rows in one statement (PostgreSQL only), each a data-modifying WITH
+    query: ``WITH computed AS (with_sql), p0 AS (INSERT …), p1 AS (INSERT … SELECT …, p0.key,
+    … FROM p0) …``. One statement is atomic without BEGIN and COMMIT, and a row may take a
+    value only the database knows yet (a sequence number, an auto-increment key). Each
+    object gets its computed value and its database-made key. False, with nothing written,
+    where it cannot be one statement (another database, a model with its own save or save
+    signals): the caller takes the statement-per-row way. Foreign keys between the rows
+    are checked once every row is in (Django's are deferred: at COMMIT, which in autocommit
+    is the statement's end)."""
+    if (with_sql is None) != all(p.computed is None for p in parts):
+        raise ValueError("insert_parts: with_sql is given exactly when a part has a computed field")
     connection = _connection()
-    if connection.vendor != "postgresql" or not _plain_insert(model, connection):
+    if not in_one_statement(*(type(p.obj) for p in parts)):
         return False
-    sql, fields, computed, returned = _insert_with_statement(model, field)
-    values = [f.get_db_prep_save(f.pre_save(obj, True), connection) for f in fields if f is not computed]
+    shape = tuple((type(p.obj), p.computed, p.takes) for p in parts)
+    sql, plans = _parts_statement(shape, with_sql)
+    params: list[Any] = list(with_params)
+    for part, (fields, _, _) in zip(parts, plans, strict=True):
+        params += [f.get_db_prep_save(f.pre_save(part.obj, True), connection) for f in fields]
     with connection.cursor() as cursor:
-        cursor.execute(f"WITH computed AS ({with_sql}) {sql}", [*with_params, *values])
+        cursor.execute(sql, params)
         row = cursor.fetchone()
     assert row is not None
-    setattr(obj, computed.attname, row[0])
-    if returned is not None:
-        setattr(obj, returned.attname, row[1])
-    obj._state.adding = False
-    obj._state.db = connection.alias
+    values = iter(row)
+    for part, (_, computed, key) in zip(parts, plans, strict=True):
+        if key is not None:
+            setattr(part.obj, key.attname, next(values))
+        if computed is not None:
+            setattr(part.obj, computed.attname, next(values))
+        for name, j in part.takes:
+            setattr(part.obj, part.obj._meta.get_field(name).attname, parts[j].obj.pk)  # type: ignore[union-attr]
+        part.obj._state.adding = False
+        part.obj._state.db = connection.alias
     return True
 
 
+def in_one_statement(*models: type[Model]) -> bool:
+    """Whether ``insert_parts`` writes rows of ``models`` in one statement here (PostgreSQL,
+    plain models): a caller that needs them atomic may then skip its transaction."""
+    connection = _connection()
+    return connection.vendor == "postgresql" and all(_plain_insert(model, connection) for model in models)
+
+
 @cache
-def _insert_with_statement(
-    model: type[Model], field: str
-) -> tuple[str, tuple[Field[Any, Any], ...], Field[Any, Any], Field[Any, Any] | None]:
-    _, fields, returned = _insert_statement(model, "postgresql")
-    computed = next(f for f in fields if f.name == field)  # a concrete column the INSERT writes
+def _parts_statement(
+    shape: tuple[tuple[type[Model], str | None, tuple[tuple[str, int], ...]], ...], with_sql: str | None
+) -> tuple[str, tuple[tuple[tuple[Field[Any, Any], ...], Field[Any, Any] | None, Field[Any, Any] | None], ...]]:
+    """``insert_parts``' statement for one shape (the models, their computed fields and
+    links), built once, and per part: the fields whose values the caller passes, in order,
+    the computed field and the database-made key (each read back, in that order)."""
     quote = _connection().ops.quote_name
-    values = ", ".join("computed.value" if f is computed else "%s" for f in fields)
-    back = quote(str(computed.column)) + (f", {quote(str(returned.column))}" if returned is not None else "")
-    sql = f"INSERT INTO {quote(model._meta.db_table)} ({columns(fields)}) SELECT {values} FROM computed RETURNING {back}"
-    return sql, fields, computed, returned
+    queries = [f"computed AS ({with_sql})"] if with_sql is not None else []
+    selected, plans = [], []
+    for i, (model, computed_name, takes) in enumerate(shape):
+        _, fields, key = _insert_statement(model, "postgresql")
+        linked = {model._meta.get_field(name): f"p{j}.k" for name, j in takes}
+        computed = next(f for f in fields if f.name == computed_name) if computed_name is not None else None
+        sources = (["computed"] if computed is not None else []) + sorted({f"p{j}" for _, j in takes})
+        values = ", ".join("computed.value" if f is computed else linked.get(f, "%s") for f in fields)
+        body = f"SELECT {values} FROM {', '.join(sources)}" if sources else f"VALUES ({values})"
+        back = [f"{quote(str(model._meta.pk.column))} AS k"]  # type: ignore[union-attr]
+        if key is not None:
+            selected.append(f"p{i}.k")
+        if computed is not None:
+            back.append(f"{quote(str(computed.column))} AS v")
+            selected.append(f"p{i}.v")
+        queries.append(f"p{i} AS (INSERT INTO {quote(model._meta.db_table)} ({columns(fields)}) {body} RETURNING {', '.join(back)})")
+        plans.append((tuple(f for f in fields if f is not computed and f not in linked), computed, key))
+    sql = f"WITH {', '.join(queries)} SELECT {', '.join(selected) or '1'} FROM {', '.join(f'p{i}' for i in range(len(shape)))}"
+    return sql, tuple(plans)
 
 
 @cache
