@@ -4,9 +4,10 @@
 decimals, so stages measured in different processes — daphne and a Celery worker —
 line up). The stages, in order (``STAGES``):
 
-``received`` the text frame reached the consumer; ``admitted`` admission decided and the
-utterance is in the timeline (written with the run's INSERT); ``queued`` the run was
-handed to its executor (``brain.dispatch.dispatch_run``); ``claimed`` a worker took it;
+``received`` the text frame reached the consumer; ``admitted`` the device re-checked and
+admission decided (the stamp travels in the run's INSERT, so it is taken before the one
+statement that writes the admission, the utterance and the run); ``queued`` those rows are
+written and the run was handed to its executor (``brain.dispatch.dispatch_run``); ``claimed`` a worker took it;
 ``prompt_built`` the history is read and the messages built; ``memory_prepared`` the
 core profile and memory blocks are added; ``brain_request`` the request to the brain
 leaves; ``first_token`` the first text delta came back; ``first_chunk`` the first checked
@@ -52,8 +53,8 @@ STAGES: tuple[str, ...] = (
 
 LABELS = {
     "received": "frame received",
-    "admitted": "admission and timeline write",
-    "queued": "run queued",
+    "admitted": "device re-check and admission",
+    "queued": "timeline write and run queued",
     "claimed": "run claimed",
     "prompt_built": "prompt built",
     "memory_prepared": "memory prepared",
