@@ -336,16 +336,25 @@ def history_for(run: Run) -> list[TimelineEntry]:
     ]
 
 
-@transaction.atomic
 def finish_run(run: Run, *, state: str, text: str, kind: str, error_code: str = "") -> TimelineEntry | None:
     """Store the run's outcome (reply or notice) in the timeline and close the run.
 
     Steps: 1. lock the run row; 2. if it is no longer ours (taken over after a stale
     heartbeat, or already finished) store nothing and return None; 3. append the entry;
     4. move the run to its final state, with its trace (``brain.trace``: the stages the
-    runner noted in memory, and ``stored``). Steps 1 and 4 are SQL built once per process
-    (``_finish_sql``), as the ORM built them.
+    runner noted in memory, and ``stored``).
+
+    On PostgreSQL outside a transaction that is one statement (``_finish_in_one_statement``);
+    else a transaction of the lock, the append and the closing UPDATE (``_finish_sql``,
+    built once per process, as the ORM built them).
     """
+    if connection.get_autocommit() and statements.in_one_statement(TimelineEntry):
+        return _finish_in_one_statement(run, state=state, text=text, kind=kind, error_code=error_code)
+    with transaction.atomic():
+        return _finish_in_steps(run, state=state, text=text, kind=kind, error_code=error_code)
+
+
+def _finish_in_steps(run: Run, *, state: str, text: str, kind: str, error_code: str) -> TimelineEntry | None:
     lock, close = _finish_sql(connection.vendor, run.trace is not None)
     key = Run._meta.pk.get_db_prep_value(run.id, connection)  # type: ignore[union-attr]
     with connection.cursor() as cursor:
@@ -369,6 +378,65 @@ def finish_run(run: Run, *, state: str, text: str, kind: str, error_code: str = 
     with connection.cursor() as cursor:
         cursor.execute(close, [*values, key])
     return entry
+
+
+def _finish_in_one_statement(run: Run, *, state: str, text: str, kind: str, error_code: str) -> TimelineEntry | None:
+    """``finish_run`` in one statement (PostgreSQL, autocommit), where it was five round trips
+    (BEGIN, the lock, the append, the closing UPDATE, COMMIT): ``closed`` is the closing
+    UPDATE made conditional (``state`` running or queued and ``attempts`` as claimed: the
+    lock's check), which locks the run row first as the lock did; only if it closed the
+    run is the owner's next number taken (``memory.services.seq_upsert``, ``only_with``,
+    the counter row locked second, as before) and the entry inserted. The entry's key is
+    drawn from its sequence up front (``nextval``), so the closing UPDATE can point at the
+    entry it goes with (``result_entry``, a deferred foreign key: checked when the statement
+    commits, with the entry in). A lost claim writes nothing and returns None."""
+    entry = TimelineEntry(
+        owner_id=run.owner_id, seq=0, kind=kind, text=text, device_id=run.origin_device_id, scope=run.scope,
+        reply_to=run.inbound, notice_code=error_code if kind == TimelineEntry.Kind.NOTICE else "",
+    )
+    if run.trace is not None:
+        run.trace.setdefault("stored", now_ms())
+    fields, values = statements.insert_values(entry)
+    sql = _finish_statement(run.trace is not None)
+    close = [state, connection.ops.adapt_datetimefield_value(timezone.now()), error_code]
+    if run.trace is not None:
+        close.append(Run._meta.get_field("trace").get_db_prep_save(run.trace, connection))  # type: ignore[union-attr]
+    key = Run._meta.pk.get_db_prep_value(run.id, connection)  # type: ignore[union-attr]
+    gate = [key, Run.State.RUNNING, Run.State.QUEUED, run.attempts]
+    seq = [i for i, f in enumerate(fields) if f.name == "seq"][0]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [*close, *gate, *timeline.seq_upsert(run.owner_id, only_with="closed")[1],
+                             *values[:seq], *values[seq + 1:]])
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    entry.id, entry.seq = row
+    entry._state.adding = False
+    entry._state.db = connection.alias
+    return entry
+
+
+@cache
+def _finish_statement(with_trace: bool) -> str:
+    """``_finish_in_one_statement``'s SQL (PostgreSQL), built once per process."""
+    quote = connection.ops.quote_name
+    c = statements.column_of(Run)
+    e = TimelineEntry._meta
+    fields = statements.insert_fields(TimelineEntry)
+    upsert, _ = timeline.seq_upsert(0, only_with="closed")
+    sets = [c("state"), c("finished_at"), c("error_code"), *([c("trace")] if with_trace else [])]
+    entry_table, entry_key = quote(e.db_table), quote(str(e.pk.column))  # type: ignore[union-attr]
+    values = ", ".join("computed.value" if f.name == "seq" else "%s" for f in fields)
+    sql = (
+        f"WITH ids AS (SELECT nextval(pg_get_serial_sequence('{e.db_table}', '{e.pk.column}')) AS id), "  # type: ignore[union-attr]
+        f"closed AS (UPDATE {quote(Run._meta.db_table)} SET {', '.join(f'{name} = %s' for name in sets)}, "
+        f"{c('result_entry')} = (SELECT id FROM ids) "
+        f"WHERE {c('id')} = %s AND {c('state')} IN (%s, %s) AND {c('attempts')} = %s RETURNING 1), "
+        f"computed AS ({upsert}) "
+        f"INSERT INTO {entry_table} ({entry_key}, {statements.columns(fields)}) "
+        f"SELECT ids.id, {values} FROM ids, computed RETURNING {entry_key}, {statements.column(TimelineEntry, 'seq')}"
+    )
+    return sql
 
 
 @cache

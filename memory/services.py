@@ -62,12 +62,14 @@ def append_entry(
     return entry
 
 
-def seq_upsert(owner_id: int) -> tuple[str, list[Any]]:
+def seq_upsert(owner_id: int, *, only_with: str | None = None) -> tuple[str, list[Any]]:
     """``next_seq``'s statement as a query for a data-modifying WITH (its one column is
     ``value``) and its parameters: a caller that stores an entry together with other rows
     in one statement (``statements.insert_parts``, the entry's part computing ``seq``) takes
-    the owner's next number with it, as ``append_entry`` does."""
-    return _next_seq_statement(transaction.get_connection().ops.quote_name), [owner_id]
+    the owner's next number with it, as ``append_entry`` does. ``only_with``: the name of
+    another WITH query of that statement; the number is taken only if it returned a row
+    (``brain.services.finish_run``: only if the run was still the caller's to close)."""
+    return _next_seq_statement(transaction.get_connection().ops.quote_name, only_with), [owner_id]
 
 
 def next_seq(owner_id: int) -> int:
@@ -90,10 +92,11 @@ def next_seq(owner_id: int) -> int:
 
 
 @cache
-def _next_seq_statement(quote: Any) -> str:
+def _next_seq_statement(quote: Any, only_with: str | None = None) -> str:
     table = quote(TimelineCounter._meta.db_table)
+    values = "VALUES (%s, 1)" if only_with is None else f"SELECT %s, 1 FROM {only_with}"
     return (
-        f"INSERT INTO {table} (owner_id, last_seq) VALUES (%s, 1) "
+        f"INSERT INTO {table} (owner_id, last_seq) {values} "
         f"ON CONFLICT (owner_id) DO UPDATE SET last_seq = {table}.last_seq + 1 RETURNING last_seq AS value"
     )
 

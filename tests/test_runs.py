@@ -238,3 +238,50 @@ def test_the_roles_pin_and_the_thinking_switch_are_one_conditional_write(make_de
     vision = utter(sim, "what is this")
     assert pin_turn(vision.run_id, pin, None) is True
     assert Run.objects.get(id=vision.run_id).thinking is None
+
+
+def test_closing_a_run_is_one_statement_on_postgresql_and_a_lost_claim_writes_nothing(make_device: Any) -> None:
+    """``finish_run`` in autocommit, as the runner's store trip calls it: on PostgreSQL one
+    statement (the conditional close, the owner's next number and the entry), elsewhere a
+    transaction. What it stores is the same either way; a run no longer ours stores nothing
+    and takes no number (the next entry has the next seq: no gap)."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from memory.models import TimelineCounter
+
+    sim = make_device()
+    warm = utter(sim, "warm")
+    finish_run(claim_run(warm.run_id), state="succeeded", text="warm reply", kind="reply")  # first use: prepared statements
+    accepted = utter(sim)
+    run = claim_run(accepted.run_id)
+    assert run is not None
+    run.trace = {"claimed": 1.0}
+    with CaptureQueriesContext(connection) as queries:
+        entry = finish_run(run, state="succeeded", text="the answer", kind="reply")
+    assert entry is not None
+    assert len(queries.captured_queries) == (1 if connection.vendor == "postgresql" else 6), queries.captured_queries
+    stored = TimelineEntry.objects.get(id=entry.id)
+    assert (stored.seq, stored.kind, stored.text, stored.reply_to_id, stored.device_id, stored.scope, stored.notice_code) == (
+        entry.seq, "reply", "the answer", accepted.entry.id, sim.device.id, "owner", "")
+    assert entry.seq == accepted.entry.seq + 1
+    closed = Run.objects.get(id=accepted.run_id)
+    assert (closed.state, closed.result_entry_id, closed.error_code) == ("succeeded", entry.id, "")
+    assert closed.finished_at is not None and closed.trace["claimed"] == 1.0 and closed.trace["stored"] > 0
+
+    # a notice keeps its code; a run taken over (attempts moved on) or already closed stores nothing
+    other = utter(sim, "again")
+    mine = claim_run(other.run_id)
+    assert mine is not None
+    Run.objects.filter(id=other.run_id).update(attempts=mine.attempts + 1)
+    last_seq = TimelineCounter.objects.get(owner_id=sim.device.owner_id).last_seq
+    assert finish_run(mine, state="failed", text="x", kind="notice", error_code="brain_error") is None
+    assert finish_run(run, state="succeeded", text="twice", kind="reply") is None  # closed above
+    assert TimelineCounter.objects.get(owner_id=sim.device.owner_id).last_seq == last_seq
+    assert not TimelineEntry.objects.filter(text__in=["x", "twice"]).exists()
+    assert Run.objects.get(id=other.run_id).state == "running"
+    mine.attempts += 1
+    notice = finish_run(mine, state="failed", text="it failed", kind="notice", error_code="brain_error")
+    assert notice is not None and notice.seq == last_seq + 1
+    assert TimelineEntry.objects.get(id=notice.id).notice_code == "brain_error"
+    assert Run.objects.get(id=other.run_id).result_entry_id == notice.id

@@ -146,6 +146,20 @@ def insert_parts(parts: Sequence[Part], with_sql: str | None = None, with_params
     return True
 
 
+def insert_values(obj: Model) -> tuple[tuple[Field[Any, Any], ...], list[Any]]:
+    """The fields ``insert`` writes for ``obj`` (all concrete ones but a database-made key),
+    in order, and their values prepared as ``insert`` prepares them: for a caller that
+    writes the row inside a statement of its own."""
+    connection = _connection()
+    fields = insert_fields(type(obj))
+    return fields, [f.get_db_prep_save(f.pre_save(obj, True), connection) for f in fields]
+
+
+def insert_fields(model: type[Model]) -> tuple[Field[Any, Any], ...]:
+    """The fields ``insert`` writes for ``model``, in order (``insert_values``')."""
+    return _insert_statement(model, _connection().vendor)[1]
+
+
 def in_one_statement(*models: type[Model]) -> bool:
     """Whether ``insert_parts`` writes rows of ``models`` in one statement here (PostgreSQL,
     plain models): a caller that needs them atomic may then skip its transaction."""
