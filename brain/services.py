@@ -426,9 +426,13 @@ def _finish_statement(with_trace: bool) -> str:
     upsert, _ = timeline.seq_upsert(0, only_with="closed")
     sets = [c("state"), c("finished_at"), c("error_code"), *([c("trace")] if with_trace else [])]
     entry_table, entry_key = quote(e.db_table), quote(str(e.pk.column))  # type: ignore[union-attr]
+    with connection.cursor() as cursor:  # the key's sequence, looked up once, not on every run
+        cursor.execute("SELECT pg_get_serial_sequence(%s, %s)", [e.db_table, e.pk.column])  # type: ignore[union-attr]
+        (sequence,) = cursor.fetchone()  # type: ignore[misc]
+    sequence = "'" + str(sequence).replace("'", "''") + "'"  # a string literal: cast to regclass below
     values = ", ".join("computed.value" if f.name == "seq" else "%s" for f in fields)
     sql = (
-        f"WITH ids AS (SELECT nextval(pg_get_serial_sequence('{e.db_table}', '{e.pk.column}')) AS id), "  # type: ignore[union-attr]
+        f"WITH ids AS (SELECT nextval({sequence}::regclass) AS id), "
         f"closed AS (UPDATE {quote(Run._meta.db_table)} SET {', '.join(f'{name} = %s' for name in sets)}, "
         f"{c('result_entry')} = (SELECT id FROM ids) "
         f"WHERE {c('id')} = %s AND {c('state')} IN (%s, %s) AND {c('attempts')} = %s RETURNING 1), "
