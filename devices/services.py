@@ -429,8 +429,8 @@ def _first_delivery_sql(vendor: str) -> tuple[str, tuple[Any, ...]]:
 
 def acknowledge(device_id: Any, seq: Any, status: Any, *, ledgers: bool = True, rider: tuple[str, list[Any]] | None = None) -> Device:
     """A device's ACK, with the device re-check every frame gets: ``active_device`` then
-    ``record_delivery``, and ``rider`` (a caller's ``UPDATE … WHERE …``, run only while the
-    device is active; the consumer's trace stamp). Returns the device as read.
+    ``record_delivery``, and ``rider`` (a caller's ``UPDATE … WHERE …``, run only with an
+    ACK that is taken; the consumer's trace stamp). Returns the device as read.
 
     On PostgreSQL the usual ACK (an owner device, a valid status and seq, ``rider`` or not) is
     one statement (``_ack_sql``): the re-check's SELECT, the delivery's INSERT (only for an
@@ -442,25 +442,28 @@ def acknowledge(device_id: Any, seq: Any, status: Any, *, ledgers: bool = True, 
     if connection.vendor != "postgresql" or not valid:
         device = active_device(device_id)
         record_delivery(device, seq, status, ledgers=ledgers)
-        if rider is not None:
-            with connection.cursor() as cursor:
-                cursor.execute(*rider)
+        _ride(rider)
         return device
     sql, fields = _ack_sql(connection.vendor, rider[0] if rider is not None else None)
     key = Device._meta.get_field("id").get_db_prep_value(uuid_or_nil(device_id), connection)
     at = Delivery._meta.get_field("at").get_db_prep_save(timezone.now(), connection)
     rows = statements.fetch(sql, [key, status, at, seq, *(rider[1] if rider is not None else [])], fields)
     device = _device_of(rows, fields)  # raises for an unknown or revoked device: nothing was written
-    n = len(fields) - len(Delivery._meta.concrete_fields)
-    if rows[0][n] is None:  # nothing inserted: a guest, a repeat or no such entry
+    delivery = dict(zip((f.name for f in Delivery._meta.concrete_fields), rows[0][len(fields) - len(Delivery._meta.concrete_fields):]))
+    if delivery["id"] is None:  # nothing inserted: a guest, a repeat or no such entry
         record_delivery(device, seq, status, ledgers=ledgers, tried=not device.is_guest)
-        if rider is not None:
-            with connection.cursor() as cursor:
-                cursor.execute(*rider)
+        _ride(rider)
     elif ledgers:
-        acknowledge_entry(rows[0][n + 1])  # the delivery's entry: its facts are now told
-        acknowledge_watch_notice(rows[0][n + 1])
+        acknowledge_entry(delivery["entry"])  # the delivery's entry: its facts are now told
+        acknowledge_watch_notice(delivery["entry"])
     return device
+
+
+def _ride(rider: tuple[str, list[Any]] | None) -> None:
+    """Run ``acknowledge``'s rider on its own, after an ACK taken the general way."""
+    if rider is not None:
+        with connection.cursor() as cursor:
+            cursor.execute(*rider)
 
 
 @cache
