@@ -9,7 +9,6 @@ from typing import Any
 from django.db import transaction
 
 from accounts.models import AdmissionRecord, Scope, User
-from yimi_project import statements
 
 
 @dataclass(frozen=True)
@@ -72,13 +71,6 @@ def ensure_owner(username: str = "owner", password: str | None = None) -> OwnerC
     return OwnerCreated(user=user, password=pw if generated else None)
 
 
-def admit_text(device) -> AdmissionRecord:  # type: ignore[no-untyped-def]
-    """Admission of typed text, stored (``text_admission``)."""
-    record = text_admission(device)
-    statements.insert(record)  # SQL built once
-    return record
-
-
 def text_admission(device) -> AdmissionRecord:  # type: ignore[no-untyped-def]
     """Admission of typed text, not yet stored (an utterance stores it with its entry and
     run, ``brain.services.accept_utterance``): a paired owner device (``is_owner_device``:
@@ -97,13 +89,6 @@ def admit_scheduled(device) -> AdmissionRecord:  # type: ignore[no-untyped-def]
     return AdmissionRecord.objects.create(
         owner_id=device.owner_id, device=device, channel=AdmissionRecord.Channel.TEXT, scope=scope, reason=reason
     )
-
-
-def admit_voice(device, *, scope: str, reason: str) -> AdmissionRecord:  # type: ignore[no-untyped-def]
-    """Admission for a spoken request, stored (``voice_admission``)."""
-    record = voice_admission(device, scope=scope, reason=reason)
-    record.save(force_insert=True)
-    return record
 
 
 def voice_admission(device, *, scope: str, reason: str) -> AdmissionRecord:  # type: ignore[no-untyped-def]

@@ -101,9 +101,8 @@ def _accept(
         thinking=thinking, trace=trace,
     )
     parts = [statements.Part(admission), statements.Part(entry, computed="seq"), statements.Part(run, takes=(("inbound", 1),))]
-    alone = connection.get_autocommit() and not connection.in_atomic_block  # one statement needs no transaction
-    try:
-        with contextlib.nullcontext() if alone else transaction.atomic():
+    try:  # in autocommit one statement needs no transaction (inside atomic() autocommit is off)
+        with contextlib.nullcontext() if connection.get_autocommit() else transaction.atomic():
             if not statements.insert_parts(parts, *timeline.seq_upsert(device.owner_id)):
                 with transaction.atomic(savepoint=False):  # a transaction of its own, if it has none yet
                     statements.insert(admission)
@@ -396,14 +395,13 @@ def _finish_in_one_statement(run: Run, *, state: str, text: str, kind: str, erro
     )
     if run.trace is not None:
         run.trace.setdefault("stored", now_ms())
-    fields, values = statements.insert_values(entry)
-    sql = _finish_statement(run.trace is not None)
+    _, values = statements.insert_values(entry)
+    sql, seq = _finish_statement(run.trace is not None)
     close = [state, connection.ops.adapt_datetimefield_value(timezone.now()), error_code]
     if run.trace is not None:
         close.append(Run._meta.get_field("trace").get_db_prep_save(run.trace, connection))  # type: ignore[union-attr]
     key = Run._meta.pk.get_db_prep_value(run.id, connection)  # type: ignore[union-attr]
     gate = [key, Run.State.RUNNING, Run.State.QUEUED, run.attempts]
-    seq = [i for i, f in enumerate(fields) if f.name == "seq"][0]
     with connection.cursor() as cursor:
         cursor.execute(sql, [*close, *gate, *timeline.seq_upsert(run.owner_id, only_with="closed")[1],
                              *values[:seq], *values[seq + 1:]])
@@ -417,8 +415,9 @@ def _finish_in_one_statement(run: Run, *, state: str, text: str, kind: str, erro
 
 
 @cache
-def _finish_statement(with_trace: bool) -> str:
-    """``_finish_in_one_statement``'s SQL (PostgreSQL), built once per process."""
+def _finish_statement(with_trace: bool) -> tuple[str, int]:
+    """``_finish_in_one_statement``'s SQL (PostgreSQL), built once per process, and the
+    place of ``seq`` among the entry's insert values (the statement computes it)."""
     quote = connection.ops.quote_name
     c = statements.column_of(Run)
     e = TimelineEntry._meta
@@ -440,7 +439,7 @@ def _finish_statement(with_trace: bool) -> str:
         f"INSERT INTO {entry_table} ({entry_key}, {statements.columns(fields)}) "
         f"SELECT ids.id, {values} FROM ids, computed RETURNING {entry_key}, {statements.column(TimelineEntry, 'seq')}"
     )
-    return sql
+    return sql, next(i for i, f in enumerate(fields) if f.name == "seq")
 
 
 @cache

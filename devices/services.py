@@ -446,8 +446,9 @@ def acknowledge(device_id: Any, seq: Any, status: Any, *, ledgers: bool = True, 
         return device
     sql, fields = _ack_sql(connection.vendor, rider[0] if rider is not None else None)
     key = Device._meta.get_field("id").get_db_prep_value(uuid_or_nil(device_id), connection)
-    at = Delivery._meta.get_field("at").get_db_prep_save(timezone.now(), connection)
-    rows = statements.fetch(sql, [key, status, at, seq, *(rider[1] if rider is not None else [])], fields)
+    given = {"status": status, "at": timezone.now()}  # the INSERT's parameters, in its field order
+    values = [f.get_db_prep_save(given[f.name], connection) for f in Delivery._meta.concrete_fields if f.name in given]
+    rows = statements.fetch(sql, [key, *values, seq, *(rider[1] if rider is not None else [])], fields)
     device = _device_of(rows, fields)  # raises for an unknown or revoked device: nothing was written
     delivery = dict(zip((f.name for f in Delivery._meta.concrete_fields), rows[0][len(fields) - len(Delivery._meta.concrete_fields):]))
     if delivery["id"] is None:  # nothing inserted: a guest, a repeat or no such entry

@@ -18,7 +18,7 @@ from django.utils import timezone
 from accounts import voice, voiceprint
 from accounts.models import AdmissionRecord
 from accounts.owner_admin import OwnerContentAdmin, PlatformAdmin
-from accounts.services import admit_text, admit_voice
+from accounts.services import text_admission, voice_admission
 from accounts.voiceprint import EnrollmentSegment
 from brain.services import accept_utterance
 from devices.models import Device, PairingCode
@@ -111,8 +111,8 @@ def test_a_second_superuser_cannot_issue_an_owner_pairing_code(owner: Any, secon
 
 def test_a_device_of_another_account_never_gets_owner_scope(owner: Any, second_superuser: Any, make_device: Any) -> None:
     theirs = device_of(second_superuser)
-    # text (the websocket's path: brain.services.accept_utterance → admit_text)
-    assert (admit_text(theirs.device).scope, admit_text(theirs.device).reason) == ("guest", "not_owner_device")
+    # text (the websocket's path: brain.services.accept_utterance → text_admission)
+    assert (text_admission(theirs.device).scope, text_admission(theirs.device).reason) == ("guest", "not_owner_device")
     accepted = accept_utterance(theirs.device, "c-1", "show me the owner's day")
     assert AdmissionRecord.objects.get(run__id=accepted.run_id).scope == "guest"
     # voice: even a voice that its own account's voiceprint verifies
@@ -120,7 +120,7 @@ def test_a_device_of_another_account_never_gets_owner_scope(owner: Any, second_s
     voiceprint.enroll_channel(second_superuser.id, "phone_app", MODEL, [EnrollmentSegment(b.tolist(), 2000)] * 5)
     decision = voice.decide_speaker(device=theirs.device, embedding=b, model_key=MODEL, voiced_ms=2000, started_at=timezone.now())
     assert (decision.scope, decision.reason) == ("guest", "not_owner_device")
-    assert admit_voice(theirs.device, scope="owner", reason="voiceprint_verified").scope == "guest"
+    assert voice_admission(theirs.device, scope="owner", reason="voiceprint_verified").scope == "guest"
     issued = 1_700_000_000
     message = voice.trust_window_message(str(theirs.device.id), "att-x", "face_id", issued)
     with pytest.raises(YimiError) as err:
@@ -131,7 +131,7 @@ def test_a_device_of_another_account_never_gets_owner_scope(owner: Any, second_s
     assert err.value.code == "forbidden"
     # the owner's own device is still the owner
     mine = make_device()
-    assert admit_text(mine.device).scope == "owner"
+    assert text_admission(mine.device).scope == "owner"
     said = accept_utterance(mine.device, "c-2", "my private plans")
     # HTTP API: the other account's device reads none of the owner's memory or timeline
     assert signed_get(theirs, "/api/memory/assertions/").status_code == 403
