@@ -10,7 +10,7 @@ notifies. It notifies iff the last state is empty or ``s_from`` and the current 
 
 A notice is first written: a ``notice`` timeline entry (code ``watch``) and a pending
 ``WatchNotice`` (its id is the notice id), with ``last_state``, in one transaction; then it
-is sent. It is cleared only when a device ACKs that entry (``devices.services.record_delivery``
+is sent. It is cleared only when a device ACKs that entry (``devices.services.acknowledge``
 → ``acknowledge_entry``). Until then every later check of the watch first sends it again,
 with the same notice id and entry: a crash or a failed push between writing and delivering
 loses nothing and never makes a second notice.
@@ -201,7 +201,7 @@ def send_notice(notice_id: Any) -> bool:
 
 def acknowledge_entry(entry_id: Any) -> int:
     """A device ACKed the timeline entry ``entry_id``: its pending notice is delivered
-    (conditional UPDATE; called by ``devices.services.record_delivery``), and if one was,
+    (conditional UPDATE; called by ``devices.services.acknowledge``/``record_delivery``), and if one was,
     a one-time watch of that notice ends (``active`` = false). Returns the notices
     delivered. On every ACK, so the statements are built once (``_acknowledge_sql``): the
     ORM's ``filter(entry_id=…, state=pending).update(state=delivered, delivered_at=now)``
