@@ -133,10 +133,10 @@ async def deliver_checked_reply(run: Any, report: Report, draft: str, claim: Cal
     chunks = push.ReplyChunks(run.origin_device_id, {"run_id": str(run.id), "reply_to_seq": run.inbound.seq})
     for i in range(0, len(text), CHUNK_CHARS):
         await chunks.add(text[i : i + CHUNK_CHARS])
-    await chunks.close()
     done = {"type": "reply.done", "run_id": str(run.id), "reply_to_seq": run.inbound.seq, "seq": entry.seq, "text": text}
     await push.to_device_then_owner(
-        run.origin_device_id, done, run.owner_id, push.timeline_new(entry.seq, known_to_device=run.origin_device_id)
+        run.origin_device_id, done, run.owner_id, push.timeline_new(entry.seq, known_to_device=run.origin_device_id),
+        before=await chunks.last(),
     )
 
 

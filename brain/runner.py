@@ -269,18 +269,24 @@ async def execute_run(run_id: Any, *, stages: dict[str, float] | None = None) ->
             beat.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await beat
-        await chunks.close()  # every chunk is out before the reply is stored and reply.done sent
+        # Every chunk but the last is out before the reply is stored; the last goes with reply.done.
+        last_chunk = await chunks.last()
         if image is not None:
             await vision.release(image)  # a guest's image is not kept beyond its request
         told = list(check.told) if check is not None and kind == TimelineEntry.Kind.REPLY else []
-        entry = await database_sync_to_async(_store_outcome)(
-            run, memory if state == Run.State.SUCCEEDED else None, state=state, text=text, kind=kind, error_code=code, told=told,
-            calls=calls,
-        )
+        try:
+            entry = await database_sync_to_async(_store_outcome)(
+                run, memory if state == Run.State.SUCCEEDED else None, state=state, text=text, kind=kind, error_code=code,
+                told=told, calls=calls,
+            )
+        except Exception:
+            await chunks.send_last(last_chunk)  # what was streamed stays whole
+            raise
     if entry is None:
         log_event("run_lost_claim", run_id=str(run.id))
+        await chunks.send_last(last_chunk)  # what was streamed stays whole; the run is another worker's now
         return "skipped"
-    await _announce(run, entry, told=bool(told))
+    await _announce(run, entry, told=bool(told), last_chunk=last_chunk)
     for task in delegated:  # after the reply is stored, so the report comes after it
         await dispatch_task(task.id)
     return state
@@ -313,10 +319,11 @@ async def _deferred_usage_written(calls: usage.CallContext) -> AsyncIterator[Non
         await usage.record_deferred_safely(calls)  # nothing waits unless the run ended before its store
 
 
-async def _announce(run: Run, entry: TimelineEntry, *, told: bool = True) -> None:
+async def _announce(run: Run, entry: TimelineEntry, *, told: bool = True, last_chunk: dict[str, Any] | None = None) -> None:
     """Deliver the outcome to the origin device and tell the other devices to sync.
     ``told``: the reply carried facts (``facts_carried``); without, the ACK has no ledger
-    to close (``ledgers``, read by the consumer, not sent)."""
+    to close (``ledgers``, read by the consumer, not sent). ``last_chunk``: the reply's
+    last ``reply.chunk`` (``ReplyChunks.last``), sent ahead of the outcome in its message."""
     if entry.kind == TimelineEntry.Kind.REPLY:
         frame = {"type": "reply.done", "run_id": str(run.id), "reply_to_seq": run.inbound.seq, "seq": entry.seq, "text": entry.text,
                  "ledgers": told}
@@ -330,5 +337,6 @@ async def _announce(run: Run, entry: TimelineEntry, *, told: bool = True) -> Non
             "text": entry.text,
         }
     await push.to_device_then_owner(
-        run.origin_device_id, frame, run.owner_id, push.timeline_new(entry.seq, known_to_device=run.origin_device_id)
+        run.origin_device_id, frame, run.owner_id, push.timeline_new(entry.seq, known_to_device=run.origin_device_id),
+        before=last_chunk,
     )

@@ -342,3 +342,27 @@ async def test_several_group_messages_go_in_one_round_trip_and_arrive_in_order(l
         assert await asyncio.wait_for(layer.receive(mac), 10) == {"type": "timeline.new", "seq": 2 * round_ + 1}
     assert evals == [2] * 20  # one script run with both groups, per pair
     await layer.flush()
+
+
+async def test_a_timeline_new_skips_the_sockets_that_were_told_its_seq(layer: Any) -> None:
+    phone, watch, watch2, mac = [await layer.new_channel() for _ in range(4)]
+    for channel in (phone, watch, watch2, mac):
+        await layer.group_add("owner.1", channel)
+    await layer.group_add("device.w", watch)
+    await layer.group_add("device.w", watch2)
+    # The phone's ack carried seq 5; the watch's reply.done (both its sockets) carried seq 6.
+    # (The process inbox holds 3 messages here: sent two at a time, read in between.)
+    await layer.group_send("owner.1", {"type": "timeline.new", "seq": 5, "known_to_socket": phone})
+    await layer.group_send("owner.1", {"type": "timeline.new", "seq": 6, "known_to_device": "w"})
+    assert await layer.receive(phone) == {"type": "timeline.new", "seq": 6, "known_to_device": "w"}
+    for channel in (watch, watch2):
+        assert await layer.receive(channel) == {"type": "timeline.new", "seq": 5, "known_to_socket": phone}
+    assert await layer.receive(mac) == {"type": "timeline.new", "seq": 6}  # the two hints, merged
+    await layer.group_send("device.w", {"type": "reply.done", "seq": 7})
+    await layer.group_send("owner.1", {"type": "timeline.new", "seq": 8})  # known to no one: to all
+    for channel in (watch, watch2):
+        assert await layer.receive(channel) == {"type": "reply.done", "seq": 7}
+    for channel in (phone, watch, watch2, mac):
+        assert await layer.receive(channel) == {"type": "timeline.new", "seq": 8}
+        assert layer.receive_buffer[channel].empty()
+    await layer.flush()

@@ -121,6 +121,23 @@ async def test_at_most_one_message_per_window_and_the_frames_join_to_the_whole_r
     assert len(frames) < len(deltas) / 3  # coalesced: 40 deltas in 120 ms, about one frame per 20 ms
 
 
+async def test_last_hands_back_the_waiting_chunk_for_the_replys_end_and_sends_nothing_more() -> None:
+    clock, sent = ManualClock(), []
+    chunks = batcher(clock, sent)
+    await chunks.add("One. ")
+    await chunks.add("Two. ")
+    await clock.advance(0.02)  # the window ends: "Two. " goes
+    await chunks.add("Three.")
+    last = await chunks.last()  # inside the next window: held back, not sent
+    assert [f["text"] for _, f in sent] == ["One. ", "Two. "]
+    assert last == {"type": "reply.chunk", "run_id": "r", "reply_to_seq": 7, "index": 2, "text": "Three."}
+    await clock.advance(1.0)
+    assert len(sent) == 2  # the cancelled window sent nothing
+    assert await chunks.last() is None  # nothing waits any more
+    await chunks.send_last(last)
+    assert [f["index"] for _, f in sent] == [0, 1, 2]
+
+
 async def test_close_sends_what_waits_at_once_and_nothing_after() -> None:
     clock, sent = ManualClock(), []
     chunks = batcher(clock, sent)

@@ -186,10 +186,10 @@ async def test_a_runs_main_call_is_recorded_in_the_stores_trip_and_on_the_way_ou
     [row] = await db_async(rows)()
     assert (row.run_id, row.outcome, row.role) == (accepted.run_id, "ok", "brain")
 
-    async def broken_close(self: Any) -> None:
+    async def broken_last(self: Any) -> None:
         raise RuntimeError("Redis went away mid-reply")
 
-    monkeypatch.setattr(runner.push.ReplyChunks, "close", broken_close)
+    monkeypatch.setattr(runner.push.ReplyChunks, "last", broken_last)
     trips.clear()
     second = await db_async(accept_utterance)(sim.device, new_client_id(), "hello again")
     with pytest.raises(RuntimeError):

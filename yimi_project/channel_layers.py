@@ -40,6 +40,7 @@ from channels.layers import InMemoryChannelLayer as ChannelsInMemoryLayer
 from channels_redis.core import RedisChannelLayer as ChannelsRedisLayer
 from redis.exceptions import RedisError, ResponseError
 
+from yimi_project import push
 from yimi_project.logs import log_event
 
 TIMELINE_NEW = "timeline.new"
@@ -221,7 +222,10 @@ class RedisChannelLayer(ChannelsRedisLayer):
                 _raise_if_cancelled()
                 if message_channel == []:  # a group message, and none of our sockets is in it now
                     log_event("frame_undelivered", level=logging.INFO, reason="socket_gone", **_frame_fields(message))
-                for channel in message_channel if isinstance(message_channel, list) else [message_channel]:
+                channels = message_channel if isinstance(message_channel, list) else [message_channel]
+                if message.get("type") == TIMELINE_NEW and isinstance(message_channel, list):
+                    channels = self._not_knowing(channels, message)
+                for channel in channels:
                     if channel in self._closed:
                         log_event("frame_undelivered", level=logging.INFO, reason="socket_gone", **_frame_fields(message))
                     else:
@@ -234,6 +238,19 @@ class RedisChannelLayer(ChannelsRedisLayer):
                 inbox = self.receive_buffer.get(channel)
                 if channel.startswith(real_channel) and inbox is not None and inbox.empty():
                     inbox.fail(exc)
+
+    def _not_knowing(self, channels: list[str], message: dict[str, Any]) -> list[str]:
+        """A group's ``timeline.new`` is not handed to this process's sockets it names as
+        told its ``seq`` already (``push.timeline_new``: the socket whose ack carried it, the
+        device whose ``reply.done`` did): their consumers would drop it (issue 14: two
+        dispatches per text fewer). Any other socket of the group gets it, to be merged
+        with a waiting hint there as before."""
+        known: set[str] = set()
+        if isinstance(socket := message.get("known_to_socket"), str):
+            known.add(socket)
+        if isinstance(device := message.get("known_to_device"), str):
+            known |= self._local_groups.get(push.device_group(device), set())
+        return [channel for channel in channels if channel not in known] if known else channels
 
     async def flush(self) -> None:
         self._stop_readers()

@@ -71,12 +71,16 @@ def timeline_new(seq: int, *, known_to_socket: str | None = None, known_to_devic
     return message
 
 
-async def to_device_then_owner(device_id: Any, frame: dict[str, Any], owner_id: int, owner_frame: dict[str, Any]) -> None:
+async def to_device_then_owner(
+    device_id: Any, frame: dict[str, Any], owner_id: int, owner_frame: dict[str, Any], *, before: dict[str, Any] | None = None
+) -> None:
     """``to_device(device_id, frame)`` then ``to_owner(owner_id, owner_frame)``, in one
     round trip where the channel layer can (``group_send_many``): a reply's end and its
-    ``timeline.new``."""
+    ``timeline.new``. ``before``: a frame for the device ahead of ``frame`` in the same
+    trip (the reply's last chunk, ``ReplyChunks.last``)."""
     layer = get_channel_layer()
-    sends = [(device_group(device_id), frame), (owner_group(owner_id), owner_frame)]
+    first = [(device_group(device_id), before)] if before is not None else []
+    sends = [*first, (device_group(device_id), frame), (owner_group(owner_id), owner_frame)]
     many = getattr(layer, "group_send_many", None)
     if many is not None:
         await many(sends)
@@ -113,7 +117,8 @@ class ReplyChunks:
     was; 2. text that comes within ``window`` of the last message waits, joined to what
     else comes, and goes out as one frame when the window ends; 3. ``close`` (the reply
     ended) sends what waits at once, after any message already on its way, so every chunk
-    is out before ``reply.done``. ``index`` counts the frames sent (0, 1, ...); the frames'
+    is out before ``reply.done``; ``last`` instead hands the last chunk to the caller, who
+    sends it in the same channel message as ``reply.done``. ``index`` counts the frames sent (0, 1, ...); the frames'
     texts join to exactly the texts added, in order. ``clock`` and ``sleep`` are the one
     time source (tests pass their own).
     """
@@ -166,15 +171,34 @@ class ReplyChunks:
 
     async def _flush(self) -> None:
         async with self._lock:
-            if not self.pending:
-                return
-            text, self.pending = self.pending, ""
-            index, self.index = self.index, self.index + 1
-            self.last_sent = self.clock()
-            await self.send(self.device_id, {**self.frame, "index": index, "text": text})
+            frame = self._take()
+            if frame is not None:
+                await self.send(self.device_id, frame)
+
+    def _take(self) -> dict[str, Any] | None:
+        """The frame of the text waiting, numbered; None when none waits."""
+        if not self.pending:
+            return None
+        text, self.pending = self.pending, ""
+        index, self.index = self.index, self.index + 1
+        self.last_sent = self.clock()
+        return {**self.frame, "index": index, "text": text}
 
     async def close(self) -> None:
         """The reply ended: send what waits now; returns when every chunk is out."""
+        await self.send_last(await self.last())
+
+    async def send_last(self, frame: dict[str, Any] | None) -> None:
+        """Send the frame ``last`` returned on its own (None: nothing)."""
+        if frame is not None:
+            async with self._lock:
+                await self.send(self.device_id, frame)
+
+    async def last(self) -> dict[str, Any] | None:
+        """The reply ended: every chunk but the last is out when this returns, and the last
+        (the text still waiting, None if none) is returned instead of sent, for the caller
+        to send in one message with what ends the reply (``to_device_then_owner``'s
+        ``before``: one channel message per reply fewer)."""
         due, self._due = self._due, None
         if due is not None:
             due.cancel()
@@ -184,7 +208,8 @@ class ReplyChunks:
             for outcome in await asyncio.gather(*self._flushing, return_exceptions=True):
                 if isinstance(outcome, Exception):
                     raise outcome  # as a chunk sent at once would have raised to the caller
-        await self._flush()
+        async with self._lock:
+            return self._take()
 
 
 # --- which devices -----------------------------------------------------------------------
