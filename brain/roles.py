@@ -233,13 +233,24 @@ def resolve(role: str) -> RoleSettings:
 UNREAD: Any = object()  # ``for_run(pin=UNREAD)``: the caller has not read the run's pin
 
 
+def pin_of(rows: dict[str, ModelRole]) -> dict[str, Any]:
+    """The pin (``Run.model_roles``) of the rows ``configured_rows`` read: per role, the row
+    that answers for it and that row's version."""
+    return {role: {"configured_as": row.role, "version": row.version} for role, row in rows.items()}
+
+
+def of_rows(rows: dict[str, ModelRole]) -> RunRoles:
+    """The run's settings from the rows it was pinned to just now (no second read)."""
+    return RunRoles(**{role: _settings_of(row, role) for role, row in rows.items()})
+
+
 def for_run(run_id: Any, *, pin: Any = UNREAD, write_pin: Callable[[Any, dict[str, Any]], bool] | None = None) -> RunRoles:
     """The settings of ``RUN_ROLES`` for one run's whole tree, the same from its first
     request to its last report. ``pin``: the run's ``model_roles`` when the caller has just
-    read the run (the runner's claim), which saves reading it again. ``write_pin(run_id,
-    pin)``: step 2's conditional write when the caller adds to it (the runner writes the
-    turn's thinking switch in the same UPDATE, ``brain.services.pin_turn``); it returns
-    whether the pin was written.
+    read the run, which saves reading it again (the runner's claim writes the pin itself
+    and comes here only for a run pinned before, ``brain.runner._claim_and_prepare``).
+    ``write_pin(run_id, pin)``: step 2's conditional write, if the caller has its own; it
+    returns whether the pin was written.
 
     Steps: 1. read the run's pin (``Run.model_roles``); 2. none yet (the run is starting):
     resolve both roles now (one query, ``configured_rows``) and write the pin with a
@@ -253,9 +264,9 @@ def for_run(run_id: Any, *, pin: Any = UNREAD, write_pin: Callable[[Any, dict[st
         pin = Run.objects.filter(id=run_id).values_list("model_roles", flat=True).first()
     if not pin:
         rows = configured_rows(RUN_ROLES)
-        wanted = {role: {"configured_as": row.role, "version": row.version} for role, row in rows.items()}
+        wanted = pin_of(rows)
         if (write_pin or _write_pin)(run_id, wanted):
-            return RunRoles(**{role: _settings_of(row, role) for role, row in rows.items()})
+            return of_rows(rows)
         pin = Run.objects.filter(id=run_id).values_list("model_roles", flat=True).first() or wanted
     entries: dict[str, tuple[str, Any]] = {}
     for role in RUN_ROLES:

@@ -171,7 +171,14 @@ def _claim_and_prepare(run_id: Any, stages: dict[str, float] | None) -> tuple[Ru
     its history and prompt, the memory hook (issue 5: core profile + incremental L3 facts,
     ``brain.prompts.with_memory``), the report of its tree's receipts the checker needs
     (None on the bench's unchecked path) and the ``_Turn``."""
-    claimed = services.claim_for_turn(run_id)
+    # The model roles of the whole tree, pinned by the claim itself: a change applied
+    # mid-run waits for the next run. Read first, so the pin goes in the claim's UPDATE.
+    try:
+        rows: dict[str, Any] | None = roles.configured_rows(roles.RUN_ROLES)
+    except YimiError:
+        rows = None  # unusable: for_run below says why, as the turn's failed brain call
+    pin = roles.pin_of(rows) if rows is not None else None
+    claimed = services.claim_for_turn(run_id, pin=pin)
     if claimed is None:
         return None
     run = claimed.run
@@ -191,23 +198,16 @@ def _claim_and_prepare(run_id: Any, stages: dict[str, float] | None) -> tuple[Ru
     report = None if settings.YIMI_BENCH_UNCHECKED_REPLIES else run_tree_report(run, pack_results=claimed.pack_results)
     # A request about an image the device sent goes to the vision role instead (brain.vision).
     image = vision.image_for_run(run, may_be_linked=claimed.image_linked)
-    # The main turn's thinking switch is written with the roles' pin, in one UPDATE.
-    thinking = decide_thinking(run.inbound.text, run.thinking) if image is None else None
-    written = False
-
-    def write_pin(run_id: Any, pin: dict[str, Any]) -> bool:
-        nonlocal written
-        written = services.pin_turn(run_id, pin, thinking)
-        return written
-
     try:
-        # The model roles of the whole tree, pinned now: a change applied mid-run waits for the next run.
-        turn = _Turn(models=roles.for_run(run.id, pin=run.model_roles, write_pin=write_pin), image=image)
+        # Pinned to what was read just now (this claim's pin held), else to the pin the run had.
+        models = roles.of_rows(rows) if rows is not None and run.model_roles == pin else roles.for_run(run.id, pin=run.model_roles)
+        turn = _Turn(models=models, image=image)
     except YimiError as exc:
         turn = _Turn(models=exc, image=image)
     if image is None:
-        if written:
-            run.thinking = thinking  # stored: turn_context writes it no more
+        # The main turn's thinking switch: kept on the run in memory, so turn_context does
+        # not write it; finish_run stores it with the outcome (a vision turn has none).
+        run.thinking = decide_thinking(run.inbound.text, run.thinking)
         turn.active, turn.thinking = agent_loop.turn_context(run, tasks_working=claimed.tasks_working)
     return run, messages, memory, report, turn
 

@@ -161,13 +161,18 @@ def claim_run(run_id: Any) -> Run | None:
     return claimed.run if claimed is not None else None
 
 
-def claim_for_turn(run_id: Any) -> Claimed | None:
+def claim_for_turn(run_id: Any, *, pin: dict[str, Any] | None = None) -> Claimed | None:
     """``claim_run`` as the runner uses it, in one statement on PostgreSQL: the
     compare-and-set UPDATE (queued, or running on a stale heartbeat → running, attempts + 1)
-    returns the run's columns, joined with its inbound entry and the two facts ``Claimed``
+    returns the run's columns, joined with its inbound entry and the facts ``Claimed``
     holds. SQLite (the embedded default) cannot join in an UPDATE's RETURNING: the same
-    UPDATE returns the run, and a second statement reads the entry and the two facts. The
-    statements are built once per process (``_claim_sql``)."""
+    UPDATE returns the run, and a second statement reads the entry and the facts. The
+    statements are built once per process (``_claim_sql``).
+
+    ``pin``: the model roles to pin the run to (``brain.roles.pin_of``), written by the
+    same UPDATE unless the run has a pin (``model_roles = COALESCE(model_roles, pin)``: a
+    run claimed again keeps the roles it started with); the returned run's ``model_roles``
+    is the pin that holds. One statement where the claim and the pin took two."""
     try:
         key = uuid.UUID(str(run_id))
     except ValueError:
@@ -176,8 +181,9 @@ def claim_for_turn(run_id: Any) -> Claimed | None:
     stale = now - timedelta(seconds=settings.RUN_HEARTBEAT_STALE_SECONDS)
     ops = connection.ops
     sql = _claim_sql(connection.vendor)
+    pinned = None if pin is None else Run._meta.get_field("model_roles").get_db_prep_save(pin, connection)  # type: ignore[union-attr]
     params = [
-        Run.State.RUNNING, ops.adapt_datetimefield_value(now), ops.adapt_datetimefield_value(now),
+        Run.State.RUNNING, ops.adapt_datetimefield_value(now), ops.adapt_datetimefield_value(now), pinned,
         Run._meta.pk.get_db_prep_value(key, connection),  # type: ignore[union-attr]
         Run.State.QUEUED, Run.State.RUNNING, ops.adapt_datetimefield_value(stale),
     ]
@@ -195,7 +201,7 @@ def claim_for_turn(run_id: Any) -> Claimed | None:
             return None
         run_values = rows[0]
         device = Run._meta.get_field("origin_device").get_db_prep_value(run_values[sql.device_at], connection)
-        read = [device, device, *image, run_values[sql.owner_at], *tasks, params[3], False, run_values[sql.inbound_at]]
+        read = [device, device, *image, run_values[sql.owner_at], *tasks, params[4], False, run_values[sql.inbound_at]]
         rest = statements.fetch(sql.read, read, sql.entry_fields)[0]
     run = statements.instance(Run, sql.run_fields, run_values)
     m = len(sql.entry_fields)
@@ -232,7 +238,7 @@ def _claim_sql(vendor: str) -> _ClaimSQL:
     entry_cols = ", ".join(f"e.{quote(str(f.column))}" for f in entry_fields)
     update = (
         f"UPDATE {quote(Run._meta.db_table)} SET {run('state')} = %s, {run('attempts')} = ({run('attempts')} + 1), "
-        f"{run('started_at')} = %s, {run('heartbeat_at')} = %s "
+        f"{run('started_at')} = %s, {run('heartbeat_at')} = %s, {run('model_roles')} = COALESCE({run('model_roles')}, %s) "
         f"WHERE {run('id')} = %s AND ({run('state')} = %s OR ({run('state')} = %s AND {run('heartbeat_at')} < %s)) "
         f"RETURNING {run_cols}"
     )
@@ -293,31 +299,6 @@ def _heartbeat_sql(vendor: str) -> str:
             f"WHERE {c('id')} = %s AND {c('state')} = %s AND {c('attempts')} = %s")
 
 
-def pin_turn(run_id: Any, model_roles: dict[str, Any], thinking: bool | None) -> bool:
-    """Pin a starting run's model roles (``brain.roles.for_run``'s step 2) and, in the same
-    conditional UPDATE, its turn's thinking switch (``thinking``; None: leave it, a vision
-    turn has none) unless one is stored: ``SET model_roles = %s, thinking =
-    COALESCE(thinking, %s) WHERE id = %s AND model_roles IS NULL``. False: another claim
-    pinned first and nothing was written (the caller reads that pin and writes the switch
-    on its own). One statement where the pin and the switch took two."""
-    field = Run._meta.get_field("model_roles")
-    with connection.cursor() as cursor:
-        cursor.execute(
-            _pin_sql(connection.vendor),
-            [field.get_db_prep_save(model_roles, connection), thinking,  # type: ignore[union-attr]
-             Run._meta.pk.get_db_prep_value(run_id, connection)],  # type: ignore[union-attr]
-        )
-        return cursor.rowcount == 1
-
-
-@cache
-def _pin_sql(vendor: str) -> str:
-    c = statements.column_of(Run)
-
-    return (f"UPDATE {connection.ops.quote_name(Run._meta.db_table)} SET {c('model_roles')} = %s, "
-            f"{c('thinking')} = COALESCE({c('thinking')}, %s) WHERE {c('id')} = %s AND {c('model_roles')} IS NULL")
-
-
 def is_stale(run: Run, now: datetime | None = None) -> bool:
     """Said more than ``RUN_STALE_SECONDS`` (3 minutes) before ``now``: expired, not answered."""
     return (now or timezone.now()) - run.inbound.created_at > timedelta(seconds=settings.RUN_STALE_SECONDS)
@@ -341,7 +322,8 @@ def finish_run(run: Run, *, state: str, text: str, kind: str, error_code: str = 
     Steps: 1. lock the run row; 2. if it is no longer ours (taken over after a stale
     heartbeat, or already finished) store nothing and return None; 3. append the entry;
     4. move the run to its final state, with its trace (``brain.trace``: the stages the
-    runner noted in memory, and ``stored``).
+    runner noted in memory, and ``stored``) and its turn's thinking switch (``run.thinking``
+    in memory, decided at the claim; one stored already is kept, None writes none).
 
     On PostgreSQL outside a transaction that is one statement (``_finish_in_one_statement``);
     else a transaction of the lock, the append and the closing UPDATE (``_finish_sql``,
@@ -375,7 +357,7 @@ def _finish_in_steps(run: Run, *, state: str, text: str, kind: str, error_code: 
         run.trace.setdefault("stored", now_ms())
         values.append(Run._meta.get_field("trace").get_db_prep_save(run.trace, connection))  # type: ignore[union-attr]
     with connection.cursor() as cursor:
-        cursor.execute(close, [*values, key])
+        cursor.execute(close, [*values, run.thinking, key])
     return entry
 
 
@@ -397,9 +379,10 @@ def _finish_in_one_statement(run: Run, *, state: str, text: str, kind: str, erro
         run.trace.setdefault("stored", now_ms())
     _, values = statements.insert_values(entry)
     sql, seq = _finish_statement(run.trace is not None)
-    close = [state, connection.ops.adapt_datetimefield_value(timezone.now()), error_code]
+    close: list[Any] = [state, connection.ops.adapt_datetimefield_value(timezone.now()), error_code]
     if run.trace is not None:
         close.append(Run._meta.get_field("trace").get_db_prep_save(run.trace, connection))  # type: ignore[union-attr]
+    close.append(run.thinking)
     key = Run._meta.pk.get_db_prep_value(run.id, connection)  # type: ignore[union-attr]
     gate = [key, Run.State.RUNNING, Run.State.QUEUED, run.attempts]
     with connection.cursor() as cursor:
@@ -433,7 +416,7 @@ def _finish_statement(with_trace: bool) -> tuple[str, int]:
     sql = (
         f"WITH ids AS (SELECT nextval({sequence}::regclass) AS id), "
         f"closed AS (UPDATE {quote(Run._meta.db_table)} SET {', '.join(f'{name} = %s' for name in sets)}, "
-        f"{c('result_entry')} = (SELECT id FROM ids) "
+        f"{c('thinking')} = COALESCE({c('thinking')}, %s), {c('result_entry')} = (SELECT id FROM ids) "
         f"WHERE {c('id')} = %s AND {c('state')} IN (%s, %s) AND {c('attempts')} = %s RETURNING 1), "
         f"computed AS ({upsert}) "
         f"INSERT INTO {entry_table} ({entry_key}, {statements.columns(fields)}) "
@@ -455,7 +438,8 @@ def _finish_sql(vendor: str, with_trace: bool) -> tuple[str, str]:
     if connection.features.has_select_for_update:
         lock += " FOR UPDATE"
     sets = [c("state"), c("finished_at"), c("result_entry"), c("error_code"), *([c("trace")] if with_trace else [])]
-    close = f"UPDATE {table} SET {', '.join(f'{name} = %s' for name in sets)} WHERE {c('id')} = %s"
+    close = (f"UPDATE {table} SET {', '.join(f'{name} = %s' for name in sets)}, "
+             f"{c('thinking')} = COALESCE({c('thinking')}, %s) WHERE {c('id')} = %s")
     return lock, close
 
 

@@ -216,27 +216,44 @@ def test_the_claim_reads_whether_tasks_work_and_whether_the_tree_has_pack_result
     assert third is not None and (third.tasks_working, third.pack_results) == (True, True)
 
 
-def test_the_roles_pin_and_the_thinking_switch_are_one_conditional_write(make_device: Any) -> None:
-    """``pin_turn``: the pin and the turn's thinking switch in one UPDATE, only while no pin
-    is stored (a second writer changes nothing); a switch already stored (the front's) is
-    kept; None leaves the switch alone (a vision turn)."""
-    from brain.services import pin_turn
+def test_the_claim_pins_the_roles_once_and_the_close_records_the_thinking_switch(make_device: Any, settings: Any) -> None:
+    """``claim_for_turn(pin=)``: the claim's UPDATE writes the pin unless the run has one (a
+    run claimed again keeps the roles it started with, and the claim returns that pin);
+    ``finish_run`` records the turn's thinking switch from the run in memory, keeping one
+    already stored (the front's), None writing none (a vision turn)."""
+    from brain.services import claim_for_turn
 
     sim = make_device()
     pin = {"brain": {"configured_as": "brain", "version": 1}, "delegation": {"configured_as": "brain", "version": 1}}
     first = utter(sim, "think carefully")
-    assert pin_turn(first.run_id, pin, True) is True
-    run = Run.objects.get(id=first.run_id)
-    assert (run.model_roles, run.thinking) == (pin, True)
-    assert pin_turn(first.run_id, {"brain": {"configured_as": "brain", "version": 2}}, False) is False
-    run = Run.objects.get(id=first.run_id)
-    assert (run.model_roles, run.thinking) == (pin, True)
+    claimed = claim_for_turn(first.run_id, pin=pin)
+    assert claimed is not None and claimed.run.model_roles == pin
+    assert Run.objects.get(id=first.run_id).model_roles == pin
+    Run.objects.filter(id=first.run_id).update(
+        heartbeat_at=timezone.now() - timedelta(seconds=settings.RUN_HEARTBEAT_STALE_SECONDS + 1)
+    )
+    again = claim_for_turn(first.run_id, pin={"brain": {"configured_as": "brain", "version": 2}})
+    assert again is not None and again.run.model_roles == pin  # the first pin holds
+    assert Run.objects.get(id=first.run_id).model_roles == pin
+    unpinned = utter(sim)
+    bare = claim_for_turn(unpinned.run_id)
+    assert bare is not None and bare.run.model_roles is None  # no pin asked: none written
+
+    run = again.run
+    run.thinking = True
+    assert finish_run(run, state=Run.State.SUCCEEDED, text="ok", kind=TimelineEntry.Kind.REPLY) is not None
+    assert Run.objects.get(id=first.run_id).thinking is True
 
     fronted = accept_utterance(sim.device, new_client_id(), "hi", thinking=False)
-    assert pin_turn(fronted.run_id, pin, True) is True
+    run = claim_run(fronted.run_id)
+    assert run is not None
+    run.thinking = True  # not what is stored: the front's switch is kept
+    finish_run(run, state=Run.State.SUCCEEDED, text="ok", kind=TimelineEntry.Kind.REPLY)
     assert Run.objects.get(id=fronted.run_id).thinking is False
     vision = utter(sim, "what is this")
-    assert pin_turn(vision.run_id, pin, None) is True
+    run = claim_run(vision.run_id)
+    assert run is not None and run.thinking is None
+    finish_run(run, state=Run.State.SUCCEEDED, text="ok", kind=TimelineEntry.Kind.REPLY)
     assert Run.objects.get(id=vision.run_id).thinking is None
 
 

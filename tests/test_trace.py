@@ -103,19 +103,19 @@ def test_acks_merge_into_the_stored_trace_with_one_update(owner: Any, make_devic
 # change that adds queries to the path shows here. Raise them only with a reason. The
 # admission is 2 statements on PostgreSQL: the owner check (this device was not read with
 # its account) and one for admission, entry and run (statements.insert_parts).
-# The run's 16 (10 on PostgreSQL, 12 before finish_run became one statement): claim (1 on PostgreSQL: the UPDATE … RETURNING joined with the
+# The run's 15 (9 on PostgreSQL, 12 before finish_run became one statement, 10 before the claim wrote the pin): claim (1 on PostgreSQL: the UPDATE … RETURNING joined with the
 # inbound entry and whether the device is in an open call, an attached image names the
 # request, the owner has background tasks working and the run's tree has pack receipts, so a
 # plain run looks up none of those; SQLite 2), history (1), memory (4: the core profile's
 # render, the ambient log, the session, its facts; and 1 to accept it, here a new session's
-# first turn: a later turn that adds no fact writes nothing), model roles (2: both
-# roles' rows in one read, the pin's conditional write with the thinking switch), usage (1),
+# first turn: a later turn that adds no fact writes nothing), model roles (1: both
+# roles' rows in one read, before the claim, whose UPDATE writes the pin), usage (1),
 # finish (1 on PostgreSQL: the conditional close, the sequence number and the entry in one
 # statement, where it was 3: lock, sequence number with entry, close; SQLite 5: BEGIN
 # IMMEDIATE, lock, sequence number, entry, close, its COMMIT not counted here).
 def budgets() -> tuple[int, int]:
     """(admission, run) for the database the tests run on."""
-    return (2, 10) if connection.vendor == "postgresql" else (12, 16)
+    return (2, 9) if connection.vendor == "postgresql" else (12, 15)
 
 
 async def test_admission_and_run_stay_within_their_query_budget(make_device: Any, brain: Any) -> None:
