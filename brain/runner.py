@@ -271,25 +271,34 @@ async def execute_run(run_id: Any, *, stages: dict[str, float] | None = None) ->
                 await beat
         # Every chunk but the last is out before the reply is stored; the last goes with reply.done.
         last_chunk = await chunks.last()
-        if image is not None:
-            await vision.release(image)  # a guest's image is not kept beyond its request
-        told = list(check.told) if check is not None and kind == TimelineEntry.Kind.REPLY else []
         try:
+            if image is not None:
+                await vision.release(image)  # a guest's image is not kept beyond its request
+            told = list(check.told) if check is not None and kind == TimelineEntry.Kind.REPLY else []
             entry = await database_sync_to_async(_store_outcome)(
                 run, memory if state == Run.State.SUCCEEDED else None, state=state, text=text, kind=kind, error_code=code,
                 told=told, calls=calls,
             )
-        except Exception:
-            await chunks.send_last(last_chunk)  # what was streamed stays whole
+        except BaseException:
+            await _send_last_alone(chunks, last_chunk)  # what was streamed stays whole
             raise
     if entry is None:
         log_event("run_lost_claim", run_id=str(run.id))
-        await chunks.send_last(last_chunk)  # what was streamed stays whole; the run is another worker's now
+        await _send_last_alone(chunks, last_chunk)  # the run is another worker's now
         return "skipped"
     await _announce(run, entry, told=bool(told), last_chunk=last_chunk)
     for task in delegated:  # after the reply is stored, so the report comes after it
         await dispatch_task(task.id)
     return state
+
+
+async def _send_last_alone(chunks: push.ReplyChunks, last_chunk: dict[str, Any] | None) -> None:
+    """The reply's last chunk on its own, when no ``reply.done`` will carry it; a failure to
+    send it is logged, not raised over the run's own outcome."""
+    try:
+        await chunks.send_last(last_chunk)
+    except Exception as exc:  # noqa: BLE001 - the run's outcome (or its error) is what the caller reports
+        log_event("reply_last_chunk_unsent", error=type(exc).__name__)
 
 
 def _store_outcome(

@@ -302,3 +302,31 @@ def test_closing_a_run_is_one_statement_on_postgresql_and_a_lost_claim_writes_no
     assert notice is not None and notice.seq == last_seq + 1
     assert TimelineEntry.objects.get(id=notice.id).notice_code == "brain_error"
     assert Run.objects.get(id=other.run_id).result_entry_id == notice.id
+
+
+async def test_a_reply_whose_store_fails_still_streams_every_chunk(make_device: Any, brain: Any, monkeypatch: Any) -> None:
+    """The last chunk waits to go with ``reply.done`` (``ReplyChunks.last``); when the store
+    fails there is no ``reply.done``, and the chunk goes on its own: the stream the device
+    saw is the whole reply."""
+    from brain import runner
+
+    reply = "Sunny and mild today. Take a light jacket."
+    script(brain, reply=reply, chunk_chars=5)
+    sim = await db_async(make_device)()
+    comm, _ = await open_socket(sim)
+    accepted = await db_async(utter)(sim)
+
+    def broken_store(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("the database went away")
+
+    monkeypatch.setattr(runner, "_store_outcome", broken_store)
+    with pytest.raises(RuntimeError):
+        await execute_run(accepted.run_id)
+    chunks: list[str] = []
+    while "".join(chunks) != reply:
+        frame = await receive_until(comm, "reply.chunk", "reply.done")
+        assert frame["type"] == "reply.chunk" and frame["index"] == len(chunks)
+        chunks.append(frame["text"])
+    assert len(chunks) >= 2
+    await comm.disconnect()
+
