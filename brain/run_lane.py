@@ -19,9 +19,10 @@ claims the run is lost from the list; the run is still ``queued``, so the recove
 does for a lost Celery message. The sweep reads the lane with the Celery queue, in one
 Redis transaction, so a run still waiting on the lane is never sent twice.
 
-The blocking pop waits ``LANE_BLOCK_SECONDS`` (5 s) on a connection with no read timeout,
-so an idle lane never trips a client timeout (the channel layer's lesson); each empty pop
-just blocks again.
+The blocking pop waits ``LANE_BLOCK_SECONDS`` (5 s) on a connection whose read timeout is
+``LANE_READ_MARGIN_SECONDS`` (5 s) longer, so an idle lane never trips its client timeout
+(the channel layer's lesson; each empty pop just blocks again), while a connection that
+went silent is given up within 10 s and made again.
 """
 
 from __future__ import annotations
@@ -39,7 +40,13 @@ from django.conf import settings
 
 from yimi_project.logs import log_event
 
-LANE_BLOCK_SECONDS = 5  # one blocking pop; the connection has no read timeout, so this is not a limit
+LANE_BLOCK_SECONDS = 5  # one blocking pop
+# The pop's answer is awaited this much longer than the pop blocks (the connection's read
+# timeout is the sum): a connection that went silent (a half-open TCP connection, a Redis
+# that hangs) is given up and made again, instead of holding the lane, and every run it
+# would have taken, until the process restarts. Longer than the block, so an idle pop never
+# times out (the 5 s read timeout that once closed every websocket).
+LANE_READ_MARGIN_SECONDS = 5.0
 LANE_SUFFIX = ".runs"
 RETRY_SECONDS = 1.0  # after Redis refused or dropped the connection
 
@@ -114,24 +121,29 @@ class Lane:
     is free and runs ``execute(run_id, stages)`` as a task of its own. ``stop`` ends the
     popping and waits for the runs in flight."""
 
-    def __init__(self, execute: Execute, *, slots: int, url: str, key: str, block_seconds: int = LANE_BLOCK_SECONDS) -> None:
+    def __init__(
+        self, execute: Execute, *, slots: int, url: str, key: str, block_seconds: int = LANE_BLOCK_SECONDS,
+        read_margin: float = LANE_READ_MARGIN_SECONDS,
+    ) -> None:
         self.execute = execute
         self.slots = asyncio.Semaphore(slots)
-        self.url, self.key, self.block_seconds = url, key, block_seconds
+        self.url, self.key, self.block_seconds, self.read_margin = url, key, block_seconds, read_margin
         self.running: set[asyncio.Task[Any]] = set()
         self.stopping = False
         self.taken = 0  # entries popped, for logs and tests
 
     async def serve(self) -> None:
-        client = aredis.Redis.from_url(self.url, socket_timeout=None, socket_keepalive=True)
+        client = aredis.Redis.from_url(self.url, socket_timeout=self.block_seconds + self.read_margin, socket_keepalive=True)
         try:
             while not self.stopping:
                 await self.slots.acquire()
                 try:
                     popped = await client.brpop([self.key], timeout=self.block_seconds)
                 except (redis.RedisError, OSError) as exc:
-                    # Unreachable, or refusing (MISCONF on a full disk, READONLY after a
-                    # failover, a wrong key type): the lane keeps trying, never ends quietly.
+                    # Unreachable, silent past the read timeout, or refusing (MISCONF on a
+                    # full disk, READONLY after a failover, a wrong key type): the lane keeps
+                    # trying on a new connection, never ends quietly. An entry popped as the
+                    # read timed out is still a queued run: the recovery sweep sends it again.
                     self.slots.release()
                     log_event("run_lane_unreachable", logging.WARNING, error=type(exc).__name__, detail=str(exc)[:200])
                     await asyncio.sleep(RETRY_SECONDS)

@@ -9,6 +9,7 @@ import asyncio
 import json
 import logging
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import redis
@@ -170,6 +171,79 @@ async def test_an_idle_lane_outlives_its_blocking_pops_and_client_timeouts(lane_
         recorder.let_go("run-late")
     finally:
         await _stop(lane, serving)
+
+
+class SilentProxy:
+    """A TCP proxy to Redis that can go silent: while ``silent`` it forwards nothing back to
+    the client, as a half-open connection (a peer gone without a FIN) or a hung Redis would."""
+
+    def __init__(self) -> None:
+        self.silent = False
+        self.server: asyncio.Server | None = None
+        self.port = 0
+
+    async def start(self) -> None:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = self.server.sockets[0].getsockname()[1]
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        target = urlsplit(django_settings.REDIS_URL)
+        up_reader, up_writer = await asyncio.open_connection(target.hostname or "127.0.0.1", target.port or 6379)
+
+        async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter, back: bool) -> None:
+            while data := await source.read(65536):
+                if not (back and self.silent):
+                    sink.write(data)
+                    await sink.drain()
+
+        try:
+            await asyncio.gather(pipe(reader, up_writer, False), pipe(up_reader, writer, True))
+        except (OSError, asyncio.CancelledError):
+            pass
+        finally:
+            writer.close()
+            up_writer.close()
+
+    async def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+
+
+async def test_a_lane_whose_connection_goes_silent_makes_a_new_one(lane_prefix: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A pop whose answer does not come within the block plus the read margin gives the
+    connection up (``run_lane_unreachable``, a timeout); the lane pops again on a new one
+    and takes the runs pushed meanwhile. Without the read timeout the lane would wait on the
+    silent connection for good."""
+    proxy = SilentProxy()
+    await proxy.start()
+    recorder = Recorder()
+    target = urlsplit(django_settings.REDIS_URL)
+    url = f"redis://127.0.0.1:{proxy.port}{target.path or '/0'}"
+    lane = run_lane.Lane(recorder, slots=1, url=url, key=run_lane.lane_key(), block_seconds=1, read_margin=0.5)
+    serving = asyncio.ensure_future(lane.serve())
+    try:
+        await asyncio.to_thread(run_lane.push, "run-before", {})
+        await recorder.until(lambda: len(recorder.started) == 1)
+        recorder.let_go("run-before")
+        with caplog.at_level(logging.INFO, logger="yimi"):
+            proxy.silent = True
+
+            async def given_up() -> None:
+                while not any(r.getMessage() == "run_lane_unreachable" for r in caplog.records):
+                    await asyncio.sleep(0.05)
+
+            await asyncio.wait_for(given_up(), WAIT)
+        errors = [r.yimi_fields.get("error") for r in caplog.records if r.getMessage() == "run_lane_unreachable"]  # type: ignore[attr-defined]
+        assert "TimeoutError" in errors, errors
+        assert not serving.done()
+        proxy.silent = False
+        await asyncio.to_thread(run_lane.push, "run-after", {})
+        await recorder.until(lambda: [run_id for run_id, _ in recorder.started] == ["run-before", "run-after"])
+        recorder.let_go("run-after")
+    finally:
+        proxy.silent = False
+        await _stop(lane, serving)
+        await proxy.close()
 
 
 async def test_draining_waits_for_the_runs_in_flight_and_takes_no_more(lane_prefix: str) -> None:
