@@ -443,21 +443,12 @@ def _finish_sql(vendor: str, with_trace: bool) -> tuple[str, str]:
     return lock, close
 
 
-def add_trace_stages(run_id: Any, stages: dict[str, float]) -> int:
-    """Merge ``stages`` into a stored run's trace (``brain.trace``) with one UPDATE, stages
-    already there overwritten; the consumer's ``done_sent`` and ``ack``. Returns the number
-    of runs updated (0: no such run)."""
-    if not stages:
-        return 0
-    with connection.cursor() as cursor:
-        cursor.execute(*trace_stages_update(run_id, stages))
-        return int(cursor.rowcount)
-
-
 def trace_stages_update(run_id: Any, stages: dict[str, float]) -> tuple[str, list[Any]]:
-    """``add_trace_stages``'s UPDATE and its parameters, for a caller that runs it inside a
-    statement of its own (the ACK: ``devices.services.acknowledge``'s rider). Its text ends
-    with its WHERE clause, so a condition may be appended. On every reply's ACK: built once."""
+    """The UPDATE that merges ``stages`` into a stored run's trace (``brain.trace``), stages
+    already there overwritten, and its parameters, for a caller that runs it inside a
+    statement of its own (the ACK's ``done_sent`` and ``ack``:
+    ``devices.services.acknowledge``'s rider). Its text ends with its WHERE clause, so a
+    condition may be appended. On every reply's ACK: built once."""
     key = Run._meta.get_field("id").get_db_prep_value(uuid.UUID(str(run_id)), connection)
     return _add_trace_sql(connection.vendor), [json.dumps(stages), key]
 

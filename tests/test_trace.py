@@ -14,7 +14,7 @@ from django.test.utils import CaptureQueriesContext
 from brain import trace
 from brain.models import Run
 from brain.runner import execute_run
-from brain.services import accept_utterance, add_trace_stages
+from brain.services import accept_utterance, trace_stages_update
 from tests.conftest import db_async, new_client_id, open_socket, receive_until, script
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -92,8 +92,9 @@ def test_the_run_page_shows_the_trace_bar_to_the_owner(owner: Any, make_device: 
 def test_acks_merge_into_the_stored_trace_with_one_update(owner: Any, make_device: Any) -> None:
     sim = make_device()
     accepted = accept_utterance(sim.device, new_client_id(), "hi", received_ms=5.0)
-    with CaptureQueriesContext(connection) as queries:
-        assert add_trace_stages(accepted.run_id, {"done_sent": 9.0, "ack": 11.0}) == 1
+    with CaptureQueriesContext(connection) as queries, connection.cursor() as cursor:
+        cursor.execute(*trace_stages_update(accepted.run_id, {"done_sent": 9.0, "ack": 11.0}))
+        assert cursor.rowcount == 1
     assert len(queries) == 1
     assert Run.objects.get(id=accepted.run_id).trace["received"] == 5.0
     assert Run.objects.get(id=accepted.run_id).trace["ack"] == 11.0
