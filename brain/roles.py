@@ -20,7 +20,7 @@ import math
 import operator
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import cache, reduce
@@ -244,13 +244,11 @@ def of_rows(rows: dict[str, ModelRole]) -> RunRoles:
     return RunRoles(**{role: _settings_of(row, role) for role, row in rows.items()})
 
 
-def for_run(run_id: Any, *, pin: Any = UNREAD, write_pin: Callable[[Any, dict[str, Any]], bool] | None = None) -> RunRoles:
+def for_run(run_id: Any, *, pin: Any = UNREAD) -> RunRoles:
     """The settings of ``RUN_ROLES`` for one run's whole tree, the same from its first
     request to its last report. ``pin``: the run's ``model_roles`` when the caller has just
     read the run, which saves reading it again (the runner's claim writes the pin itself
     and comes here only for a run pinned before, ``brain.runner._claim_and_prepare``).
-    ``write_pin(run_id, pin)``: step 2's conditional write, if the caller has its own; it
-    returns whether the pin was written.
 
     Steps: 1. read the run's pin (``Run.model_roles``); 2. none yet (the run is starting):
     resolve both roles now (one query, ``configured_rows``) and write the pin with a
@@ -265,7 +263,7 @@ def for_run(run_id: Any, *, pin: Any = UNREAD, write_pin: Callable[[Any, dict[st
     if not pin:
         rows = configured_rows(RUN_ROLES)
         wanted = pin_of(rows)
-        if (write_pin or _write_pin)(run_id, wanted):
+        if _write_pin(run_id, wanted):
             return of_rows(rows)
         pin = Run.objects.filter(id=run_id).values_list("model_roles", flat=True).first() or wanted
     entries: dict[str, tuple[str, Any]] = {}
