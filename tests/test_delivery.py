@@ -111,12 +111,12 @@ async def test_at_most_one_message_per_window_and_the_frames_join_to_the_whole_r
     for delta in deltas:  # a delta every 3 ms
         await chunks.add(delta)
         await clock.advance(0.003)
-    await chunks.close()
+    await chunks.send_last(await chunks.last())
     frames = [f for _, f in sent]
     assert "".join(f["text"] for f in frames) == "".join(deltas)
     assert [f["index"] for f in frames] == list(range(len(frames)))
     assert all(f["type"] == "reply.chunk" and f["run_id"] == "r" and f["reply_to_seq"] == 7 for f in frames)
-    times = [t for t, _ in sent[:-1]]  # the last one is close()'s flush at the reply's end
+    times = [t for t, _ in sent[:-1]]  # the last one is the reply's end's (last)
     assert all(b - a >= 0.02 - 1e-9 for a, b in zip(times, times[1:]))
     assert len(frames) < len(deltas) / 3  # coalesced: 40 deltas in 120 ms, about one frame per 20 ms
 
@@ -138,13 +138,13 @@ async def test_last_hands_back_the_waiting_chunk_for_the_replys_end_and_sends_no
     assert [f["index"] for _, f in sent] == [0, 1, 2]
 
 
-async def test_close_sends_what_waits_at_once_and_nothing_after() -> None:
+async def test_the_end_takes_what_waits_at_once_and_nothing_comes_after() -> None:
     clock, sent = ManualClock(), []
     chunks = batcher(clock, sent)
     await chunks.add("One. ")
     await chunks.add("Two. ")
     await chunks.add("Three.")
-    await chunks.close()  # the reply ended inside the window: no wait for it to end
+    await chunks.send_last(await chunks.last())  # the reply ended inside the window: no wait for it to end
     assert [f["text"] for _, f in sent] == ["One. ", "Two. Three."]
     await clock.advance(1.0)
     assert len(sent) == 2  # the cancelled window sent nothing more

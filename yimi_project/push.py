@@ -115,10 +115,10 @@ class ReplyChunks:
 
     Steps: 1. the first text goes out at once, so the first chunk is never later than it
     was; 2. text that comes within ``window`` of the last message waits, joined to what
-    else comes, and goes out as one frame when the window ends; 3. ``close`` (the reply
-    ended) sends what waits at once, after any message already on its way, so every chunk
-    is out before ``reply.done``; ``last`` instead hands the last chunk to the caller, who
-    sends it in the same channel message as ``reply.done``. ``index`` counts the frames sent (0, 1, ...); the frames'
+    else comes, and goes out as one frame when the window ends; 3. ``last`` (the reply
+    ended) ends the waiting and hands what waits, after any message already on its way,
+    to the caller as the last frame, which goes in the same channel message as
+    ``reply.done`` (or alone, ``send_last``). ``index`` counts the frames (0, 1, ...); their
     texts join to exactly the texts added, in order. ``clock`` and ``sleep`` are the one
     time source (tests pass their own).
     """
@@ -183,10 +183,6 @@ class ReplyChunks:
         index, self.index = self.index, self.index + 1
         self.last_sent = self.clock()
         return {**self.frame, "index": index, "text": text}
-
-    async def close(self) -> None:
-        """The reply ended: send what waits now; returns when every chunk is out."""
-        await self.send_last(await self.last())
 
     async def send_last(self, frame: dict[str, Any] | None) -> None:
         """Send the frame ``last`` returned on its own (None: nothing)."""
