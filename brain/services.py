@@ -450,11 +450,11 @@ def trace_stages_update(run_id: Any, stages: dict[str, float]) -> tuple[str, lis
     ``devices.services.acknowledge``'s rider). Its text ends with its WHERE clause, so a
     condition may be appended. On every reply's ACK: built once."""
     key = Run._meta.get_field("id").get_db_prep_value(uuid.UUID(str(run_id)), connection)
-    return _add_trace_sql(connection.vendor), [json.dumps(stages), key]
+    return _trace_stages_sql(connection.vendor), [json.dumps(stages), key]
 
 
 @cache
-def _add_trace_sql(vendor: str) -> str:
+def _trace_stages_sql(vendor: str) -> str:
     trace = statements.column(Run, "trace")
     if vendor == "postgresql":
         merged = f"COALESCE({trace}, '{{}}'::jsonb) || %s::jsonb"

@@ -116,7 +116,7 @@ async def test_at_most_one_message_per_window_and_the_frames_join_to_the_whole_r
     assert "".join(f["text"] for f in frames) == "".join(deltas)
     assert [f["index"] for f in frames] == list(range(len(frames)))
     assert all(f["type"] == "reply.chunk" and f["run_id"] == "r" and f["reply_to_seq"] == 7 for f in frames)
-    times = [t for t, _ in sent[:-1]]  # the last one is the reply's end's (last)
+    times = [t for t, _ in sent[:-1]]  # the last one is sent at the reply's end
     assert all(b - a >= 0.02 - 1e-9 for a, b in zip(times, times[1:]))
     assert len(frames) < len(deltas) / 3  # coalesced: 40 deltas in 120 ms, about one frame per 20 ms
 

@@ -209,7 +209,7 @@ class SilentProxy:
             self.server.close()
 
 
-async def test_a_lane_whose_connection_goes_silent_makes_a_new_one(lane_prefix: str, caplog: pytest.LogCaptureFixture) -> None:
+async def test_a_lane_whose_connection_goes_silent_makes_a_new_one(lane_prefix: str) -> None:
     """A pop whose answer does not come within the block plus the read margin gives the
     connection up (``run_lane_unreachable``, a timeout); the lane pops again on a new one
     and takes the runs pushed meanwhile. Without the read timeout the lane would wait on the
@@ -225,15 +225,22 @@ async def test_a_lane_whose_connection_goes_silent_makes_a_new_one(lane_prefix: 
         await asyncio.to_thread(run_lane.push, "run-before", {})
         await recorder.until(lambda: len(recorder.started) == 1)
         recorder.let_go("run-before")
-        with caplog.at_level(logging.INFO, logger="yimi"):
+        given_up = asyncio.Event()
+        errors: list[str] = []
+
+        class Unreachable(logging.Handler):  # the lane logs on this loop: the event is set here
+            def emit(self, record: logging.LogRecord) -> None:
+                if record.getMessage() == "run_lane_unreachable":
+                    errors.append(getattr(record, "yimi_fields", {}).get("error"))
+                    given_up.set()
+
+        handler = Unreachable()
+        logging.getLogger("yimi").addHandler(handler)
+        try:
             proxy.silent = True
-
-            async def given_up() -> None:
-                while not any(r.getMessage() == "run_lane_unreachable" for r in caplog.records):
-                    await asyncio.sleep(0.05)
-
-            await asyncio.wait_for(given_up(), WAIT)
-        errors = [r.yimi_fields.get("error") for r in caplog.records if r.getMessage() == "run_lane_unreachable"]  # type: ignore[attr-defined]
+            await asyncio.wait_for(given_up.wait(), WAIT)
+        finally:
+            logging.getLogger("yimi").removeHandler(handler)
         assert "TimeoutError" in errors, errors
         assert not serving.done()
         proxy.silent = False
