@@ -63,16 +63,18 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from django.conf import settings
-from mcp import ClientSession, StdioServerParameters, stdio_client
 
 from capabilities.manifest import ManifestError, Pack, load_pack
 from capabilities.mcp_host.sandbox import PackGrant, PlatformPaths, grant_for, host_parameters
 from capabilities.receipts import normalize, schema_errors
 from yimi_project import call_capability
+
+if TYPE_CHECKING:
+    from mcp import ClientSession, StdioServerParameters
 
 DEFAULT_STEP_TIMEOUT = 30.0
 STARTUP_TIMEOUT = 60.0
@@ -224,6 +226,8 @@ class _Host:
         self.problem: str | None = None
 
     async def start(self) -> None:
+        from mcp import ClientSession, stdio_client  # here: the MCP SDK takes ~1 s to import (runtime._start)
+
         args = ["-m", "capabilities.mcp_host.host", "--packs-dir", str(self.pack.path.parent), "--select", self.pack.name]
         if self.fake:
             args.append("--fake")

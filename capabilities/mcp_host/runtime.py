@@ -10,11 +10,12 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from django.conf import settings
 
-from capabilities.mcp_host.manager import HostManager
+if TYPE_CHECKING:
+    from capabilities.mcp_host.manager import HostManager
 
 T = TypeVar("T")
 _lock = threading.Lock()
@@ -26,6 +27,10 @@ def _start() -> tuple[asyncio.AbstractEventLoop, HostManager]:
     global _loop, _manager
     with _lock:
         if _loop is None or _manager is None:
+            # Imported here, not at the top: the MCP SDK costs about a second of every
+            # process's start (web, worker, manage.py), and most never start a pack host.
+            from capabilities.mcp_host.manager import HostManager
+
             loop = asyncio.new_event_loop()
             threading.Thread(target=loop.run_forever, name="pack-hosts", daemon=True).start()
             manager = HostManager(settings.YIMI_PACKS_DIR, fake=settings.YIMI_PACKS_FAKE, log_dir=settings.DATA_DIR / "logs")

@@ -36,13 +36,16 @@ import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from django.conf import settings
-from mcp import StdioServerParameters
 
 from capabilities.manifest import Pack
 from yimi_project.logs import log_event
 from yimi_project.secrets import read_secret
+
+if TYPE_CHECKING:
+    from mcp import StdioServerParameters
 
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 CAPABILITIES_DIR = REPO_ROOT / "capabilities"
@@ -128,6 +131,8 @@ def host_parameters(args: list[str], grant: PackGrant, *, readable: list[Path], 
     ``readable`` are the extra directories the host reads (the packs directory).
     Directories granted writable are created first, so bubblewrap can bind them.
     """
+    from mcp import StdioServerParameters  # here: the MCP SDK takes ~1 s to import (runtime._start)
+
     mode = mode or settings.YIMI_PACK_SANDBOX
     for directory in grant.writable:
         directory.mkdir(parents=True, exist_ok=True)

@@ -38,15 +38,17 @@ import shutil
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
-from mcp import StdioServerParameters
 
 from capabilities.contract import ContractHooks, ContractReport, StepRecord, run_contract
 from capabilities.manifest import ManifestError, Pack, load_pack
 from capabilities.receipts import normalize, schema_errors
 from capabilities.registry.checks import Finding
+
+if TYPE_CHECKING:
+    from mcp import StdioServerParameters
 
 TRACE_SET = "trace=%file,%network,%process"
 LINE = re.compile(r"^(?P<pid>\d+)\s+(?P<time>\d+\.\d+)\s+(?P<rest>.*)$")
@@ -117,6 +119,8 @@ def _traced_run(pack: Pack, fake: bool, strace: str, report: HonestyReport) -> N
         steps: list[StepRecord] = []
 
         def wrap(params: StdioServerParameters) -> StdioServerParameters:
+            from mcp import StdioServerParameters  # here: the MCP SDK takes ~1 s to import (runtime._start)
+
             out = Path(tmp) / f"trace-{len(traces)}.txt"
             traces.append(out)
             args = ["-f", "-qq", "-ttt", "-o", str(out), "-e", TRACE_SET, params.command, *params.args]

@@ -39,7 +39,6 @@ from pathlib import Path
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
-from mcp import ClientSession, stdio_client
 
 from capabilities.manifest import ManifestError, Pack, load_pack, load_packs, selection_file
 from capabilities.mcp_host import runtime
@@ -175,6 +174,8 @@ def preload(path: Path) -> list[str]:
 
 
 async def _start_and_list(pack: Pack) -> list[str]:
+    from mcp import ClientSession, stdio_client  # here: the MCP SDK takes ~1 s to import (runtime._start)
+
     args = ["-m", "capabilities.mcp_host.host", "--packs-dir", str(pack.path.parent), "--select", pack.name]
     if settings.YIMI_PACKS_FAKE:
         args.append("--fake")
