@@ -226,7 +226,7 @@ class _Host:
         self.problem: str | None = None
 
     async def start(self) -> None:
-        from mcp import ClientSession, stdio_client  # here: the MCP SDK takes ~1 s to import (runtime._start)
+        from mcp import ClientSession, stdio_client  # here: the MCP SDK costs ~1 s of a start (test_startup_imports)
 
         args = ["-m", "capabilities.mcp_host.host", "--packs-dir", str(self.pack.path.parent), "--select", self.pack.name]
         if self.fake:

@@ -329,4 +329,3 @@ async def test_a_reply_whose_store_fails_still_streams_every_chunk(make_device: 
         chunks.append(frame["text"])
     assert len(chunks) >= 2
     await comm.disconnect()
-

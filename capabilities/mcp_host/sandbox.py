@@ -131,7 +131,7 @@ def host_parameters(args: list[str], grant: PackGrant, *, readable: list[Path], 
     ``readable`` are the extra directories the host reads (the packs directory).
     Directories granted writable are created first, so bubblewrap can bind them.
     """
-    from mcp import StdioServerParameters  # here: the MCP SDK takes ~1 s to import (runtime._start)
+    from mcp import StdioServerParameters  # here: the MCP SDK costs ~1 s of a start (test_startup_imports)
 
     mode = mode or settings.YIMI_PACK_SANDBOX
     for directory in grant.writable:

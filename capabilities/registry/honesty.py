@@ -119,7 +119,7 @@ def _traced_run(pack: Pack, fake: bool, strace: str, report: HonestyReport) -> N
         steps: list[StepRecord] = []
 
         def wrap(params: StdioServerParameters) -> StdioServerParameters:
-            from mcp import StdioServerParameters  # here: the MCP SDK takes ~1 s to import (runtime._start)
+            from mcp import StdioServerParameters  # here: the MCP SDK costs ~1 s of a start (test_startup_imports)
 
             out = Path(tmp) / f"trace-{len(traces)}.txt"
             traces.append(out)

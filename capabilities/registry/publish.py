@@ -174,7 +174,7 @@ def preload(path: Path) -> list[str]:
 
 
 async def _start_and_list(pack: Pack) -> list[str]:
-    from mcp import ClientSession, stdio_client  # here: the MCP SDK takes ~1 s to import (runtime._start)
+    from mcp import ClientSession, stdio_client  # here: the MCP SDK costs ~1 s of a start (test_startup_imports)
 
     args = ["-m", "capabilities.mcp_host.host", "--packs-dir", str(pack.path.parent), "--select", pack.name]
     if settings.YIMI_PACKS_FAKE:
