@@ -271,7 +271,8 @@ class HostManager:
             await self.reclaim_idle()
 
     async def close(self) -> None:
+        """Stop every host, all at once: each takes its process's exit (about 0.3 s here),
+        which one after another added up to seconds for a worker's shutdown."""
         async with self._lock:
-            for host in self.hosts.values():
-                await host.stop()
+            await asyncio.gather(*(host.stop() for host in self.hosts.values()))
             self.hosts.clear()
