@@ -59,13 +59,20 @@ def wait_for_sessions_to_end(application_name: str, timeout: float = 10.0) -> No
     """Let the database sessions of processes that just ended (tagged ``PGAPPNAME``; a
     Celery worker's pool children exit a moment after their parent) close before the test
     database is flushed or dropped. Over a connection of its own: no Django database access
-    needed, and this process's own sessions do not count."""
+    needed, and this process's own sessions do not count.
+
+    Fails if they are still there after ``timeout``: a process with that tag still runs
+    (the caller waits too early: it once waited out the whole timeout on a worker it had not
+    stopped yet), and the database would not drop."""
     deadline = time.monotonic() + timeout
+    query = "SELECT pid, state, backend_start FROM pg_stat_activity WHERE application_name = %s"
     with psycopg.connect(database_url_for_subprocesses(), autocommit=True) as conn:
-        while time.monotonic() < deadline:
-            row = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", (application_name,)).fetchone()
-            if row is None or row[0] == 0:
+        while True:
+            left = conn.execute(query, (application_name,)).fetchall()
+            if not left:
                 return
+            if time.monotonic() > deadline:
+                pytest.fail(f"{len(left)} database sessions of {application_name!r} still open after {timeout:g} s: {left}")
             time.sleep(0.1)
 
 

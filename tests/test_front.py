@@ -35,7 +35,7 @@ from devices.models import PairingGuessSlot
 from devices.services import issue_pairing_code
 from devices.simulator import DeviceConnection, pair
 from tests.conftest import db_async, need, pairing_payload
-from tests.process_support import free_port, subprocess_test_database_url
+from tests.process_support import free_port, subprocess_test_database_url, wait_for_sessions_to_end
 
 ROOT = Path(__file__).resolve().parent.parent
 PROXY = "127.0.0.1"  # nginx's source address towards daphne
@@ -73,7 +73,7 @@ class Stack:
 
 
 @pytest.fixture(scope="module")
-def stack(django_db_setup: Any, django_db_blocker: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+def stack(django_db_setup: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     nginx = shutil.which("nginx") or shutil.which("nginx", path="/usr/sbin")
     need(nginx is not None, "nginx is not installed (Debian package nginx; .ci/run installs it)")
     assert nginx is not None
@@ -102,6 +102,7 @@ def stack(django_db_setup: Any, django_db_blocker: Any, tmp_path_factory: pytest
         # The production switch, and nginx's address as the one trusted proxy.
         "YIMI_PUBLIC_URL": f"https://localhost:{front_port}",
         "YIMI_TRUSTED_PROXIES": PROXY,
+        "PGAPPNAME": f"yimi-front-{daphne_port}",  # libpq tags daphne's database sessions
         "PYTHONUNBUFFERED": "1",
     }
     env.pop("YIMI_DEBUG", None)
@@ -137,22 +138,9 @@ def stack(django_db_setup: Any, django_db_blocker: Any, tmp_path_factory: pytest
         for proc in reversed(procs):
             stop(proc)
         if connection.vendor == "postgresql":
-            with django_db_blocker.unblock():
-                wait_for_other_sessions_to_close()
-
-
-def wait_for_other_sessions_to_close(timeout: float = 15.0) -> None:
-    """daphne's kept connections end a moment after it exits; the test database is
-    dropped only once they have."""
-    deadline = time.monotonic() + timeout
-    with connection.cursor() as cursor:
-        while time.monotonic() < deadline:
-            cursor.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
-            )
-            if cursor.fetchone()[0] == 0:
-                return
-            time.sleep(0.2)
+            # daphne's kept connections end a moment after it exits; the test database is
+            # dropped only once they have.
+            wait_for_sessions_to_end(env["PGAPPNAME"])
 
 
 def bad_pairing(client: httpx.Client, forged_for: str | None = None) -> httpx.Response:
