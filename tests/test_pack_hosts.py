@@ -80,6 +80,27 @@ async def test_small_packs_share_one_host_and_dedicated_packs_get_their_own(mana
         await manager.close()
 
 
+async def test_closing_stops_every_host_at_once(manager: HostManager, packs_dir: Path) -> None:
+    """Each stop waits for its process to exit: ``close`` starts them all before any ends,
+    instead of paying the exits one after another."""
+    events: list[str] = []
+    try:
+        for tool in ("demo__read", "solo__read", "workspace__list_files"):
+            await manager.call(tool, {})
+        assert len(host_processes(packs_dir)) == 3
+        for key, host in manager.hosts.items():
+            async def stop(key: str = key, stop: Any = host.stop) -> None:
+                events.append(f"start {key}")
+                await stop()
+                events.append(f"end {key}")
+
+            host.stop = stop  # type: ignore[method-assign]
+    finally:
+        await manager.close()
+    assert [e.split()[0] for e in events] == ["start"] * 3 + ["end"] * 3, events
+    assert manager.hosts == {} and host_processes(packs_dir) == []
+
+
 async def test_idle_hosts_are_reclaimed_after_their_timeout(manager: HostManager, packs_dir: Path) -> None:
     """solo's idle_timeout_seconds is 1, the shared host's 900: the clock is the test's
     (``reclaim_idle(now=...)``), so however long starting the hosts took does not count."""
