@@ -32,6 +32,7 @@ from tests.process_support import (
     CeleryWorker,
     database_url_for_subprocesses,
     free_port,
+    redis_prefix,
     subprocess_test_database_url,
     wait_for_sessions_to_end,
 )
@@ -44,54 +45,57 @@ def platform(owner: Any, brain: Any) -> Iterator[dict[str, Any]]:
     """daphne + a Celery worker, as ``./yimi up`` starts them, on the test database."""
     need(connection.vendor == "postgresql", "the end-to-end test runs on PostgreSQL (set DATABASE_URL)")
     need(bool(django_settings.REDIS_URL), "the end-to-end test needs Redis (set REDIS_URL)")
-    port = free_port()
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "yimi_project.settings",
-        "DATABASE_URL": database_url_for_subprocesses(),
-        "REDIS_URL": django_settings.REDIS_URL,
-        "YIMI_CHANNEL_PREFIX": f"yimi-e2e-{uuid.uuid4().hex[:8]}",
-        "PGAPPNAME": f"yimi-e2e-{port}",  # libpq tags the platform's database sessions
-        "YIMI_DATA_DIR": str(django_settings.DATA_DIR),
-        "YIMI_BRAIN_BASE_URL": brain.base_url,
-        # Sub-agents reach the gateway over HTTP on the internal listener (daphne -u), as in production.
-        "YIMI_GATEWAY_OVER_HTTP": "1",
-        "YIMI_INTERNAL_SOCKET": str(Path(django_settings.DATA_DIR) / "sockets" / f"e2e-{port}.sock"),
-        "YIMI_WORKSPACE_DIR": str(Path(django_settings.DATA_DIR) / "e2e-workspace"),
-        "PYTHONUNBUFFERED": "1",
-    }
-    bindir = Path(sys.executable).parent
-    Path(env["YIMI_INTERNAL_SOCKET"]).parent.mkdir(parents=True, exist_ok=True)
-    logs = Path(django_settings.DATA_DIR)
-    procs = [
-        subprocess.Popen(
-            [str(bindir / "daphne"), "-b", "127.0.0.1", "-p", str(port), "-u", env["YIMI_INTERNAL_SOCKET"], "yimi_project.asgi:application"],
-            cwd=ROOT, env=env, stdout=open(logs / "daphne.log", "w"), stderr=subprocess.STDOUT,
-        ),
-        CeleryWorker(env, logs / "celery.log").proc,
-    ]
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(base + "/api/health/", timeout=1).json()["channel_layer"] == "redis":
-                    break
-            except (httpx.HTTPError, ValueError):
-                pass
-            if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
-                pytest.fail("daphne did not start:\n" + (logs / "daphne.log").read_text()[-3000:])
-            time.sleep(0.2)
-        yield {"base": base, "owner": owner, "logs": logs, "workspace": Path(env["YIMI_WORKSPACE_DIR"])}
-    finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-        wait_for_sessions_to_end(env["PGAPPNAME"])
+    with redis_prefix("e2e") as prefix:
+        port = free_port()
+        env = {
+            **os.environ,
+            "DJANGO_SETTINGS_MODULE": "yimi_project.settings",
+            "DATABASE_URL": database_url_for_subprocesses(),
+            "REDIS_URL": django_settings.REDIS_URL,
+            # Redis keys of their own (channel layer, task queue, kombu's bindings), deleted after.
+            "YIMI_CHANNEL_PREFIX": prefix,
+            "YIMI_CELERY_KEY_PREFIX": f"{prefix}:",
+            "PGAPPNAME": f"yimi-e2e-{port}",  # libpq tags the platform's database sessions
+            "YIMI_DATA_DIR": str(django_settings.DATA_DIR),
+            "YIMI_BRAIN_BASE_URL": brain.base_url,
+            # Sub-agents reach the gateway over HTTP on the internal listener (daphne -u), as in production.
+            "YIMI_GATEWAY_OVER_HTTP": "1",
+            "YIMI_INTERNAL_SOCKET": str(Path(django_settings.DATA_DIR) / "sockets" / f"e2e-{port}.sock"),
+            "YIMI_WORKSPACE_DIR": str(Path(django_settings.DATA_DIR) / "e2e-workspace"),
+            "PYTHONUNBUFFERED": "1",
+        }
+        bindir = Path(sys.executable).parent
+        Path(env["YIMI_INTERNAL_SOCKET"]).parent.mkdir(parents=True, exist_ok=True)
+        logs = Path(django_settings.DATA_DIR)
+        procs = [
+            subprocess.Popen(
+                [str(bindir / "daphne"), "-b", "127.0.0.1", "-p", str(port), "-u", env["YIMI_INTERNAL_SOCKET"], "yimi_project.asgi:application"],
+                cwd=ROOT, env=env, stdout=open(logs / "daphne.log", "w"), stderr=subprocess.STDOUT,
+            ),
+            CeleryWorker(env, logs / "celery.log").proc,
+        ]
+        base = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    if httpx.get(base + "/api/health/", timeout=1).json()["channel_layer"] == "redis":
+                        break
+                except (httpx.HTTPError, ValueError):
+                    pass
+                if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
+                    pytest.fail("daphne did not start:\n" + (logs / "daphne.log").read_text()[-3000:])
+                time.sleep(0.2)
+            yield {"base": base, "owner": owner, "logs": logs, "workspace": Path(env["YIMI_WORKSPACE_DIR"])}
+        finally:
+            for p in procs:
+                p.terminate()
+            for p in procs:
+                try:
+                    p.wait(10)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+            wait_for_sessions_to_end(env["PGAPPNAME"])
 
 
 async def test_text_from_one_device_is_answered_there_and_synced_to_another(platform: dict[str, Any], brain: Any) -> None:
