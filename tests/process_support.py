@@ -76,6 +76,19 @@ def wait_for_sessions_to_end(application_name: str, timeout: float = 10.0) -> No
             time.sleep(0.1)
 
 
+def stop_processes(procs: list[subprocess.Popen[bytes]], timeout: float = 10.0) -> None:
+    """SIGTERM to all of ``procs`` at once, then wait for each; one that has not ended
+    within ``timeout`` is killed."""
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 def new_prefix(kind: str) -> str:
     """A Redis prefix of its own (channel layer, task queue, kombu's keys) for one group of
     processes, so parallel test runs sharing one Redis never take each other's tasks."""

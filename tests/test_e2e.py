@@ -30,11 +30,12 @@ from tests.conftest import db_async, need, script
 from tests.process_support import (
     ROOT,
     CeleryWorker,
-    database_url_for_subprocesses,
     free_port,
     redis_prefix,
+    stop_processes,
     subprocess_test_database_url,
     wait_for_sessions_to_end,
+    worker_env,
 )
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
@@ -47,23 +48,16 @@ def platform(owner: Any, brain: Any) -> Iterator[dict[str, Any]]:
     need(bool(django_settings.REDIS_URL), "the end-to-end test needs Redis (set REDIS_URL)")
     with redis_prefix("e2e") as prefix:
         port = free_port()
-        env = {
-            **os.environ,
-            "DJANGO_SETTINGS_MODULE": "yimi_project.settings",
-            "DATABASE_URL": database_url_for_subprocesses(),
-            "REDIS_URL": django_settings.REDIS_URL,
-            # Redis keys of their own (channel layer, task queue, kombu's bindings), deleted after.
-            "YIMI_CHANNEL_PREFIX": prefix,
-            "YIMI_CELERY_KEY_PREFIX": f"{prefix}:",
-            "PGAPPNAME": f"yimi-e2e-{port}",  # libpq tags the platform's database sessions
-            "YIMI_DATA_DIR": str(django_settings.DATA_DIR),
-            "YIMI_BRAIN_BASE_URL": brain.base_url,
+        # Redis keys of their own under prefix (channel layer, task queue, kombu's bindings),
+        # deleted after; the database sessions tagged prefix.
+        env = worker_env(
+            prefix,
+            YIMI_BRAIN_BASE_URL=brain.base_url,
             # Sub-agents reach the gateway over HTTP on the internal listener (daphne -u), as in production.
-            "YIMI_GATEWAY_OVER_HTTP": "1",
-            "YIMI_INTERNAL_SOCKET": str(Path(django_settings.DATA_DIR) / "sockets" / f"e2e-{port}.sock"),
-            "YIMI_WORKSPACE_DIR": str(Path(django_settings.DATA_DIR) / "e2e-workspace"),
-            "PYTHONUNBUFFERED": "1",
-        }
+            YIMI_GATEWAY_OVER_HTTP="1",
+            YIMI_INTERNAL_SOCKET=str(Path(django_settings.DATA_DIR) / "sockets" / f"e2e-{port}.sock"),
+            YIMI_WORKSPACE_DIR=str(Path(django_settings.DATA_DIR) / "e2e-workspace"),
+        )
         bindir = Path(sys.executable).parent
         Path(env["YIMI_INTERNAL_SOCKET"]).parent.mkdir(parents=True, exist_ok=True)
         logs = Path(django_settings.DATA_DIR)
@@ -88,14 +82,8 @@ def platform(owner: Any, brain: Any) -> Iterator[dict[str, Any]]:
                 time.sleep(0.2)
             yield {"base": base, "owner": owner, "logs": logs, "workspace": Path(env["YIMI_WORKSPACE_DIR"])}
         finally:
-            for p in procs:
-                p.terminate()
-            for p in procs:
-                try:
-                    p.wait(10)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-            wait_for_sessions_to_end(env["PGAPPNAME"])
+            stop_processes(procs)
+            wait_for_sessions_to_end(prefix)
 
 
 async def test_text_from_one_device_is_answered_there_and_synced_to_another(platform: dict[str, Any], brain: Any) -> None:

@@ -24,7 +24,7 @@ from django.db import connection
 from devices.services import issue_pairing_code
 from devices.simulator import DeviceConnection, DeviceIdentity, pair
 from tests.conftest import db_async, need, script
-from tests.process_support import ROOT, celery_worker, free_port, redis_prefix, worker_env
+from tests.process_support import ROOT, celery_worker, free_port, redis_prefix, stop_processes, worker_env
 from yimi_project.web_processes import refusal
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
@@ -136,14 +136,7 @@ def web(owner: Any, brain: Any, settings: Any, tmp_path: Path) -> Iterator[WebPr
                 time.sleep(0.2)
             yield web
         finally:
-            for p in procs:
-                p.terminate()
-            for p in procs:
-                try:
-                    p.wait(10)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    p.wait()
+            stop_processes(procs)
             # Their database sessions share the worker's tag (prefix): celery_worker waits
             # for them all once the worker is stopped too.
 
