@@ -68,6 +68,7 @@ class Watch(models.Model):
 
     class Meta:
         app_label = "brain"
+        verbose_name_plural = "watches"
 
     def __str__(self) -> str:
         return f"watch {self.label!r} ({self.s_from} → {self.s_to})"
