@@ -70,7 +70,7 @@ if SERVED_OVER_HTTPS:
 INSTALLED_APPS = [
     "daphne",
     "channels",
-    "django.contrib.admin",
+    "accounts.console.ConsoleAdminConfig",  # Django's admin, its index grouped by the owner's tasks
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",
@@ -262,8 +262,7 @@ YIMI_PORT = env.int("YIMI_PORT", default=8000)
 # The brain's endpoint, model, key and options are model-role settings (brain.roles), imported
 # from YIMI_BRAIN_* / YIMI_VISION_* / YIMI_WORKSHOP_* (and the brain_api_key, vision_api_key,
 # workshop_api_key secret files) at the FIRST start only; later starts keep the stored ones.
-# Whether this deployment starts the demo brain (./yimi up without YIMI_BRAIN_BASE_URL):
-BRAIN_IS_DEMO = not env.str("YIMI_BRAIN_BASE_URL", default="")
+# Whether the demo brain runs is the stored roles' matter (brain.roles.demo_brain_ports), not the environment's.
 BRAIN_HISTORY_ENTRIES = env.int("YIMI_BRAIN_HISTORY_ENTRIES", default=20)
 # A run whose utterance is older than this is marked expired instead of answered late.
 RUN_STALE_SECONDS = 180

@@ -5,9 +5,6 @@ from django.urls import include, path
 
 from yimi_project.views import health
 
-admin.site.site_header = "Yimi"
-admin.site.site_title = "Yimi admin"
-
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/health/", health),
