@@ -5,7 +5,7 @@ from django.apps import AppConfig
 
 from capabilities import authorities
 from memory import copies, source_changes
-from yimi_project import push
+from yimi_project import push, views
 
 
 def _recover_runs_on_worker_start(**_: object) -> None:
@@ -33,7 +33,7 @@ class BrainConfig(AppConfig):
     def ready(self) -> None:
         # Here, not at the top: these modules import models, which exist only once the app
         # registry is ready (memory.embeddings is a layer below; no cycle is being dodged).
-        from brain import call_snapshot, privacy_epoch, topic_state
+        from brain import brain_probe, call_snapshot, privacy_epoch, topic_state
         from brain.agents import agent_categories, redact_payload
         from brain.dispatch import start_payment
         from brain.execution_tasks import execute_payment_task
@@ -49,6 +49,7 @@ class BrainConfig(AppConfig):
         authorities.register_agent_limit(agent_categories)  # a self-check agent only observes
         push.register_starter(execute_payment_task.name, start_payment)  # an auto-payment, once authorized
         privacy_epoch.register_invalidator("topics", topic_state.invalidate)  # summaries and topic rows, in the bump's transaction
+        views.register_health_check("brain", brain_probe.health_check)  # GET /api/health/: the brain role answers
         # A Celery worker recovers the runs a dead worker left (brain.recovery) when it is ready.
         worker_ready.connect(_recover_runs_on_worker_start, weak=False, dispatch_uid="brain.recover_runs")
         # ... and serves the run lane (brain.run_lane) until it shuts down.

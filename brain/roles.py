@@ -57,6 +57,7 @@ MAX_TOKENS_LIMIT = 1_000_000
 FIELD_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,63}$")
 ENVIRONMENT_NOTE = "imported from the environment at first start"
 DEMO_NOTE = "demo brain"
+DEMO_PROVIDER = "demo"  # the provider name the first start gives the demo brain (``manage.py fake_brain``)
 
 
 class _Keep:
@@ -217,6 +218,15 @@ def _role_rows_sql(vendor: str, count: int) -> tuple[str, tuple[Any, ...]]:
     sql = (f"SELECT {statements.columns(fields)} FROM {quote(ModelRole._meta.db_table)} "
            f"WHERE {statements.column(ModelRole, 'role')} IN ({', '.join(['%s'] * count)})")
     return sql, fields
+
+
+def stored(role: str) -> RoleSettings | None:
+    """``role``'s own stored settings (no fallback), key decrypted, or None when it has no
+    row. Unlike ``resolve`` it never runs the first-start import: for checks that only read
+    (the brain probe, ``yimi_init``'s comparison with the environment)."""
+    _check_role(role)
+    row = ModelRole.objects.filter(role=role).first()
+    return None if row is None else _settings_of(row, role)
 
 
 def configured_row(role: str) -> ModelRole:
@@ -440,7 +450,7 @@ def _from_environment(role: str, prefix: str, env: Mapping[str, str], key_from_f
                 raise YimiError("invalid_model_settings", f"{prefix}_{variable} is not a valid {kind.__name__}: {raw[:40]!r}") from None
     if role == "brain" and not base_url:
         port = settings.FAKE_BRAIN_PORT
-        return {"provider": "demo", "base_url": f"http://127.0.0.1:{port}/v1", "model": model or "yimi-demo",
+        return {"provider": DEMO_PROVIDER, "base_url": f"http://127.0.0.1:{port}/v1", "model": model or "yimi-demo",
                 "options": options, "api_key": None, "note": DEMO_NOTE}
     if not base_url:
         return None
@@ -448,6 +458,38 @@ def _from_environment(role: str, prefix: str, env: Mapping[str, str], key_from_f
         raise YimiError("invalid_model_settings", f"{prefix}_BASE_URL is set but {prefix}_MODEL is not")
     provider = env.get(f"{prefix}_PROVIDER", "").strip() or (urlsplit(base_url).hostname or "provider")
     return {"provider": provider, "base_url": base_url, "model": model, "options": options, "api_key": key, "note": ENVIRONMENT_NOTE}
+
+
+def demo_brain_port(provider: str, base_url: str) -> int | None:
+    """The port of the demo brain (``manage.py fake_brain``) these settings point at, or None:
+    provider ``demo`` and a plain-http loopback URL, as the first start stores it."""
+    parts = urlsplit(base_url)
+    if provider != DEMO_PROVIDER or parts.scheme != "http" or parts.hostname not in ("127.0.0.1", "localhost"):
+        return None
+    try:
+        return parts.port or 80
+    except ValueError:
+        return None
+
+
+def demo_brain_ports() -> list[int]:
+    """The ports of the demo brain any stored role points at (brain, vision, ...): what
+    ``./yimi up`` starts, decided by the stored settings, never by the environment."""
+    found = {demo_brain_port(provider, url) for provider, url in ModelRole.objects.values_list("provider", "base_url")}
+    return sorted(port for port in found if port is not None)
+
+
+def environment_brain(environ: Mapping[str, str] | None = None) -> dict[str, Any] | None:
+    """The brain the environment names (``YIMI_BRAIN_BASE_URL``, ``YIMI_BRAIN_MODEL``,
+    ``YIMI_BRAIN_PROVIDER``), read as the first start reads it but without the key; None
+    when ``YIMI_BRAIN_BASE_URL`` is unset. ``invalid_model_settings`` when it is unusable."""
+    env = os.environ if environ is None else environ
+    if not env.get("YIMI_BRAIN_BASE_URL", "").strip():
+        return None
+    found = _from_environment("brain", "YIMI_BRAIN", env, "")
+    assert found is not None  # a base URL is set
+    found.pop("api_key", None)
+    return found
 
 
 # --- for the console ---------------------------------------------------------------------------

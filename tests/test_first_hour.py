@@ -197,15 +197,6 @@ def test_yimi_init_checks_the_port_before_issuing_a_pairing_code(owner: Any, tak
 
 
 @pytest.mark.django_db
-def test_yimi_init_checks_the_demo_brain_port_too(owner: Any, taken_port: int) -> None:
-    with (
-        override_settings(YIMI_PORT=free_port(), FAKE_BRAIN_PORT=taken_port),
-        pytest.raises(CommandError, match="YIMI_FAKE_BRAIN_PORT"),
-    ):
-        call_command("yimi_init", "--check-ports", "--demo-brain", stdout=io.StringIO())
-
-
-@pytest.mark.django_db
 def test_yimi_init_refuses_a_data_directory_another_yimi_serves(owner: Any, tmp_path: Path) -> None:
     """A second `./yimi up` on another port but the same data directory must not remove the
     first one's internal socket nor issue a pairing code; a stale socket file is no obstacle."""

@@ -1,4 +1,4 @@
-"""``manage.py model_settings export FILE | import FILE | rotate-key``.
+"""``manage.py model_settings export FILE | import FILE | rotate-key | draft ROLE ...``.
 
 - ``export FILE``: the model roles with their provider keys still sealed, plus the master
   key wrapped under a passphrase (``--passphrase-file`` or asked twice). FILE is created
@@ -7,6 +7,10 @@
   backup without the wrapped key or a wrong passphrase is refused and nothing changes.
 - ``rotate-key``: a new master key; every provider key re-wrapped in one transaction,
   then the key file replaced.
+- ``draft ROLE --base-url URL --model NAME [--provider NAME] [--api-key-file FILE |
+  --api-key-env VARIABLE]``: a draft of a change to ROLE (``brain.role_drafts.create_draft``,
+  made by the owner at the console), its endpoint probed once; the role's other options stay.
+  Nothing changes until the owner confirms it on a device, as any draft.
 
 Every error is one line (``CommandError``), never a traceback, and no command prints a
 key.
@@ -16,12 +20,15 @@ from __future__ import annotations
 
 import getpass
 import json
+import os
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from django.core.management.base import BaseCommand, CommandError
 
-from brain import role_backup
+from brain import role_backup, role_drafts, roles
+from brain.role_draft_models import ModelRoleDraft
 from yimi_project.errors import YimiError
 from yimi_project.secrets import write_private_file
 
@@ -36,6 +43,14 @@ class Command(BaseCommand):
             action.add_argument("file")
             action.add_argument("--passphrase-file", help="read the backup passphrase from this file (else it is asked)")
         sub.add_parser("rotate-key", help="generate a new master key and re-wrap every provider key")
+        draft = sub.add_parser("draft", help="draft a change of a model role, to confirm on your phone or Mac")
+        draft.add_argument("role", help="the model role, e.g. brain")
+        draft.add_argument("--base-url", required=True, help="the OpenAI-compatible /v1 root, e.g. http://127.0.0.1:11434/v1")
+        draft.add_argument("--model", required=True, help="the model name sent to the endpoint")
+        draft.add_argument("--provider", help="the provider name shown in the console (default: the URL's host)")
+        key = draft.add_mutually_exclusive_group()
+        key.add_argument("--api-key-file", help="read a new provider key from this file (else the stored key stays)")
+        key.add_argument("--api-key-env", metavar="VARIABLE", help="read a new provider key from this environment variable")
 
     def handle(self, *args: Any, **opts: Any) -> None:
         try:
@@ -43,11 +58,46 @@ class Command(BaseCommand):
                 self._export(Path(opts["file"]), self._passphrase(opts, confirm=True))
             elif opts["action"] == "import":
                 self._import(Path(opts["file"]), self._passphrase(opts, confirm=False))
+            elif opts["action"] == "draft":
+                self._draft(opts)
             else:
                 key_id = role_backup.rotate_master_key()
                 self.stdout.write(f"model master key rotated (new key id {key_id}); every provider key was re-wrapped")
         except YimiError as exc:
             raise CommandError(f"{exc.message} ({exc.code})") from None
+
+    def _draft(self, opts: dict[str, Any]) -> None:
+        api_key = None
+        if opts["api_key_file"]:
+            try:
+                api_key = Path(opts["api_key_file"]).read_text(encoding="utf-8").strip()
+            except OSError as exc:
+                raise CommandError(f"cannot read {opts['api_key_file']}: {exc.strerror}; no draft was made") from None
+            if not api_key:
+                raise CommandError(f"{opts['api_key_file']} is empty; no draft was made")
+        elif opts["api_key_env"]:
+            api_key = os.environ.get(opts["api_key_env"], "").strip()
+            if not api_key:
+                raise CommandError(f"{opts['api_key_env']} is not set; no draft was made")
+        base_url = opts["base_url"].strip()
+        provider = (opts["provider"] or "").strip() or urlsplit(base_url).hostname or ""
+        role = opts["role"]
+        options = role_drafts.current_settings(role)["options"] if role in roles.ROLES else None
+        draft, _ = role_drafts.create_draft(
+            role, provider=provider, base_url=base_url, model=opts["model"], options=options, api_key=api_key,
+            created_by=ModelRoleDraft.Creator.OWNER_CONSOLE, note="drafted with manage.py model_settings draft",
+        )
+        draft = role_drafts.probe_draft(draft.id)
+        self.stdout.write(f"draft {draft.id} made: {draft.role} → {draft.base_url} (model {draft.model}, provider {draft.provider}, key {draft.key_change})")
+        if draft.probe_status == ModelRoleDraft.Probe.OK:
+            self.stdout.write(f"probe: ok, the endpoint answered a chat completion in {draft.probe_latency_ms} ms")
+        else:
+            self.stdout.write(f"probe: {draft.probe_status} ({draft.probe_error_code or '-'}: {draft.probe_message}); you can still confirm it")
+        self.stdout.write(
+            "Nothing changes until you confirm it on your phone or Mac (the Model drafts page, /admin/brain/modelroledraft/, "
+            f"shows it); with the simulator: .venv/bin/python manage.py device_sim confirm-draft {draft.id} --key-file var/phone.json. "
+            "It takes effect from the next run."
+        )
 
     def _passphrase(self, opts: dict[str, Any], *, confirm: bool) -> str:
         if opts.get("passphrase_file"):
