@@ -1,7 +1,10 @@
-"""``/``: the owner's home. Signed out, the admin login; signed in as the owner, what Yimi
-is doing now (open runs, cards waiting for an answer, devices) and the way into the admin
-console. Any other account gets 403 (``accounts.services.is_owner``). It lives in devices/,
-the top layer, because it reads every app below it; it only reads."""
+"""``/``: the owner's home. Signed out, the admin login; signed in as the owner, the brain
+(the demo one or a real model, answering or not: ``brain.brain_probe``, cached there, so a
+page view does not probe each time), what Yimi is doing now (open runs, cards waiting for
+an answer, devices), how many packs are on, and links to what the owner manages in the
+console (timeline, memory, models, packs, devices). Any other account gets 403
+(``accounts.services.is_owner``). It lives in devices/, the top layer, because it reads
+every app below it; it only reads."""
 
 from __future__ import annotations
 
@@ -15,7 +18,9 @@ from django.urls import reverse
 from django.utils import timezone
 
 from accounts.services import is_owner
+from brain.brain_probe import brain_status
 from brain.models import Run
+from capabilities.manifest import load_packs
 from consent.models import ConsentCard
 from devices.models import Device
 from payments.models import PaymentAuthorization
@@ -30,7 +35,11 @@ def home(request: HttpRequest) -> HttpResponse:
         raise PermissionDenied("this Yimi belongs to its owner")
     owner, now = request.user, timezone.now()
     devices = list(Device.objects.filter(owner=owner, revoked_at__isnull=True).order_by("-last_seen_at", "name"))
+    packs = load_packs()
     context = {
+        "brain": brain_status(),
+        "packs_on": len(packs.packs),
+        "packs_off": len(packs.disabled) + len(packs.refused),
         "runs": Run.objects.filter(owner=owner, state__in=[Run.State.QUEUED, Run.State.RUNNING])
         .select_related("inbound", "origin_device").order_by("-created_at")[:20],
         "consent_cards": ConsentCard.objects.filter(owner=owner, state=ConsentCard.State.PENDING).order_by("created_at"),
