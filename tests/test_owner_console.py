@@ -170,6 +170,21 @@ def test_the_timeline_list_truncates_with_an_ellipsis(owner: Any) -> None:
     assert "word word…" in page and "lasttail" not in page
 
 
+def test_a_timeline_entry_links_to_the_run_that_answered_it(owner: Any, make_device: Any) -> None:
+    run = audited_run(owner, make_device)
+    run.refresh_from_db()
+    reply = run.result_entry
+    TimelineEntry.objects.filter(pk=reply.pk).update(reply_to=run.inbound)
+    alone = TimelineEntry.objects.create(owner=owner, seq=reply.seq + 1, kind="notice", text="the cold pack was sealed")
+    mine = logged_in(owner)
+    listing = mine.get("/admin/memory/timelineentry/").content.decode()
+    link = f'<a class="run-link" href="/admin/brain/run/{run.id}/change/">run {str(run.id)[:8]}</a>'
+    assert listing.count(link) == 2  # the utterance that started it and the reply it gave
+    for entry in (run.inbound, reply):
+        assert link in mine.get(f"/admin/memory/timelineentry/{entry.pk}/change/").content.decode()
+    assert "run-link" not in mine.get(f"/admin/memory/timelineentry/{alone.pk}/change/").content.decode()
+
+
 def test_the_model_settings_sit_in_the_models_section_of_the_index(owner: Any) -> None:
     index = logged_in(owner).get("/admin/").content.decode()
     models = index[index.index('class="app-task-models'):]
