@@ -3,9 +3,14 @@
 The candidate's test suites and the live base's run the same way: offline, with a
 read-only root, in bubblewrap (``bwrap --ro-bind / / --unshare-net``, ``/tmp`` read-only
 like the rest, one writable output directory for the JUnit XML that is also ``TMPDIR`` and
-``HOME``), with the release's own interpreter. Each suite writes JUnit
-XML; its failure set is every test case with a ``failure`` or ``error`` (by
-``classname::name``, prefixed with the suite's name).
+``HOME``), with the release's own interpreter. The suite gets a data directory and a
+secrets directory of its own inside the output directory (``YIMI_DATA_DIR``, empty
+``YIMI_SECRETS_DIR``): the settings create their default data directory inside ``code/``,
+which is read-only, and must not read the live host's data or secrets either. Each suite
+writes JUnit XML; its failure set is every test case with a ``failure`` or ``error`` (by
+``classname::name``, prefixed with the suite's name). What the suite printed (stdout and
+stderr as they came) is kept: its last lines go with the run, so an operator sees why a
+suite failed, not only its exit code.
 
 The rule: the candidate's failures minus the base's must be empty. A suite that exits
 non-zero but whose failures cannot be read (no XML, broken XML, or XML naming no failure)
@@ -44,6 +49,8 @@ class Suite:
 
 
 DEFAULT_SUITES = (Suite("tests"),)
+OUTPUT_LINES = 40
+OUTPUT_CHARS = 8000
 
 
 @dataclass
@@ -52,6 +59,7 @@ class SuiteRun:
     exit_code: int
     failures: set[str] | None  # None: the failures could not be read
     problem: str = ""
+    output: str = ""  # the last lines the suite printed (``OUTPUT_LINES``, at most ``OUTPUT_CHARS``)
 
     def unparsable(self) -> str | None:
         """The failure a non-zero exit naming no failure stands for (unreadable XML, or a
@@ -74,6 +82,24 @@ class GateResult:
             return f"no new failures ({len(self.candidate_failures)} known)"
         return f"{len(self.new_failures)} new failure(s): " + ", ".join(self.new_failures[:10])
 
+    def explained_runs(self) -> list[dict[str, Any]]:
+        """The runs an operator needs to see the output of: every run whose failures could
+        not be read (either side), and, when the gate rejects, every candidate run that
+        exited non-zero."""
+        return [
+            r for r in self.runs
+            if r["failures"] is None or (not self.passed and r["side"] == "candidate" and r["exit_code"] != 0)
+        ]  # fmt: skip
+
+
+def tail(path: Path, lines: int = OUTPUT_LINES, chars: int = OUTPUT_CHARS) -> str:
+    """The last ``lines`` lines of the file ``path``, and at most its last ``chars``
+    characters (only the file's end is read)."""
+    with path.open("rb") as f:
+        f.seek(max(0, f.seek(0, 2) - 4 * chars))
+        text = f.read().decode(errors="replace")
+    return "\n".join(text.rstrip().splitlines()[-lines:])[-chars:]
+
 
 def parse_junit(path: Path, suite: str) -> set[str]:
     """The failed and errored test cases of a JUnit XML file; raises ``ValueError`` when
@@ -95,9 +121,11 @@ def parse_junit(path: Path, suite: str) -> set[str]:
 def sandbox_argv(release: Path, out: Path, command: Sequence[str], env: Sequence[tuple[str, str]] = ()) -> list[str]:
     """``command`` offline with a read-only root: every mount read-only (``/tmp`` too: a
     release or the venv a shared release reads may live there, so it is not hidden behind
-    a private tmpfs), only ``out`` writable and given as ``TMPDIR`` and ``HOME``, and none
-    of this process's environment (no database URL, no settings module, no secrets: the
-    suite sets up what it needs itself)."""
+    a private tmpfs), only ``out`` writable and given as ``TMPDIR`` and ``HOME``, with
+    ``out/data`` as ``YIMI_DATA_DIR`` and the empty ``out/secrets`` as ``YIMI_SECRETS_DIR``
+    (``prepare_output`` makes both), and none of this process's environment (no database
+    URL, no settings module, no secrets: the suite sets up what it needs itself). ``env``
+    comes last, so a suite may set any of these otherwise."""
     bwrap = shutil.which("bwrap")
     if bwrap is None:
         raise YimiError("sandbox_unavailable", "bubblewrap (bwrap) is not installed: the gate does not run tests unsandboxed")
@@ -106,27 +134,47 @@ def sandbox_argv(release: Path, out: Path, command: Sequence[str], env: Sequence
         "--unshare-net", "--unshare-ipc", "--unshare-pid", "--die-with-parent", "--clearenv",
         "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin", "--setenv", "LANG", "C.UTF-8",
         "--setenv", "PYTHONDONTWRITEBYTECODE", "1", "--setenv", "HOME", str(out), "--setenv", "TMPDIR", str(out),
+        "--setenv", "YIMI_DATA_DIR", str(out / "data"), "--setenv", "YIMI_SECRETS_DIR", str(out / "secrets"),
         *[arg for name, value in env for arg in ("--setenv", name, value)],
         "--chdir", str(release / "code"), *command,
     ]  # fmt: skip
 
 
+def prepare_output(out: Path) -> None:
+    """The suite's writable directory: ``data`` (its ``YIMI_DATA_DIR``) and an empty
+    ``secrets`` (its ``YIMI_SECRETS_DIR``), both 0700."""
+    for name in ("data", "secrets"):
+        (out / name).mkdir(mode=0o700)
+
+
 def run_suite(release: ReleaseDir, suite: Suite, *, timeout: float = 3600.0) -> SuiteRun:
-    """Run one suite of ``release`` in the sandbox and read its failures."""
+    """Run one suite of ``release`` in the sandbox and read its failures, with the last
+    lines it printed. The output goes to a file outside the sandbox's writable directory,
+    so a long run holds no memory and a timed-out one still shows where it was."""
     python = release.path / "venv" / "bin" / "python"
     with tempfile.TemporaryDirectory(prefix="yimi-gate-") as tmp:
-        out = Path(tmp)
+        out = Path(tmp) / "out"
+        out.mkdir()
+        prepare_output(out)
+        log = Path(tmp) / "output.log"
         junit = out / "junit.xml"
         command = [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}", *suite.args]
+        exit_code: int | None = None  # None: timed out
+        with log.open("wb") as sink:
+            try:
+                exit_code = subprocess.run(
+                    sandbox_argv(release.path, out, command, suite.env), stdin=subprocess.DEVNULL, stdout=sink,
+                    stderr=subprocess.STDOUT, timeout=timeout,
+                ).returncode
+            except subprocess.TimeoutExpired:
+                pass
+        output = tail(log)
+        if exit_code is None:
+            return SuiteRun(suite.name, -1, None, f"timed out after {timeout:.0f} s", output)
         try:
-            done = subprocess.run(sandbox_argv(release.path, out, command, suite.env), capture_output=True, timeout=timeout)
-            exit_code = done.returncode
-        except subprocess.TimeoutExpired:
-            return SuiteRun(suite.name, -1, None, f"timed out after {timeout:.0f} s")
-        try:
-            return SuiteRun(suite.name, exit_code, parse_junit(junit, suite.name))
+            return SuiteRun(suite.name, exit_code, parse_junit(junit, suite.name), output=output)
         except ValueError as exc:
-            return SuiteRun(suite.name, exit_code, None, str(exc))
+            return SuiteRun(suite.name, exit_code, None, str(exc), output)
 
 
 def evaluate(candidate: Sequence[SuiteRun], base: Sequence[SuiteRun]) -> GateResult:

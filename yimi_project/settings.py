@@ -24,7 +24,12 @@ env = environ.Env()
 
 DATA_DIR = Path(env.str("YIMI_DATA_DIR", default=str(BASE_DIR / "var"))).resolve()
 SECRETS_DIR = Path(env.str("YIMI_SECRETS_DIR", default="/run/secrets"))
-DATA_DIR.mkdir(parents=True, exist_ok=True, mode=0o700)
+try:
+    DATA_DIR.mkdir(parents=True, exist_ok=True, mode=0o700)
+except OSError as exc:  # e.g. the default ./var inside a release's read-only code/
+    raise ImproperlyConfigured(
+        f"the data directory {DATA_DIR} cannot be created ({exc.strerror}): set YIMI_DATA_DIR to a writable directory"
+    ) from exc
 
 SECRET_KEY = read_secret(SECRETS_DIR, "django_secret_key") or load_or_create_secret_key(DATA_DIR)
 # Loopback-only internal endpoints (the capability gateway, pack callbacks) require it.

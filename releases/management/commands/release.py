@@ -5,7 +5,8 @@ flows F5/F6 on a host without Docker (directory releases under ``YIMI_RELEASES_R
   directory for REF (default HEAD of this checkout), made on the live commit unless
   ``--base`` says otherwise;
 - ``gate BUILD [--suite NAME=ARGS]``: the candidate's suites and the live base's, offline
-  in bubblewrap; ``F_cand \\ F_base`` must be empty;
+  in bubblewrap, each with a data directory of its own; ``F_cand \\ F_base`` must be
+  empty; a suite that failed is shown with its last lines;
 - ``switch BUILD [--idle-timeout S]``: protected-baseline card answered, base re-checked,
   idle waited for, backup, pointers, start, verify (services from
   ``<root>/services.json``); back to the previous release when it does not verify;
@@ -107,6 +108,11 @@ class Command(BaseCommand):
         self._say(("passed: " if result.passed else "rejected: ") + result.reason())
         for name in result.new_failures:
             self._say(f"  new failure: {name}")
+        for run in result.explained_runs():
+            why = f": {run['problem']}" if run["problem"] else ""
+            self._say(f"{run['side']} suite {run['suite']} exited {run['exit_code']}{why}; its last lines:")
+            for line in (run["output"] or "(it printed nothing)").splitlines():
+                self._say(f"  | {line}")
         if not result.passed:
             raise CommandError(f"the gate rejected {release.build_id} (gate_rejected)")
 
