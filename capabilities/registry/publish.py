@@ -265,8 +265,14 @@ def _sync(name: str) -> None:
 def record_shipped_versions(packs_dir: Path | None = None) -> list[PackVersion]:
     """The version history of the shipped packs: a new ``PackVersion`` (origin shipped)
     whenever a shipped pack's content digest differs from the last one recorded (the
-    maintenance cycle and ``manage.py pack status`` call this). Returns the new rows."""
+    maintenance cycle, ``manage.py yimi_init``, ``manage.py pack status`` and the console's
+    pack list call this, so the registry lists every shipped pack from the first start).
+    When nothing changed it is one query (the recorded digests) besides hashing the packs.
+    Returns the new rows."""
     directory = Path(packs_dir or settings.YIMI_PACKS_DIR)
+    recorded = set(
+        PackVersion.objects.filter(origin=PackVersion.Origin.SHIPPED, state=PackVersion.State.ACTIVE).values_list("pack__name", "digest")
+    )
     created = []
     for child in sorted(directory.iterdir()) if directory.is_dir() else []:
         if not (child / "plugin.json").is_file() or child.name.startswith((".", "_")):
@@ -276,6 +282,8 @@ def record_shipped_versions(packs_dir: Path | None = None) -> list[PackVersion]:
         except ManifestError:
             continue
         digest = directory_digest(child)
+        if (pack.name, digest) in recorded:
+            continue
         entry, _ = RegisteredPack.objects.get_or_create(name=pack.name)
         with transaction.atomic():
             RegisteredPack.objects.select_for_update().get(pk=entry.pk)

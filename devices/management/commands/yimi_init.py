@@ -2,8 +2,9 @@
 
 Migrates, creates the instance identity (Ed25519), the model master key and the owner
 account if they are missing, imports the model settings from the environment on the
-first start only (``brain.roles.import_from_environment``), and prints a fresh pairing
-code. Running it again changes nothing that exists
+first start only (``brain.roles.import_from_environment``), records the shipped packs in
+the pack registry (``record_shipped_versions``: a new version when a release changed
+one), and prints a fresh pairing code. Running it again changes nothing that exists
 (it only issues another single-use pairing code, unless ``--no-pairing-code``). It is
 devices' command because it ends with pairing, which accounts/, a layer below, cannot import.
 
@@ -32,6 +33,8 @@ from django.core.management.base import BaseCommand, CommandError
 from accounts.identity import ensure_instance_identity, instance_public_key_b64
 from accounts.services import ensure_owner, get_owner
 from brain import keyring, roles
+from capabilities.registry.publish import record_shipped_versions
+from capabilities.registry_models import RegisteredPack
 from devices.services import issue_pairing_code
 from yimi_project.errors import YimiError
 from yimi_project.secrets import read_secret
@@ -89,6 +92,8 @@ class Command(BaseCommand):
                 self.stdout.write(note)
         else:
             self.stdout.write(f"model settings: imported from the environment ({', '.join(imported)})")
+        recorded = record_shipped_versions()
+        self.stdout.write(f"packs: {RegisteredPack.objects.count()} registered ({len(recorded)} shipped version(s) recorded now)")
 
         # The demo brain runs when a stored role points at it, whatever the environment says now.
         demo_ports = roles.demo_brain_ports()
