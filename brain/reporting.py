@@ -3,10 +3,14 @@
 1. activity cards, whose status comes straight from receipts (``unknown`` and
    ``waiting`` included), pushed to the owner's devices;
 2. the text given back to the model after a call: the normalized receipt plus only the
-   facts not yet delivered to the owner;
+   facts not yet delivered to the owner, in the model's wording (which may say what to do
+   next: "do not repeat", "check with X before retrying");
 3. the follow-up reply: the model's draft checked by the deterministic checker against
    the task's receipts, missing facts added from templates, stored once, delivered in
    chunks; its facts count as told when a device ACKs the reply.
+
+Cards and replies carry only the owner's wording of facts (``truth.Fact.text``); the
+report prompt lists the same, so what the model may state is what a person may read.
 """
 
 from __future__ import annotations
@@ -62,13 +66,14 @@ def _facts_for(records: list[ReceiptRecord]) -> list[truth.Fact]:
 
 
 async def model_text(owner_id: int, outcome: ToolOutcome) -> str:
-    """The receipt and the facts about it the owner has not been told yet."""
+    """The receipt and the facts about it the owner has not been told yet, in the model's
+    wording (a fact only the model reads is never told, so it is always here)."""
 
     def build() -> str:
         record = ReceiptRecord.objects.select_related("call").filter(call_id=uuid_or_nil(outcome.call_id)).order_by("-revision").first()
         facts = _facts_for([record]) if record is not None else []
         delivered = services.delivered_fact_ids(owner_id, [f.id for f in facts]) if facts else set()  # none to ask about
-        new = [f.text for f in facts if f.id not in delivered]
+        new = [f.model_text for f in facts if f.id not in delivered]
         return json.dumps({"receipt": outcome.receipt, "facts_not_yet_told": new}, ensure_ascii=False)
 
     return await database_sync_to_async(build)()
@@ -143,6 +148,6 @@ async def deliver_checked_reply(run: Any, report: Report, draft: str, claim: Cal
 def report_for_records(records: list[ReceiptRecord], owner_id: int, header: list[str]) -> Report:
     facts = _facts_for(records)
     delivered = services.delivered_fact_ids(owner_id, [f.id for f in facts]) if facts else set()  # none to ask about
-    new = [f.text for f in facts if f.id not in delivered]
+    new = [f.text for f in facts if f.for_owner and f.id not in delivered]
     lines = [*header, "Facts from receipts (only these may be stated; they will be checked): " + (" ".join(new) or "none")]
     return Report("\n".join(lines), [r.receipt for r in records], facts, delivered)

@@ -88,7 +88,7 @@ def test_fact_ids_are_stable_and_distinct_per_call() -> None:
     [
         ("succeeded", "「写文件」已完成。", "办好了。"),
         ("failed", "「写文件」没有成功。", "没办成。"),
-        ("unknown", "「写文件」结果还不清楚，要先核查。", "结果还不清楚。"),
+        ("unknown", "「写文件」结果还不清楚。", "结果还不清楚。"),
         ("waiting", "「写文件」在等你确认，本次未执行。", "在等你确认。"),
         ("running", "「写文件」还在办。", "还在办。"),
         ("queued", "「写文件」排上队了，还在办。", "还在办。"),
@@ -150,7 +150,7 @@ def test_effects_are_worded_by_verification() -> None:
         "partial",
         effects=[
             {"target": "a.md", "action": "write", "verification": "verified"},
-            {"target": "张三", "action": "send", "verification": "service_ack"},
+            {"target": "mac:command", "action": "run", "verification": "service_ack"},
             {"target": "b.md", "action": "write", "verification": "not_verified"},
             {"target": "c.md", "action": "delete", "verification": "unknown"},
         ],
@@ -158,22 +158,48 @@ def test_effects_are_worded_by_verification() -> None:
     texts = [f.text for f in render_facts(r, tool_label="t", key="k") if f.kind == "effects"]
     assert texts == [
         "已写入 a.md，已核实。",
-        "已发送 张三，对方已确认收到。",
+        "已运行 mac:command，服务已确认接受。",
         "写入 b.md 还没有核实。",
         "不清楚 c.md 是否已删除。",
     ]
 
 
+def test_a_service_ack_claims_only_what_the_service_said_by_category() -> None:
+    """A server's acceptance of a send is not the recipient's; a memory write is saved,
+    nobody "received" it. The wording follows the category the gateway stamped."""
+    def effect_text(category: str | None, action: str, target: str) -> str:
+        eff = {"target": target, "action": action, "verification": "service_ack", **({"category": category} if category else {})}
+        (fact,) = [f for f in render_facts(receipt("succeeded", effects=[eff]), tool_label="t", key="k") if f.kind == "effects"]
+        return fact.text
+
+    sent = effect_text("send", "send", "张三")
+    assert sent == "张三：服务器已接收，是否送达还不知道。"
+    saved = effect_text("owner_data", "commit", "assertion:7")
+    assert saved == "已记下 assertion:7，已保存。"
+    for text in (sent, saved, effect_text(None, "run", "mac:command"), effect_text("physical", "open", "door")):
+        assert not any(word in text for word in ("收到", "确认收到", "已读", "received")), text
+    # verified stays verified whatever the category
+    (verified,) = [f for f in render_facts(receipt("succeeded", effects=[
+        {"target": "张三", "action": "send", "category": "send", "verification": "verified"}]), tool_label="t", key="k") if f.kind == "effects"]
+    assert verified.text == "已发送 张三，已核实。"
+
+
 def test_unknowns_and_next_permission_are_facts() -> None:
+    """The retry permission is a fact in two wordings: the model reads what to do next, the
+    owner reads what happens (or nothing, when it tells a person nothing new)."""
     facts = render_facts(receipt("succeeded", unknowns=["对方是否已读"], next={"retry": "forbidden"}),
                          tool_label="发消息", key="k")
-    texts = [f.text for f in facts]
-    assert "还不清楚：对方是否已读。" in texts
-    assert "这项操作已经成功，不要重复。" in texts
+    assert "还不清楚：对方是否已读。" in [f.text for f in facts]
+    (done,) = [f for f in facts if f.kind == "next"]
+    assert done.model_text == "这项操作已经成功，不要重复。"
+    assert (done.text, done.voice, done.for_owner) == ("", "", False)
     check_first = render_facts(receipt("unknown", next={"retry": "after_check", "check_with": "查消息"}),
                                tool_label="发消息", key="k")
-    assert check_first[-1].text == "重试前要先用「查消息」核查。"
     assert check_first[-1].kind == "next"
+    assert check_first[-1].model_text == "重试前要先用「查消息」核查。"
+    assert check_first[-1].text == "核查结果之前不会再试。"
+    assert check_first[0].model_text == "「发消息」结果还不清楚，要先核查。"
+    assert check_first[0].text == "「发消息」结果还不清楚。"
 
 
 def test_render_diff_returns_only_undelivered_facts() -> None:
@@ -191,7 +217,81 @@ def test_activity_card_status_comes_straight_from_the_receipt() -> None:
         assert card["status"] == status
         assert card["task_id"] == "task-9" and card["title"] == "写文件"
     card = activity_card("task-9", "写文件", receipt("unknown", unknowns=["文件是否写入"]))
-    assert card["facts"] == ["「写文件」结果还不清楚，要先核查。", "还不清楚：文件是否写入。"]
+    assert card["facts"] == ["「写文件」结果还不清楚。", "还不清楚：文件是否写入。"]
+
+
+# --- two audiences: the model's instructions never reach the owner ----------------------
+
+# What makes a sentence an instruction to the model: telling it what (not) to do next, or
+# naming the read tool it must run first (a tool name means nothing to a person).
+INSTRUCTION_MARKERS = ("不要", "要先", "重试前", "不能重试", "先用", "do not", "don't", "before retrying")
+CHECK_WITH = "查消息"
+
+
+def every_receipt() -> list[dict[str, Any]]:
+    """Receipts that reach every template: each status with each retry permission (with
+    and without check_with) and waiting_on, each verification of an effect in each
+    category, values and unknowns."""
+    out: list[dict[str, Any]] = []
+    nexts: list[dict[str, Any]] = [{}]
+    for retry in ("allowed", "forbidden", "after_check"):
+        nexts += [{"retry": retry}, {"retry": retry, "check_with": CHECK_WITH}]
+    nexts += [{"waiting_on": "owner"}, {"waiting_on": "service"}, {"retry": "forbidden", "waiting_on": "owner"}]
+    for status in STATUSES:
+        for nxt in nexts:
+            out.append(receipt(status, next=nxt) if nxt else receipt(status))
+    for verification in ("verified", "service_ack", "not_verified", "unknown"):
+        for category in (None, "observe", "workspace", "owner_data", "send", "account", "delete", "physical", "spend", "self_change"):
+            eff = {"target": "alice@example.com", "action": "send", "verification": verification}
+            out.append(receipt("partial", effects=[eff | ({"category": category} if category else {})]))
+    out.append(receipt("succeeded", values=[{"name": "大小", "value": 3, "unit": "byte", "source": "s"},
+                                            {"name": "replayed", "value": False, "source": "s"},
+                                            {"name": "状态", "value": "ok", "source": "s"}],
+                       unknowns=["对方是否已读"]))
+    return out
+
+
+def test_every_template_is_reached_by_the_audience_checks() -> None:
+    """The checks below render every template the renderer has: a new one is covered too."""
+    reached = {f.template for r in every_receipt() for f in render_facts(r, tool_label="发消息", key="k")}
+    assert reached == set(TEMPLATES)
+
+
+def test_no_owner_wording_of_any_fact_is_an_instruction_to_the_model() -> None:
+    instructions = set()
+    for r in every_receipt():
+        for fact in render_facts(r, tool_label="发消息", key="k"):
+            for shown in (fact.text, fact.voice):
+                assert not any(m in shown.lower() for m in INSTRUCTION_MARKERS), (fact.template, shown)
+                assert CHECK_WITH not in shown, (fact.template, shown)
+            if fact.model_text != fact.text:
+                instructions.add(fact.model_text)
+    # the model does get its instructions, in its own wording
+    assert {"这项操作已经成功，不要重复。", f"重试前要先用「{CHECK_WITH}」核查。", "重试前要先核查结果。"} <= instructions
+
+
+def test_cards_and_appended_reply_facts_carry_no_model_instruction() -> None:
+    for i, r in enumerate(every_receipt()):
+        facts = render_facts(r, tool_label="发消息", key=f"k{i}")
+        model_only = [f.model_text for f in facts if f.model_text != f.text]
+        card = activity_card(f"k{i}", "发消息", r)
+        for voice in (False, True):
+            told = check_reply("", receipts=[r], delivered_fact_ids=set(), facts=facts, voice=voice).text
+            for shown in [told, *card["facts"]]:
+                assert not any(m in shown.lower() for m in INSTRUCTION_MARKERS), shown
+                assert not any(instruction in shown for instruction in model_only), shown
+        assert all(card["facts"]), card  # a fact only the model reads is not an empty line on a card
+
+
+def test_a_reply_that_copies_a_model_instruction_loses_that_sentence() -> None:
+    r = receipt("succeeded", effects=[{"target": "alice", "action": "send", "category": "send", "verification": "verified"}],
+                next={"retry": "forbidden"})
+    unknown = receipt("unknown", next={"retry": "after_check", "check_with": CHECK_WITH})
+    result = check(f"发好了。这项操作已经成功，不要重复。重试前要先用「{CHECK_WITH}」核查。", [r, unknown])
+    assert reasons(result) == ["model_instruction", "model_instruction"]
+    assert result.text.startswith("发好了。")
+    assert "不要重复" not in result.text and CHECK_WITH not in result.text
+    assert "核查结果之前不会再试。" in result.text  # the owner's wording of the same fact
 
 
 # --- Chinese numerals --------------------------------------------------------------------

@@ -1,10 +1,10 @@
 """The deterministic reply checker (``check_reply``): no model call.
 
 ``check_reply`` takes the model's reply (content and tone only) and removes every sentence
-that disagrees with the receipts: numbers not in the receipts, status words the receipts do
+that disagrees with the receipts or repeats an instruction meant for the model: numbers not in the receipts, status words the receipts do
 not back, "noted" without a verified owner_data/workspace effect, suggestions to redo a
 ``retry: forbidden`` call that succeeded, and restatements of facts already delivered. It
-then appends, from the templates, every undelivered fact the remaining text does not state.
+then appends, from the templates' owner wording, every undelivered fact the remaining text does not state.
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ def _evidence(receipts: list[dict[str, Any]], facts: list[Fact]) -> _Evidence:
         texts.append(str(nxt.get("check_with") or ""))
         if nxt.get("retry") == "forbidden" and status == "succeeded":
             forbidden_done = True
-    texts.extend(f.text for f in facts if f.kind != "values")  # values match with their unit
+    texts.extend(t for f in facts if f.kind != "values" for t in (f.text, f.model_text))  # values match with their unit
     loose: set[float] = set()
     for t in texts:
         loose |= _loose_numbers(t)
@@ -168,6 +168,9 @@ def check_reply(
     - ``internal_marker``: the sentence carries an internal marker (a run/call id, a
       ``pack__tool`` name, a data-directory path, a token or secret, a stack-trace line:
       ``yimi_project.leaks``).
+    - ``model_instruction``: the sentence carries the model's wording of a fact where it
+      differs from the owner's ("不要重复", "重试前要先用「X」核查"): an instruction for the
+      model, never for the owner.
     - ``number_not_in_receipts``: every number (with its adjacent unit, if any) must equal a
       receipt value with a compatible unit (``units_compatible``), or be spelled somewhere
       in the receipts' texts (content text/items, effect targets, string values, unknowns,
@@ -186,7 +189,7 @@ def check_reply(
       equal to its voice version), or giving the number+unit of a delivered values fact
       that no undelivered values fact shares.
 
-    Then every fact of ``facts`` not in ``delivered_fact_ids`` and not stated by the kept text
+    Then every owner-facing fact (``Fact.for_owner``) of ``facts`` not in ``delivered_fact_ids`` and not stated by the kept text
     (values: the number with a compatible unit; status: a status word backing it; verified
     effects: the target named; otherwise the fact's text) is appended, with any internal
     marker in it redacted: its ``voice`` version when ``voice=True`` or ``lang`` ends in
@@ -230,6 +233,9 @@ class ReplyCheck:
         self.delivered_values = [f for f in facts if f.kind == "values" and f.number is not None and f.id in delivered_fact_ids]
         self.fresh_values = [f for f in facts if f.kind == "values" and f.number is not None and f.id not in delivered_fact_ids]
         self.delivered = [f for f in facts if f.id in delivered_fact_ids]
+        # The model's wording of a fact, where it is not the owner's: an instruction that
+        # must not reach the owner even when the model copies it into its reply.
+        self.instructions = {_norm(f.model_text) for f in facts if f.model_text != f.text and _norm(f.model_text)}
         self.removed: list[tuple[str, str]] = []
         self.kept_claims: set[str] = set()
         self.kept_numbers: list[_Number] = []
@@ -243,6 +249,9 @@ class ReplyCheck:
         ev = self.ev
         if find_markers(stripped):
             return "internal_marker", [], set()
+        norm = _norm(stripped)
+        if any(norm_instruction in norm for norm_instruction in self.instructions):
+            return "model_instruction", [], set()
         numbers = _numbers(stripped, ev.units)
         claims = status_claims(stripped)
         reason: str | None = None
@@ -252,15 +261,16 @@ class ReplyCheck:
             reason = _claim_reason(stripped, claims, ev)
         if reason is None and ev.forbidden_done and suggests_retry(stripped):
             reason = "suggests_forbidden_retry"
-        if reason is None:
-            norm = _norm(stripped)
-            if any((_norm(f.text) and _norm(f.text) in norm) or norm == _norm(f.voice) for f in self.delivered) or any(
+        if reason is None and (
+            any((_norm(f.text) and _norm(f.text) in norm) or (_norm(f.voice) and norm == _norm(f.voice)) for f in self.delivered)
+            or any(
                 _checked(n, ev)
                 and any(_matches(n, f.number, f.unit) for f in self.delivered_values if f.number is not None)
                 and not any(_matches(n, f.number, f.unit) for f in self.fresh_values if f.number is not None)
                 for n in numbers
-            ):
-                reason = "repeats_delivered_fact"
+            )
+        ):
+            reason = "repeats_delivered_fact"
         return reason, numbers, claims
 
     def feed(self, sentence: str) -> str:
@@ -300,8 +310,8 @@ class ReplyCheck:
         self.finished = True
         kept_text = self.sent
         for fact in self.facts:
-            if fact.id in self.told:
-                continue
+            if fact.id in self.told or not fact.for_owner:
+                continue  # a fact only the model reads is never told
             if _stated(fact, kept_text, self.kept_claims, self.kept_numbers, self.ev):
                 self.told.append(fact.id)
             elif fact.id not in self.delivered_ids:

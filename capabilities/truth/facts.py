@@ -18,7 +18,14 @@ Rules:
 1. Status and numbers are rendered from the fixed templates in ``TEMPLATES`` (one small
    table, keyed by fact kind and variant, never by tool). Each template has a text version
    and a shorter voice version. The only tool-specific part is the ``tool_label`` slot.
-2. A fact's id is stable: ``sha256(key, kind, canonical content)[:16]``. ``key`` names the
+   An effect is worded by its verification and, where the proof means something else for
+   it, its category: a ``service_ack`` of a send is the server's acceptance, never the
+   recipient's; of the owner's data, a save.
+2. Two audiences: ``text``/``voice`` are the owner's (reply facts, activity cards) and say
+   what happened; ``model_text`` is the model's (its tool results) and may add what to do
+   next ("do not repeat", "check with X before retrying"). No owner wording is an
+   instruction; a fact whose owner wording is empty is the model's only.
+3. A fact's id is stable: ``sha256(key, kind, canonical content)[:16]``. ``key`` names the
    call (task id / call id), so the same fact of the same call always has the same id and
    equal facts of two calls have different ids.
 """
@@ -37,34 +44,60 @@ STATUSES = ("succeeded", "partial", "failed", "unknown", "waiting", "running", "
 VERIFICATIONS = ("verified", "service_ack", "not_verified", "unknown")
 
 # ---------------------------------------------------------------------------------------
-# The template table: the only place where fact sentences are worded.
-# Key "kind.variant" -> (text, voice). Slots: tool_label, verb, target, name, value, unit,
-# item, check_with. Every text ends with a sentence mark so facts can be concatenated.
+# The template table: the only place where fact sentences are worded, for two audiences.
+#
+# ``owner`` and ``voice`` are what a person reads or hears: reply facts, activity cards,
+# notices. They state what happened and what the protocol proved, never what to do next.
+# ``model`` is what the model reads in its tool results, when it needs more than the owner
+# does: an instruction ("do not repeat", "check with X before retrying"). None: the model
+# reads the owner's wording. An empty ``owner`` makes the fact the model's only: it is never
+# shown to a person (a retry rule after a success tells the owner nothing new).
+#
+# Key "kind.variant" (effects: "effects.verification" or "effects.verification.category").
+# Slots: tool_label, verb, target, name, value, unit, item, check_with. Every text ends with
+# a sentence mark so facts can be concatenated.
 # ---------------------------------------------------------------------------------------
-TEMPLATES: dict[str, tuple[str, str]] = {
-    "status.succeeded": ("「{tool_label}」已完成。", "办好了。"),
-    "status.partial": ("「{tool_label}」只完成了一部分。", "只办好了一部分。"),
-    "status.failed": ("「{tool_label}」没有成功。", "没办成。"),
-    "status.unknown": ("「{tool_label}」结果还不清楚，要先核查。", "结果还不清楚。"),
-    "status.waiting": ("「{tool_label}」在等你确认，本次未执行。", "在等你确认。"),
-    "status.running": ("「{tool_label}」还在办。", "还在办。"),
-    "status.queued": ("「{tool_label}」排上队了，还在办。", "还在办。"),
-    "status.cancelled": ("「{tool_label}」已取消，没有执行。", "已取消。"),
-    "status.rejected": ("「{tool_label}」被拦下了，没有执行。", "没有执行。"),
-    "effects.verified": ("已{verb} {target}，已核实。", "已{verb}{target}。"),
-    "effects.service_ack": ("已{verb} {target}，对方已确认收到。", "已{verb}{target}。"),
-    "effects.not_verified": ("{verb} {target} 还没有核实。", "{target}还没核实。"),
-    "effects.unknown": ("不清楚 {target} 是否已{verb}。", "{target}情况不明。"),
-    "values.number": ("{name}：{value} {unit}。", "{name}{value}{unit}。"),
-    "values.text": ("{name}：{value}。", "{name}{value}。"),
-    "unknowns.item": ("还不清楚：{item}。", "不清楚{item}。"),
-    "next.forbidden_done": ("这项操作已经成功，不要重复。", "不要重复。"),
-    "next.forbidden": ("「{tool_label}」不能重试。", "不能重试。"),
-    "next.after_check": ("重试前要先核查结果。", "要先核查。"),
-    "next.after_check_with": ("重试前要先用「{check_with}」核查。", "要先核查。"),
-    "next.allowed_after_failure": ("「{tool_label}」可以再试一次。", "可以再试。"),
-    "next.waiting_owner": ("要等你确认后才会执行。", "等你确认。"),
-    "next.waiting_service": ("在等对方服务回应。", "在等对方回应。"),
+
+
+@dataclass(frozen=True)
+class Wording:
+    owner: str
+    voice: str
+    model: str | None = None
+
+
+TEMPLATES: dict[str, Wording] = {
+    "status.succeeded": Wording("「{tool_label}」已完成。", "办好了。"),
+    "status.partial": Wording("「{tool_label}」只完成了一部分。", "只办好了一部分。"),
+    "status.failed": Wording("「{tool_label}」没有成功。", "没办成。"),
+    "status.unknown": Wording("「{tool_label}」结果还不清楚。", "结果还不清楚。", model="「{tool_label}」结果还不清楚，要先核查。"),
+    "status.waiting": Wording("「{tool_label}」在等你确认，本次未执行。", "在等你确认。"),
+    "status.running": Wording("「{tool_label}」还在办。", "还在办。"),
+    "status.queued": Wording("「{tool_label}」排上队了，还在办。", "还在办。"),
+    "status.cancelled": Wording("「{tool_label}」已取消，没有执行。", "已取消。"),
+    "status.rejected": Wording("「{tool_label}」被拦下了，没有执行。", "没有执行。"),
+    # Effects claim only what the verification proved: ``verified`` was read back;
+    # ``service_ack`` is the service's word that it accepted the change — for a send, that
+    # the server took the message (not that anyone received it), for the owner's data, that
+    # the change was saved.
+    "effects.verified": Wording("已{verb} {target}，已核实。", "已{verb}{target}。"),
+    "effects.service_ack": Wording("已{verb} {target}，服务已确认接受。", "已{verb}{target}。"),
+    "effects.service_ack.send": Wording("{target}：服务器已接收，是否送达还不知道。", "服务器已接收。"),
+    "effects.service_ack.owner_data": Wording("已{verb} {target}，已保存。", "已保存。"),
+    "effects.not_verified": Wording("{verb} {target} 还没有核实。", "{target}还没核实。"),
+    "effects.unknown": Wording("不清楚 {target} 是否已{verb}。", "{target}情况不明。"),
+    "values.number": Wording("{name}：{value} {unit}。", "{name}{value}{unit}。"),
+    "values.text": Wording("{name}：{value}。", "{name}{value}。"),
+    "unknowns.item": Wording("还不清楚：{item}。", "不清楚{item}。"),
+    "next.forbidden_done": Wording("", "", model="这项操作已经成功，不要重复。"),
+    "next.forbidden": Wording("「{tool_label}」不会自动重试。", "不会重试。", model="「{tool_label}」不能重试。"),
+    "next.after_check": Wording("核查结果之前不会再试。", "先核查再说。", model="重试前要先核查结果。"),
+    "next.after_check_with": Wording("核查结果之前不会再试。", "先核查再说。", model="重试前要先用「{check_with}」核查。"),
+    "next.after_check_done": Wording("", "", model="重试前要先核查结果。"),
+    "next.after_check_with_done": Wording("", "", model="重试前要先用「{check_with}」核查。"),
+    "next.allowed_after_failure": Wording("「{tool_label}」可以再试一次。", "可以再试。"),
+    "next.waiting_owner": Wording("要等你确认后才会执行。", "等你确认。"),
+    "next.waiting_service": Wording("在等对方服务回应。", "在等对方回应。"),
 }
 
 # Verbs for effect actions (the action is a pack-declared word; unknown ones are shown as is).
@@ -84,6 +117,14 @@ ACTION_VERBS: dict[str, str] = {
     "pay": "支付",
     "book": "预订",
     "save": "保存",
+    "commit": "记下",
+    "forget": "忘掉",
+    "erase": "抹去",
+    "add": "加入",
+    "open": "打开",
+    "set": "设置",
+    "run": "运行",
+    "draft": "起草",
 }
 
 
@@ -92,7 +133,9 @@ class Fact:
     """One fact, rendered from a fixed template.
 
     ``id`` is ``sha256(key, kind, canonical content)`` in hex, first 16 characters.
-    ``text`` is the written version, ``voice`` the shorter spoken one. The remaining
+    ``text`` is the written version for the owner, ``voice`` the shorter spoken one (both
+    "" for a fact only the model reads: ``for_owner`` is False); ``model_text`` is the
+    model's version, which may carry an instruction the owner never sees. The remaining
     fields are the structured data the checker compares against (``number``/``unit`` for
     numeric values, ``status`` for status facts, ``target``/``verification`` for effects).
     """
@@ -103,6 +146,7 @@ class Fact:
     voice: str
     key: str
     template: str
+    model_text: str = ""
     status: str | None = None
     name: str | None = None
     value: Any = None
@@ -113,6 +157,11 @@ class Fact:
     verification: str | None = None
     category: str | None = None
     retry: str | None = None
+
+    @property
+    def for_owner(self) -> bool:
+        """Whether a person is ever shown this fact (else it is the model's only)."""
+        return bool(self.text)
 
 
 # ---------------------------------------------------------------------------------------
@@ -142,14 +191,16 @@ def format_number(value: Any) -> str:
 
 
 def _make(key: str, kind: str, template: str, content: dict[str, Any], slots: dict[str, Any], **data: Any) -> Fact:
-    text, voice = TEMPLATES[template]
+    wording = TEMPLATES[template]
+    text = wording.owner.format(**slots)
     return Fact(
         id=fact_id(key, kind, {"template": template, **content}),
         kind=kind,
-        text=text.format(**slots),
-        voice=voice.format(**slots),
+        text=text,
+        voice=wording.voice.format(**slots),
         key=key,
         template=template,
+        model_text=wording.model.format(**slots) if wording.model is not None else text,
         **data,
     )
 
@@ -173,11 +224,12 @@ def render_facts(receipt: dict[str, Any], *, tool_label: str, key: str) -> list[
         action = str(eff.get("action", ""))
         target = str(eff.get("target", ""))
         verb = ACTION_VERBS.get(action.lower(), action)
+        template = f"effects.{verification}.{eff.get('category')}"
         facts.append(
             _make(
                 key,
                 "effects",
-                f"effects.{verification}",
+                template if template in TEMPLATES else f"effects.{verification}",
                 {"target": target, "action": action, "verification": verification},
                 {**label, "verb": verb, "target": target},
                 status=status,
@@ -215,7 +267,7 @@ def render_facts(receipt: dict[str, Any], *, tool_label: str, key: str) -> list[
     if retry == "forbidden":
         variants.append("next.forbidden_done" if status == "succeeded" else "next.forbidden")
     elif retry == "after_check":
-        variants.append("next.after_check_with" if check_with else "next.after_check")
+        variants.append(("next.after_check_with" if check_with else "next.after_check") + ("_done" if status == "succeeded" else ""))
     elif retry == "allowed" and status == "failed":
         variants.append("next.allowed_after_failure")
     if waiting_on == "owner" and status != "waiting":
