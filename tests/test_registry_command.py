@@ -12,7 +12,7 @@ from django.core.management import CommandError, call_command
 
 from capabilities.manifest import load_packs
 from capabilities.registry_models import PackCandidate
-from tests.registry_support import use_registry, write_candidate
+from tests.registry_support import CONTRACT, use_registry, write_candidate
 
 pytestmark = pytest.mark.django_db
 
@@ -62,3 +62,16 @@ def test_refusals_carry_their_code(tmp_path: Path, settings: Any) -> None:
         pack("switch", "nosuchpack", "on")
     with pytest.raises(CommandError, match="^invalid_request: "):
         pack("build", str(tmp_path / "empty"))
+
+
+def test_a_refused_check_prints_why_each_case_failed(tmp_path: Path, settings: Any) -> None:
+    use_registry(tmp_path, settings)
+    expects_failure = CONTRACT.format(name="parcelcount").replace("status: succeeded", "status: failed")
+    source = write_candidate(tmp_path / "src", contract=expects_failure)
+    out = StringIO()
+    with pytest.raises(CommandError, match=r"^candidate_refused: parcelcount did not pass the registry's checks \(contract_failed\)$"):
+        call_command("pack", "check", str(source), stdout=out)
+    printed = out.getvalue()
+    failed = [line.strip() for line in printed.splitlines() if line.strip().startswith("case 'count': ")]
+    assert len(failed) == 2  # the fake's run and the real one's
+    assert all("failed" in line and "succeeded" in line for line in failed), printed  # expected vs got

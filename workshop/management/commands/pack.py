@@ -10,7 +10,9 @@
     pack build SOURCE             # the workshop builds SOURCE (a spec or a draft) into a candidate
 
 Long steps (honesty checks, preloading, builds) print a progress line each. Errors are
-printed with their stable code and exit non-zero. The command lives in the workshop app
+printed with their stable code and exit non-zero. A refused candidate is printed with why:
+each static finding, each honesty finding, and under each honesty run what could not run
+and each failed case's problems; the last line names the rule codes. The command lives in the workshop app
 because ``build`` needs the workshop, which sits above ``capabilities``.
 """
 
@@ -75,7 +77,9 @@ class Command(BaseCommand):
         candidate = add_candidate(directory, origin=options["origin"], built_against=built_against, progress=self.progress)
         self.show_candidate(candidate)
         if candidate.state != PackCandidate.State.PASSED:
-            raise CommandError(f"candidate_refused: {candidate.name or directory.name} did not pass the registry's checks")
+            raise CommandError(
+                f"candidate_refused: {candidate.name or directory.name} did not pass the registry's checks ({self.refusal_codes(candidate)})"
+            )
 
     def show_candidate(self, candidate: PackCandidate) -> None:
         self.stdout.write(f"candidate {candidate.digest}")
@@ -85,8 +89,20 @@ class Command(BaseCommand):
         honesty = candidate.honesty_report or {}
         for run in honesty.get("runs", []):
             self.stdout.write(f"  honesty {run['implementation']}: {sum(c['passed'] for c in run['cases'])}/{len(run['cases'])} cases, {run['steps']} steps traced")
+            # why: the contract's own words (what could not run, each failed case's problems)
+            for error in run.get("errors", []):
+                self.stdout.write(self.style.ERROR(f"      could not run: {error}"))
+            for case in run["cases"]:
+                for failure in [] if case["passed"] else case.get("failures") or ["(no detail recorded)"]:
+                    self.stdout.write(self.style.ERROR(f"      case {case['name']!r}: {failure}"))
         for finding in honesty.get("findings", []):
             self.stdout.write(self.style.ERROR(f"  honesty {finding['code']:<22} {finding['message']}"))
+
+    @staticmethod
+    def refusal_codes(candidate: PackCandidate) -> str:
+        """The rule codes that refused ``candidate``, for the command's last line."""
+        codes = [f["code"] for f in candidate.static_report] + [f["code"] for f in (candidate.honesty_report or {}).get("findings", [])]
+        return ", ".join(dict.fromkeys(codes)) or "no rule code recorded"
 
     def do_publish(self, options: dict[str, Any]) -> None:
         prefix = str(options["digest"]).lower()
@@ -152,5 +168,5 @@ class Command(BaseCommand):
         candidate = build_candidate(Path(options["source"]), progress=self.progress)
         self.show_candidate(candidate)
         if candidate.state != PackCandidate.State.PASSED:
-            raise CommandError("candidate_refused: the build's candidate did not pass the registry's checks")
+            raise CommandError(f"candidate_refused: the build's candidate did not pass the registry's checks ({self.refusal_codes(candidate)})")
         self.stdout.write(f"publish it with: manage.py pack publish {candidate.digest[:16]}")
