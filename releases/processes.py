@@ -9,9 +9,13 @@ release's ``release.json``; ``yimi_project.views.health`` reports it to loopback
 
 The services of a host are listed in ``<releases root>/services.json``:
 ``[{"name": "web", "argv": ["{release}/venv/bin/daphne", …], "health_url": "http://…",
-"env": {…}}]`` — the deployer's file, read by ``manage.py release switch|rollback``. Each
-service's pid is kept in ``<root>/run/<name>.pid`` (with the process's start time), so the
-next invocation stops the process an earlier one started.
+"env": {…}}]`` — the deployer's file, read by ``manage.py release switch|rollback``. A
+service runs with this process's environment plus its ``env``, and ``YIMI_DATA_DIR`` is
+this process's data directory unless its ``env`` names another: the settings' default,
+``./var`` beside the code, would be inside the release's read-only ``code/`` (a process
+as root would make a new, empty data directory there). Each service's pid is kept in
+``<root>/run/<name>.pid`` (with the process's start time), so the next invocation stops
+the process an earlier one started.
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from django.conf import settings
 
 from yimi_project.errors import YimiError
 
@@ -183,7 +189,8 @@ def _stop_group(pid: int, seconds: float, sleep: Callable[[float], None]) -> Non
 
 def load_services(root: Path) -> list[ProcessService]:
     """The host's services from ``<root>/services.json`` (missing or malformed: a clear
-    ``release_services_missing`` / ``release_services_invalid``)."""
+    ``release_services_missing`` / ``release_services_invalid``); each one's environment
+    names this process's data directory unless its ``env`` sets ``YIMI_DATA_DIR``."""
     path = root / SERVICES_FILE
     if not path.is_file():
         raise YimiError(
@@ -194,7 +201,8 @@ def load_services(root: Path) -> list[ProcessService]:
         rows = json.loads(path.read_text())
         return [
             ProcessService(
-                str(r["name"]), [str(a) for a in r["argv"]], health_url=str(r["health_url"]), env=r.get("env"), run_dir=root / "run"
+                str(r["name"]), [str(a) for a in r["argv"]], health_url=str(r["health_url"]),
+                env={"YIMI_DATA_DIR": str(settings.DATA_DIR), **(r.get("env") or {})}, run_dir=root / "run",
             )
             for r in rows
         ]

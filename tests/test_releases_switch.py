@@ -10,6 +10,8 @@ import json
 import os
 import shutil
 import subprocess
+import sys
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +19,7 @@ import pytest
 
 from brain import keyring
 from memory.models import TimelineEntry
-from releases import backup, builds, pointers, switching
+from releases import backup, builds, pointers, processes, switching
 from releases.models import Release, ReleaseEvent
 from releases.pointers import read_pointers
 from tests.release_support import Repo, free_port, quick_verify, web_service
@@ -306,3 +308,51 @@ def test_health_reports_the_build_of_the_release_directory_it_runs_from(tmp_path
         assert Client(REMOTE_ADDR="127.0.0.1").get("/api/health/").json()["build"] is None  # not a release directory
     finally:
         views.running_build.cache_clear()
+
+
+DATA_DIR_PROBE = """\
+import http.server, json, os, sys
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = json.dumps({"status": "ok", "data_dir": os.environ.get("YIMI_DATA_DIR")}).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Handler).serve_forever()
+"""
+
+
+def test_services_run_on_the_commands_data_directory_unless_services_json_names_one(
+    tmp_path: Path, root: Path, settings: Any
+) -> None:
+    settings.DATA_DIR = tmp_path / "live-data"  # not in this process's environment: the settings' value is passed on
+    release = tmp_path / "release"
+    (release / "code").mkdir(parents=True)
+    (release / "code" / "probe.py").write_text(DATA_DIR_PROBE)
+    ports = {"web": free_port(), "elsewhere": free_port()}
+    root.mkdir()
+    (root / "services.json").write_text(json.dumps([
+        {"name": "web", "argv": [sys.executable, "probe.py", str(ports["web"])], "health_url": f"http://127.0.0.1:{ports['web']}/"},
+        {"name": "elsewhere", "argv": [sys.executable, "probe.py", str(ports["elsewhere"])],
+         "health_url": f"http://127.0.0.1:{ports['elsewhere']}/", "env": {"YIMI_DATA_DIR": str(tmp_path / "other-data")}},
+    ]))  # fmt: skip
+    services = processes.load_services(root)
+    try:
+        told = {}
+        for service in services:
+            service.start(release)
+            with urllib.request.urlopen(service.health_url, timeout=5) as answer:
+                told[service.name] = json.load(answer)["data_dir"]
+    finally:
+        for service in services:
+            service.stop()
+
+    assert told == {"web": str(tmp_path / "live-data"), "elsewhere": str(tmp_path / "other-data")}
