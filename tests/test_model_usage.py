@@ -313,7 +313,7 @@ def test_the_usage_page_plots_roles_and_days_for_the_owner(owner: Any) -> None:
     assert "unknown for 1 call" in page  # no price file
     assert logged_in(owner).get("/admin/brain/modelusage/", {"days": "0"}).status_code == 200  # refused, default shown
     index = logged_in(owner).get("/admin/").content.decode()
-    section = index[index.index('class="app-brain'):]
+    section = index[index.index('class="app-task-models'):]  # "Models and persona" (accounts.console)
     section = section[: section.index("</table>")]
     assert "/admin/brain/modelusage/" in section and "/admin/brain/modelselection/" in section
 
