@@ -8,6 +8,9 @@ call with the approval as credential (a failed recheck is a ``cancelled`` receip
 3. execute the stored arguments over MCP; a disconnect or timeout is recorded
 ``unknown`` and must be checked before any retry; 4. record the receipt as the call's next
 revision; 5. one report turn, checked against the receipt, stored at most once per card.
+
+A denied card is acknowledged instead (``acknowledge_denied``): a short reply from a
+template, through the same delivery, once per card.
 """
 
 from __future__ import annotations
@@ -67,3 +70,20 @@ async def report_card(card_id: Any) -> None:
         return
     card, report = built
     await reporting.report_turn(card.run, report, lambda entry_id: consent.mark_card_reported(card.id, entry_id), event=f"card {card.id}")
+
+
+async def acknowledge_denied(card_id: Any) -> bool:
+    """The owner said no: a short reply to the utterance that led to the card
+    (``reporting.declined_ack`` by the card's category, e.g. "好，不发了。"), stored at most once
+    per card (it is the card's report) and delivered like a report. False when the card is
+    not denied or was already reported."""
+    card = await database_sync_to_async(
+        lambda: ConsentCard.objects.select_related("run", "run__inbound").filter(id=card_id, state=ConsentCard.State.DENIED).first()
+    )()
+    if card is None or card.reported_entry_id is not None:
+        return False
+    delivered = await reporting.deliver_reply(
+        card.run, reporting.declined_ack(card.category), lambda entry_id: consent.mark_card_reported(card.id, entry_id)
+    )
+    log_event("consent_denied_acknowledged", card_id=str(card.id), delivered=delivered)
+    return delivered

@@ -9,6 +9,9 @@ executor reads the checkout amount back and pays only if it equals the authorize
 amount; 3. record the receipt; 4. settle: paid, replaced (a new card for the new
 amount, at most 2 per intent), stopped, unknown or failed; 5. when the payment has
 ended, one report turn, checked against the receipt, stored once per intent.
+
+A payment card the owner denied is acknowledged instead (``acknowledge_declined``): a short
+reply from a template, through the same delivery, once per intent.
 """
 
 from __future__ import annotations
@@ -78,3 +81,23 @@ async def report_payment(intent_id: Any) -> None:
     await reporting.report_turn(
         intent.run, report, lambda entry_id: payments.mark_intent_reported(intent.id, entry_id), event=f"intent {intent.id}"
     )
+
+
+async def acknowledge_declined(authorization_id: Any) -> bool:
+    """The owner declined the payment card: a short reply ("好，不付了。") to the utterance
+    that asked for the payment, stored at most once per intent (it is the intent's report)
+    and delivered like a report. False when the card is not denied or the intent was
+    already reported."""
+    auth = await database_sync_to_async(
+        lambda: PaymentAuthorization.objects.select_related("intent", "intent__run", "intent__run__inbound")
+        .filter(id=authorization_id, state=PaymentAuthorization.State.DENIED)
+        .first()
+    )()
+    if auth is None or auth.intent.reported_entry_id is not None:
+        return False
+    intent = auth.intent
+    delivered = await reporting.deliver_reply(
+        intent.run, reporting.declined_ack("spend"), lambda entry_id: payments.mark_intent_reported(intent.id, entry_id)
+    )
+    log_event("payment_declined_acknowledged", intent_id=str(intent.id), delivered=delivered)
+    return delivered

@@ -38,6 +38,23 @@ from yimi_project.logs import log_event
 
 CHUNK_CHARS = 24
 
+# What Yimi says when the owner says no to a card, by the category of what it asked about
+# (a payment card is ``spend``): the owner's words were heard, and nothing was done.
+DECLINED_ACKS = {
+    "send": "好，不发了。",
+    "spend": "好，不付了。",
+    "delete": "好，不删了。",
+    "owner_data": "好，不改了。",
+    "account": "好，账号先不动。",
+    "physical": "好，先不动它。",
+}
+DECLINED_ACK = "好，不做了。"
+
+
+def declined_ack(category: str) -> str:
+    """The acknowledgement of a denied card whose action is of ``category``."""
+    return DECLINED_ACKS.get(category, DECLINED_ACK)
+
 
 def tool_label(tool: str) -> str:
     return tool.replace("__", " ")
@@ -131,10 +148,20 @@ async def deliver_checked_reply(run: Any, report: Report, draft: str, claim: Cal
     chunks to the device that spoke, and remember which facts it carried."""
     checked = truth.check_reply(draft, receipts=report.receipts, delivered_fact_ids=report.delivered, facts=report.facts)
     text = checked.text.strip() or "这件事结束了，但我没有可以确认的结果。"
+    await deliver_reply(run, text, claim, told=list(checked.told))
+
+
+async def deliver_reply(run: Any, text: str, claim: Callable[[int], bool], *, told: list[str] | None = None) -> bool:
+    """Store ``text`` as a reply to the run's utterance at most once (``claim``), remember
+    the facts it carries (``told``, when it carries any) and deliver it in chunks to the
+    device that spoke, then ``timeline.new`` to the owner's other devices. False: the event
+    was already reported, nothing was stored or sent. A checked report and a platform
+    acknowledgement (a denied card) take this same path."""
     entry = await database_sync_to_async(store_reply_once)(run, text, claim)
     if entry is None:
-        return  # already reported
-    await database_sync_to_async(services.facts_carried)(run.owner_id, entry.id, list(checked.told))
+        return False  # already reported
+    if told is not None:
+        await database_sync_to_async(services.facts_carried)(run.owner_id, entry.id, told)
     chunks = push.ReplyChunks(run.origin_device_id, {"run_id": str(run.id), "reply_to_seq": run.inbound.seq})
     for i in range(0, len(text), CHUNK_CHARS):
         await chunks.add(text[i : i + CHUNK_CHARS])
@@ -143,6 +170,7 @@ async def deliver_checked_reply(run: Any, report: Report, draft: str, claim: Cal
         run.origin_device_id, done, run.owner_id, push.timeline_new(entry.seq, known_to_device=run.origin_device_id),
         before=await chunks.last(),
     )
+    return True
 
 
 def report_for_records(records: list[ReceiptRecord], owner_id: int, header: list[str]) -> Report:

@@ -35,7 +35,8 @@ class ConsentCard(models.Model):
     expires_at = models.DateTimeField(db_index=True)
     answered_at = models.DateTimeField(null=True, blank=True)
     answered_by = models.ForeignKey("devices.Device", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
-    # The reply that told the owner how the approved action went (at most one per card).
+    # The reply that told the owner how the approved action went, or acknowledged the denial
+    # (at most one per card).
     reported_entry = models.ForeignKey("memory.TimelineEntry", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
 
     def __str__(self) -> str:

@@ -30,7 +30,9 @@ from accounts.identity import instance_public_key_b64, sign_as_instance
 from accounts.models import Scope
 from accounts.services import device_scope_limit, is_owner_device
 from brain import catalog, geofences, model_settings, role_drafts
+from brain.consent_execution import acknowledge_denied
 from brain.dispatch import dispatch_card_execution, dispatch_payment, dispatch_run, ensure_embedded_sweeper, publish_run
+from brain.payment_execution import acknowledge_declined
 from brain.services import accept_utterance, trace_stages_update
 from brain.trace import now_ms
 from consent import services as consent
@@ -389,6 +391,8 @@ class DeviceConsumer(AsyncWebsocketConsumer):
         await self._send({"type": "consent.result", "id": frame.get("id"), "card_id": str(card.id), "state": card.state})
         if card.state == "approved":
             await dispatch_card_execution(card.id)
+        elif card.state == "denied":
+            await acknowledge_denied(card.id)
 
     async def _on_release_answer(self, frame: dict[str, Any]) -> None:
         """The owner's answer to a protected-baseline card (releases.baseline)."""
@@ -406,6 +410,8 @@ class DeviceConsumer(AsyncWebsocketConsumer):
         await self._send({"type": "payment.result", "id": frame.get("id"), "authorization_id": str(auth.id), "state": auth.state})
         if auth.state == "authorized":
             await dispatch_payment(auth.id)
+        elif auth.state == "denied":
+            await acknowledge_declined(auth.id)
 
     async def _on_payment_voice_confirm(self, frame: dict[str, Any]) -> None:
         assert self.device is not None
@@ -500,6 +506,8 @@ class DeviceConsumer(AsyncWebsocketConsumer):
         })
         if outcome.card is not None and outcome.state == "approved":
             await dispatch_card_execution(outcome.card.id)
+        elif outcome.card is not None and outcome.state == "denied":
+            await acknowledge_denied(outcome.card.id)
 
     async def _on_device_state(self, frame: dict[str, Any]) -> None:
         """What the device says about itself: ``riding`` turns gestures off (devices/hud.py)."""

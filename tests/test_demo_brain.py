@@ -14,8 +14,9 @@ import pytest
 from brain.fake_server import Script
 from capabilities.mcp_host import runtime
 from capabilities.models import ReceiptRecord
+from consent.models import ConsentCard
 from devices.simulator import card_id, consent_answer_message, payment_answer_message
-from memory.models import Assertion
+from memory.models import Assertion, TimelineEntry
 from payments.models import PaymentIntent
 from tests.conftest import db_async, open_socket, receive_until
 from tests.gateway_support import REPO_PACKS, copy_repo_pack
@@ -93,15 +94,47 @@ async def test_a_first_send_asks_on_the_phone_and_is_sent_once_approved_as_devic
     await comm.disconnect()
 
 
-async def test_a_denied_send_changes_nothing(demo: Any, make_device: Any) -> None:
+async def until_reply(comm: Any, seq: int, text: str) -> dict[str, Any]:
+    """The reply to utterance ``seq`` that says ``text`` (other replies to it may come first)."""
+    while True:
+        frame = await follow_up(comm, seq)
+        if frame["text"] == text:
+            return frame
+
+
+async def test_a_denied_send_changes_nothing_and_is_acknowledged_once(demo: Any, make_device: Any) -> None:
     phone = await db_async(make_device)("phone")
     comm, _ = await open_socket(phone)
-    await say(comm, "send Alice a note")
+    ack, _ = await say(comm, "send Alice a note")
     card = await receive_until(comm, "consent.card", timeout=30)
-    await comm.send_json_to({"type": "consent.answer", "id": "d1", "card_id": card_id(card), "answer": "deny",
-                             "signature": phone.sign(consent_answer_message(card, "deny"))})
+    answer = {"type": "consent.answer", "id": "d1", "card_id": card_id(card), "answer": "deny",
+              "signature": phone.sign(consent_answer_message(card, "deny"))}
+    await comm.send_json_to(answer)
     assert (await receive_until(comm, "consent.result"))["state"] == "denied"
+    said = await until_reply(comm, ack["seq"], "好，不发了。")  # the platform's template, not the model
+    await comm.send_json_to(answer)  # a replayed deny changes nothing and says nothing again
+    assert (await receive_until(comm, "error"))["code"] == "card_closed"
     assert not await db_async(ReceiptRecord.objects.filter(call__tool="messaging__send", status="succeeded").exists)()
+    entries = await db_async(lambda: list(TimelineEntry.objects.select_related("reply_to").filter(text="好，不发了。")))()
+    assert [(e.seq, e.kind, e.reply_to.seq) for e in entries] == [(said["seq"], "reply", ack["seq"])]
+    assert (await db_async(ConsentCard.objects.get)()).reported_entry_id == entries[0].id
+    await comm.disconnect()
+
+
+async def test_a_declined_payment_is_acknowledged_and_nothing_is_paid(demo: Any, make_device: Any, settings: Any) -> None:
+    phone = await db_async(make_device)("phone")
+    comm, _ = await open_socket(phone)
+    ack, _ = await say(comm, "buy a milk tea")
+    card = await receive_until(comm, "payment.card", timeout=30)
+    await comm.send_json_to({"type": "payment.answer", "id": "p1", "authorization_id": card_id(card), "answer": "deny",
+                             "signature": phone.sign(payment_answer_message(card, "deny"))})
+    assert (await receive_until(comm, "payment.result"))["state"] == "denied"
+    said = await until_reply(comm, ack["seq"], "好，不付了。")
+    intent = await db_async(PaymentIntent.objects.get)()
+    assert intent.state == "cancelled" and intent.reported_entry_id is not None
+    assert (await db_async(lambda: TimelineEntry.objects.get(id=intent.reported_entry_id).seq)()) == said["seq"]
+    store = Path(settings.DATA_DIR) / "packs" / "shop" / "store.json"
+    assert not store.exists() or not json.loads(store.read_text()).get("orders")
     await comm.disconnect()
 
 

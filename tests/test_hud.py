@@ -92,6 +92,9 @@ async def test_a_shake_over_the_socket_denies_a_consent_card(make_device: Any, p
     assert result == {"type": "gesture.result", "id": "g-dismiss", "card_kind": "consent", "card_id": str(card.id),
                       "gesture": "dismiss", "effect": "denied", "state": "denied"}
     assert (await db_async(ConsentCard.objects.get)(id=card.id)).state == "denied"
+    said = await receive_until(comm, "reply.done")  # a shake is acknowledged like a deny on the phone
+    assert said["text"] == "好，不发了。"
+    assert (await db_async(ConsentCard.objects.select_related("reported_entry").get)(id=card.id)).reported_entry.seq == said["seq"]
     await comm.disconnect()
 
 
