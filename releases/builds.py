@@ -6,7 +6,7 @@ releases root: ``<commit[:12]>-<digest[:12]>/{code,venv,MANIFEST,release.json}``
 id is ``dir:<sha256 of MANIFEST>``; MANIFEST names the commit and lists every file of
 ``code/`` (path, mode, SHA-256; a symlink by its target), sorted, so the same commit always
 gives the same id and another commit or any changed byte gives another. The virtual environment is made from the code's own
-``requirements.lock`` (hash-checked) by default; ``make_venv`` is injectable (tests make a
+``requirements.lock`` and, for the gate's suites, ``requirements-dev.lock`` (both hash-checked) by default; ``make_venv`` is injectable (tests make a
 venv without pip that sees the running interpreter's packages — real, but cheap). It is
 derived from the code, so it is not in the manifest.
 
@@ -54,12 +54,19 @@ def resolve_commit(repo: Path, ref: str) -> str:
 
 
 def lock_venv(venv: Path, code: Path) -> None:
-    """The production venv: ``python -m venv``, then the code's own lock file, hash-checked."""
+    """The production venv: ``python -m venv``, then the code's own lock file, hash-checked,
+    then its test lock ``requirements-dev.lock`` when the commit has one, so the gate can run
+    the release's suites with the release's own interpreter (without it, pytest is missing
+    and every suite exits unparsable). The test lock is compiled against
+    ``requirements.lock`` (``./yimi lock``): it only adds packages, it moves none the
+    services run."""
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     lock = code / "requirements.lock"
     if not lock.is_file():
         raise YimiError("release_invalid", "the commit has no requirements.lock to build its environment from")
-    subprocess.run([str(venv / "bin" / "pip"), "install", "--quiet", "--require-hashes", "-r", str(lock)], check=True)
+    for name in ("requirements.lock", "requirements-dev.lock"):
+        if (code / name).is_file():
+            subprocess.run([str(venv / "bin" / "pip"), "install", "--quiet", "--require-hashes", "-r", str(code / name)], check=True)
 
 
 def shared_venv(venv: Path, code: Path) -> None:

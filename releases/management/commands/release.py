@@ -67,7 +67,7 @@ class Command(BaseCommand):
         b.add_argument("--ref", default="HEAD", help="the commit to build (default HEAD)")
         b.add_argument("--base", default=None, help="the live commit the candidate was made on (default: current's)")
         b.add_argument("--venv", choices=sorted(builds.VENV_BUILDERS), default="lock",
-                       help="lock: a venv from the commit's requirements.lock (default); shared: a venv on this interpreter's packages")
+                       help="lock: a venv from the commit's requirements.lock and requirements-dev.lock (default); shared: a venv on this interpreter's packages")
         g = sub.add_parser("gate", help="run the candidate's and the live base's suites offline; no new failure may appear")
         g.add_argument("build")
         g.add_argument("--suite", action="append", default=[], help="NAME=PYTEST ARGS (repeatable; default tests=tests)")
