@@ -417,3 +417,70 @@ def payment_answer_message(card: dict[str, Any], answer: str, *, unlocked: bool 
     amount = f"{Decimal(card['amount']):.2f}"
     parts = ["yimi-payment-v1", card["authorization_id"], card["payee"], amount, card["currency"], card["expires_at"], answer, "unlocked"]
     return "\n".join(parts).encode()
+
+
+# --- cards as a person reads them ------------------------------------------------------------
+
+CONSENT_TITLES = {
+    "send": "Send this?",
+    "owner_data": "Change your data?",
+    "delete": "Delete this?",
+    "account": "Act on an account?",
+    "physical": "Operate a device?",
+    "workspace": "Write to the workspace?",
+}
+TIMELINE_WHO = {"utterance": "you", "reply": "yimi", "notice": "notice", "image": "photo"}
+
+
+def _shown(value: Any, limit: int = 200) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def card_lines(card: dict[str, Any], *, answer_with: str) -> list[str]:
+    """A consent or payment card as a person reads it: a title, what it does (a consent
+    card's arguments one per line, the preview as it is when it is not whole JSON), who gets
+    it and how much where the card says so, and the commands that answer it (``answer_with``:
+    the ``device_sim`` arguments after the card id, e.g. ``--key-file var/phone.json``)."""
+    ident = card_id(card)
+    lines: list[str]
+    if card.get("type") == "payment.card":
+        payee = card.get("merchant") or card.get("payee") or "?"
+        lines = [f"[card {ident}] Pay {card.get('amount')} {card.get('currency') or ''} to {payee}?".replace("  ", " ")]
+        items = "，".join(f"{i.get('item')} ×{i.get('quantity')}" for i in card.get("items") or [])
+        if items:
+            lines.append(f"  for: {items}")
+        if card.get("eta"):
+            lines.append(f"  arrives: {card['eta']}")
+        if card.get("replacement"):
+            lines.append(f"  the amount changed: this card replaces an earlier one ({card['replacement']} of 2)")
+    else:
+        category = str(card.get("category") or "")
+        who = "you asked for this" if card.get("owner_requested") else "Yimi wants to do this on her own"
+        tool = str(card.get("tool") or "").replace("__", " ")
+        lines = [f"[card {ident}] {CONSENT_TITLES.get(category, 'Allow this?')} ({tool}; {who})"]
+        target = str(card.get("target") or "")
+        if target:
+            lines.append(f"  {'to' if category == 'send' else 'on'}: {target}")
+        preview = str(card.get("preview") or "")
+        try:
+            arguments = json.loads(preview)
+        except ValueError:
+            arguments = None
+        if isinstance(arguments, dict):
+            lines += [f"  {name}: {_shown(value)}" for name, value in arguments.items() if _shown(value) != target]
+        elif preview:
+            lines.append(f"  what: {_shown(preview, 500)}")
+    lines.append(f"  approve: manage.py device_sim approve {ident} {answer_with}")
+    lines.append(f"  deny:    manage.py device_sim deny {ident} {answer_with}")
+    return lines
+
+
+def timeline_line(entry: dict[str, Any]) -> str:
+    """One timeline entry as ``sync`` prints it: ``[#seq] who: text`` (an image's text is
+    its size and format, never its content; a notice says its code)."""
+    who = TIMELINE_WHO.get(str(entry.get("kind")), str(entry.get("kind")))
+    if entry.get("kind") == "notice" and entry.get("notice_code"):
+        who = f"notice ({entry['notice_code']})"
+    return f"[#{entry['seq']}] {who}: {entry.get('text', '')}"

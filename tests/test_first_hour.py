@@ -227,3 +227,62 @@ def test_fake_brain_on_a_port_in_use_says_so(taken_port: int) -> None:
 def test_settings_know_where_yimi_up_serves() -> None:
     assert isinstance(settings.YIMI_PORT, int)
     assert settings.YIMI_HOST
+
+
+# --- what device_sim prints: cards as a person reads them, every timeline entry -------------
+
+
+def test_a_consent_card_prints_as_a_person_reads_it_not_as_json() -> None:
+    from devices.simulator import card_lines
+
+    preview = json.dumps({"action": "send", "body": "send Alice a note", "subject": "A note", "to": "alice@example.com"},
+                         separators=(",", ":"), sort_keys=True)
+    card = {"type": "consent.card", "card_id": "4dac2019-9a86", "category": "send", "tool": "messaging__send",
+            "target": "alice@example.com", "preview": preview, "owner_requested": True}
+    lines = card_lines(card, answer_with="--key-file var/phone.json")
+    assert lines == [
+        "[card 4dac2019-9a86] Send this? (messaging send; you asked for this)",
+        "  to: alice@example.com",
+        "  action: send",
+        "  body: send Alice a note",
+        "  subject: A note",
+        "  approve: manage.py device_sim approve 4dac2019-9a86 --key-file var/phone.json",
+        "  deny:    manage.py device_sim deny 4dac2019-9a86 --key-file var/phone.json",
+    ]
+    assert not any("{" in line or '":' in line for line in lines)
+    # a preview cut at its 500 characters is no longer JSON: shown as it is, not dropped
+    cut = card_lines({**card, "preview": preview[:30], "owner_requested": False}, answer_with="--key-file k")
+    assert cut[0].endswith("(messaging send; Yimi wants to do this on her own)")
+    assert cut[2] == f"  what: {preview[:30].strip()}"
+
+
+def test_a_payment_card_prints_its_amount_payee_and_items() -> None:
+    from devices.simulator import card_lines
+
+    card = {"type": "payment.card", "authorization_id": "d4af3362", "payee": "milk-tea-shop", "merchant": "奶茶小铺",
+            "amount": "18.00", "currency": "CNY", "items": [{"item": "珍珠奶茶", "quantity": 1}], "eta": "", "replacement": 0}
+    assert card_lines(card, answer_with="--key-file var/phone.json") == [
+        "[card d4af3362] Pay 18.00 CNY to 奶茶小铺?",
+        "  for: 珍珠奶茶 ×1",
+        "  approve: manage.py device_sim approve d4af3362 --key-file var/phone.json",
+        "  deny:    manage.py device_sim deny d4af3362 --key-file var/phone.json",
+    ]
+
+
+def test_sync_prints_every_kind_of_timeline_entry_an_image_included() -> None:
+    from devices.simulator import timeline_line
+
+    entries = [
+        {"seq": 18, "kind": "image", "text": "[image 512×600 jpeg]", "notice_code": None},
+        {"seq": 19, "kind": "utterance", "text": "看看这是什么", "notice_code": None},
+        {"seq": 20, "kind": "reply", "text": "好，不发了。", "notice_code": None},
+        {"seq": 21, "kind": "notice", "text": "该喝水了", "notice_code": "reminder"},
+        {"seq": 22, "kind": "something_new", "text": "x", "notice_code": None},
+    ]
+    assert [timeline_line(e) for e in entries] == [
+        "[#18] photo: [image 512×600 jpeg]",
+        "[#19] you: 看看这是什么",
+        "[#20] yimi: 好，不发了。",
+        "[#21] notice (reminder): 该喝水了",
+        "[#22] something_new: x",  # a kind this simulator does not know is printed, not a KeyError
+    ]

@@ -42,7 +42,9 @@ from devices.simulator import (
     DeviceIdentity,
     SimulatorError,
     card_id,
+    card_lines,
     pair,
+    timeline_line,
     upload_image,
 )
 
@@ -78,7 +80,8 @@ class Command(BaseCommand):
             a = sub.add_parser(answer, help=f"{answer} a consent or payment card (the only open one, or CARD_ID)")
             a.add_argument("card_id", nargs="?", default=None, help="the card's id (or its start), as `say` prints it")
             a.add_argument("--key-file", required=True, help="where this device's identity and key are kept")
-            a.add_argument("--follow", type=float, default=FOLLOW_SECONDS, help="seconds to wait for the report after approving")
+            a.add_argument("--follow", type=float, default=FOLLOW_SECONDS,
+                           help="seconds to wait for what follows: the report after approving, the acknowledgement after denying")
 
         ph = sub.add_parser("photo", help="send a photo (JPEG or PNG) as the glasses do, then ask about it")
         ph.add_argument("file", help="the image file")
@@ -104,6 +107,8 @@ class Command(BaseCommand):
             where = opts["server"]
         elif opts.get("key_file"):
             where = load_identity(Path(opts["key_file"])).server
+        if opts.get("key_file"):
+            self.key_file = f"--key-file {opts['key_file']}"  # in the commands a card prints
         try:
             asyncio.run(getattr(self, f"_{opts['action'].replace('-', '_')}")(opts))
         except (httpx.ConnectError, httpx.ConnectTimeout, ConnectionRefusedError, TimeoutError) as exc:
@@ -185,14 +190,12 @@ class Command(BaseCommand):
 
     follow: float | None = None
 
+    key_file = "--key-file ..."
+
     def _show_card(self, card: dict[str, Any]) -> None:
-        ident = card_id(card)
-        if card["type"] == "consent.card":
-            self.stdout.write(f"[card {ident}] consent ({card['category']}): {card['tool']} → {card['target']}: {card['preview']}")
-        else:
-            items = "，".join(f"{i.get('item')} ×{i.get('quantity')}" for i in card.get("items") or [])
-            self.stdout.write(f"[card {ident}] payment: {card['amount']} {card['currency']} to {card['merchant'] or card['payee']} ({items})")
-        self.stdout.write(f"  answer it: manage.py device_sim approve {ident} --key-file ...  (or deny)")
+        """The card as a person reads it (``simulator.card_lines``), with the commands that answer it."""
+        for line in card_lines(card, answer_with=self.key_file):
+            self.stdout.write(line)
 
     async def _follow(self, conn: DeviceConnection, seq: int, seconds: float, *, until_card: bool = False) -> None:
         """Print what follows an utterance (activity, cards, the report) until its report
@@ -242,7 +245,7 @@ class Command(BaseCommand):
             result = await conn.answer_card(card, answer)
             self.stdout.write(f"[card {card_id(card)}] {answer}: {result['state']}")
             run_seq = await self._utterance_of(conn)
-            if answer == "approve" and opts["follow"] and run_seq is not None:
+            if opts["follow"] and run_seq is not None:  # the report, or the acknowledgement of a deny
                 await self._follow(conn, run_seq, opts["follow"])
             await asyncio.sleep(0.05)
 
@@ -298,8 +301,7 @@ class Command(BaseCommand):
     async def _sync(self, opts: dict[str, Any]) -> None:
         async with DeviceConnection(load_identity(Path(opts["key_file"]))) as conn:
             for entry in await conn.sync(after=opts["after"]):
-                who = {"utterance": "you", "reply": "yimi", "notice": "notice"}[entry["kind"]]
-                self.stdout.write(f"[#{entry['seq']}] {who}: {entry['text']}")
+                self.stdout.write(timeline_line(entry))
 
     async def _chat(self, opts: dict[str, Any]) -> None:
         async with DeviceConnection(load_identity(Path(opts["key_file"]))) as conn:
