@@ -179,6 +179,25 @@ def ensure_certificates(tls_dir: Path, names: list[str]) -> tuple[Path, Path]:
     return cert_path, key_path
 
 
+def container_resolver(resolv_conf: Path = Path("/etc/resolv.conf")) -> str:
+    """The container's DNS server, which answers the compose service names: the first IPv4
+    ``nameserver`` of ``resolv_conf`` (Docker: 127.0.0.11; podman: its network's gateway),
+    else Docker's 127.0.0.11."""
+    try:
+        lines = resolv_conf.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        lines = []
+    for line in lines:
+        fields = line.split()
+        if len(fields) >= 2 and fields[0] == "nameserver":
+            try:
+                if ipaddress.ip_address(fields[1]).version == 4:
+                    return fields[1]
+            except ValueError:
+                continue
+    return "127.0.0.11"
+
+
 def main() -> None:
     env = os.environ
     tls_dir = Path(env.get("YIMI_FRONT_TLS_DIR", "/tls"))
@@ -190,7 +209,7 @@ def main() -> None:
         {
             "LISTEN": env.get("YIMI_FRONT_LISTEN", "8443"),
             "UPSTREAM": env.get("YIMI_FRONT_UPSTREAM", "web:8000"),
-            "RESOLVER": env.get("YIMI_FRONT_RESOLVER", "127.0.0.11"),
+            "RESOLVER": env.get("YIMI_FRONT_RESOLVER") or container_resolver(),
             "TLS_CERT": str(cert),
             "TLS_KEY": str(key),
             "ACCESS_LOG": env.get("YIMI_FRONT_ACCESS_LOG", "off"),
