@@ -6,7 +6,7 @@ class MemoryConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from memory import ambient, archive, copies
+        from memory import ambient, archive, checks, copies  # noqa: F401 (checks registers itself)
 
         copies.register("memory", ambient.redact_payload)  # forgetting redacts the ambient log's copies too
         archive.register_if_configured()  # cold packs: the hot store's reclaimer, cold reader, verifier and eraser

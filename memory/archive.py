@@ -115,7 +115,7 @@ class RoundReport:
     objects_packed: int = 0
     skipped: list[int] = field(default_factory=list)  # hot copy unreadable or not matching
     # done | budget | busy:<reason> | spacing | packs | round_running | not_configured, or the error
-    # code that ended it: cold_storage_unavailable, pack_invalid, flac_timeout, flac_failed
+    # code that ended it: cold_storage_unavailable, pack_invalid, ffmpeg_missing, flac_timeout, flac_failed
     stopped: str = "done"
     released: list[str] = field(default_factory=list)
     progress: list[str] = field(default_factory=list)

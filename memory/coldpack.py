@@ -31,6 +31,7 @@ import gzip
 import hashlib
 import json
 import re
+import shutil
 import struct
 import subprocess
 import tempfile
@@ -94,10 +95,15 @@ def invalid(message: str) -> YimiError:
 # --- FLAC through ffmpeg ---------------------------------------------------------------------------
 
 
+FFMPEG_MISSING = "ffmpeg is not installed (apt-get install ffmpeg): audio originals cannot be sealed into cold packs"
+
+
 def _ffmpeg(args: list[str], data: bytes) -> bytes:
     """Run ffmpeg at the lowest CPU priority on one thread, ``data`` on stdin, stdout back.
-    Raises ``flac_failed`` (ffmpeg refused) or ``flac_timeout`` (over ``FFMPEG_SECONDS``;
-    the process is killed)."""
+    Raises ``ffmpeg_missing`` (not installed), ``flac_failed`` (ffmpeg refused) or
+    ``flac_timeout`` (over ``FFMPEG_SECONDS``; the process is killed)."""
+    if shutil.which("ffmpeg") is None:
+        raise YimiError("ffmpeg_missing", FFMPEG_MISSING)
     argv = ["nice", "-n", "19", "ffmpeg", "-nostdin", "-hide_banner", "-loglevel", "error", "-threads", "1", *args]
     try:
         done = subprocess.run(argv, input=data, capture_output=True, timeout=FFMPEG_SECONDS, check=False)
