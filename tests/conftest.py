@@ -1,12 +1,13 @@
 from __future__ import annotations
 
+import asyncio
 import base64
 import io
 import json
 import os
 import socket
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -354,6 +355,93 @@ class UnixWSGIServer:
         self.server.shutdown()
         self.server.server_close()
         self.path.unlink(missing_ok=True)
+
+
+class UnixASGIServer:
+    """The internal listener as ``./yimi up`` serves it: the platform's ASGI application
+    (``yimi_project.asgi``) over a real Unix socket, on the event loop of the test's own
+    websockets, as daphne serves the device sockets and the internal listener on one loop
+    of one process. On the in-memory channel layer that matters: a layer hands messages
+    only between consumers of one loop, so the Mac relay (``devices.mac_relay``) must wait
+    on the loop the Mac's socket reads on. ``UnixWSGIServer`` runs each request on a loop
+    of its own thread, where the Mac's acceptance never arrives (``mac_offline``).
+
+    One request per connection (answered with ``Connection: close``); the body is read
+    whole before the application sees the request, as daphne does."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.server: asyncio.AbstractServer | None = None
+
+    async def start(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.unlink(missing_ok=True)
+        self.server = await asyncio.start_unix_server(self._serve, path=str(self.path))
+
+    async def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+            await self.server.wait_closed()
+        self.path.unlink(missing_ok=True)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        from urllib.parse import unquote
+
+        from yimi_project.asgi import application
+
+        try:
+            head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+            writer.close()
+            return
+        method, target, _version = head[0].split(" ", 2)
+        headers = [(name.strip().lower().encode("latin-1"), value.strip().encode("latin-1"))
+                   for name, _, value in (line.partition(":") for line in head[1:] if line)]
+        length = int(dict(headers).get(b"content-length", b"0"))
+        body = await reader.readexactly(length) if length else b""
+        path, _, query = target.partition("?")
+        scope = {
+            "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method, "scheme": "http",
+            "path": unquote(path), "raw_path": path.encode("latin-1"), "query_string": query.encode("latin-1"),
+            "root_path": "", "headers": headers, "client": None, "server": None,  # a Unix socket, as daphne's -u
+        }
+        received = False
+        status, response_headers, chunks = 500, [], []
+
+        async def receive() -> dict[str, Any]:
+            nonlocal received
+            if not received:
+                received = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await asyncio.Future()  # no disconnect before the answer
+
+        async def send(message: dict[str, Any]) -> None:
+            nonlocal status, response_headers
+            if message["type"] == "http.response.start":
+                status, response_headers = message["status"], list(message.get("headers", []))
+            elif message["type"] == "http.response.body":
+                chunks.append(message.get("body", b""))
+
+        await application(scope, receive, send)
+        payload = b"".join(chunks)
+        lines = [f"HTTP/1.1 {status} -".encode()]
+        lines += [name + b": " + value for name, value in response_headers if name.lower() not in (b"content-length", b"connection")]
+        lines += [b"Content-Length: " + str(len(payload)).encode(), b"Connection: close"]
+        writer.write(b"\r\n".join(lines) + b"\r\n\r\n" + payload)
+        await writer.drain()
+        writer.close()
+
+
+@pytest.fixture
+async def internal_listener_on_loop(transactional_db: Any, settings: Any) -> AsyncIterator[Path]:
+    """The internal listener on ``settings.YIMI_INTERNAL_SOCKET``, on this test's event loop
+    (``UnixASGIServer``)."""
+    server = UnixASGIServer(Path(settings.YIMI_INTERNAL_SOCKET))
+    await server.start()
+    try:
+        yield server.path
+    finally:
+        await server.close()
 
 
 @pytest.fixture

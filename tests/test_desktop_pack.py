@@ -172,7 +172,7 @@ async def test_paused_refuses_desktop_reads_and_acts_and_the_desktop_is_unchange
 
 
 @pytest.mark.django_db(transaction=True)
-async def test_the_capability_keeps_each_pack_to_its_own_operations_category_and_target(owner: Any, internal_listener: Path) -> None:
+async def test_the_capability_keeps_each_pack_to_its_own_operations_category_and_target(owner: Any, internal_listener_on_loop: Path) -> None:
     def code(answer: tuple[int, Any]) -> str:
         return answer[1]["error"]["code"]
 

@@ -93,7 +93,7 @@ async def connect_mac(sim: Any, sandbox: Path) -> OnlineMac:
 
 
 @pytest.fixture
-async def online_mac(make_device: Any, internal_listener: Path, tmp_path: Path) -> AsyncIterator[OnlineMac]:
+async def online_mac(make_device: Any, internal_listener_on_loop: Path, tmp_path: Path) -> AsyncIterator[OnlineMac]:
     sim = await db_async(make_device)("mac")
     mac = await connect_mac(sim, tmp_path / "sandbox")
     mac.sim = sim  # type: ignore[attr-defined]
@@ -242,7 +242,7 @@ async def test_a_result_with_a_forged_signature_is_refused_and_the_genuine_one_s
 
 
 @pytest.mark.django_db(transaction=True)
-async def test_no_connected_mac_is_mac_offline(make_device: Any, owner: Any, internal_listener: Path, tmp_path: Path, settings: Any) -> None:
+async def test_no_connected_mac_is_mac_offline(make_device: Any, owner: Any, internal_listener_on_loop: Path, tmp_path: Path, settings: Any) -> None:
     settings.MAC_OP_ACCEPT_SECONDS = 0.5  # nobody will take it: how long to wait does not change the answer
     status, body = await op(owner.pk, "list_dir", "list_dir", {"path": "."}, path=".")
     assert (status, body["error"]["code"]) == (503, "mac_offline")  # no Mac registered a key
@@ -259,7 +259,7 @@ async def test_no_connected_mac_is_mac_offline(make_device: Any, owner: Any, int
 
 
 @pytest.mark.django_db(transaction=True)
-async def test_the_capability_allows_only_its_own_operation_category_and_target(owner: Any, internal_listener: Path) -> None:
+async def test_the_capability_allows_only_its_own_operation_category_and_target(owner: Any, internal_listener_on_loop: Path) -> None:
     write = {"path": "a.txt", "content_b64": b64("x")}
     # a read call cannot write; a write decided as observe cannot write; another path is refused
     assert (await op(owner.pk, "read_file", "write_file", write, path="a.txt"))[1]["error"]["code"] == "forbidden"
