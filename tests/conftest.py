@@ -34,6 +34,14 @@ def need(condition: bool, reason: str) -> None:
     pytest.skip(reason)
 
 
+def need_program(program: str, package: str = "") -> None:
+    """``need`` for a Debian program the code under test runs (ffmpeg, bwrap, nginx...)."""
+    import shutil
+
+    found = shutil.which(program) or shutil.which(program, path="/usr/sbin")
+    need(found is not None, f"{program} is not installed (apt-get install {package or program}; .ci/run installs it)")
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _close_internal_db_threads(django_db_setup: Any, django_db_blocker: Any) -> Iterator[None]:
     """The internal endpoints keep connections on their own threads; close them before

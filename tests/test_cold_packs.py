@@ -25,7 +25,9 @@ from memory.cold_models import ColdAlert, ColdPack, ObjectLocation
 from memory.raw_models import RawObject
 from memory.tasks import archive_round_task
 from memory.webdav import WebDAV
+from tests.conftest import need_program
 from tests.webdav_support import PASSWORD, USER, WsgiDAVServer, webdav  # noqa: F401  (fixture)
+from yimi_project.errors import YimiError
 
 T0 = datetime(2026, 12, 1, 8, 0, tzinfo=UTC)
 PCM = "pcm_s16le_16k_mono"
@@ -168,6 +170,7 @@ def corrupt(server: WsgiDAVServer, path: str) -> None:
 
 @pytest.fixture
 def cold(settings: Any, tmp_path: Path, webdav: WsgiDAVServer, owner: Any) -> Iterator[WsgiDAVServer]:  # noqa: F811
+    need_program("ffmpeg")  # PCM originals are sealed as FLAC
     secrets = tmp_path / "secrets"
     secrets.mkdir()
     (secrets / "cold_webdav_password").write_text(PASSWORD + "\n")
@@ -514,3 +517,13 @@ def test_the_beat_task_runs_one_round_for_the_owner(cold: WsgiDAVServer, owner: 
     assert result["objects_packed"] == 3 and result["stopped"] == "done" and ColdPack.objects.get().state == "verified"
     settings.COLD_WEBDAV_URL = ""
     assert archive_round_task.apply().get()["stopped"] == "not_configured"
+
+
+def test_without_ffmpeg_sealing_stops_with_ffmpeg_missing_and_check_warns(monkeypatch: Any, tmp_path: Path) -> None:
+    from memory.checks import ffmpeg_installed
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # a PATH with no ffmpeg on it
+    with pytest.raises(YimiError) as err:
+        coldpack.flac_encode(b"\0\0" * 160)
+    assert err.value.code == "ffmpeg_missing" and "apt-get install ffmpeg" in err.value.message
+    assert [message.id for message in ffmpeg_installed()] == ["memory.W001"]

@@ -27,7 +27,7 @@ from brain.dispatch import stop_embedded_sweeper
 from memory import archive
 from memory import webdav as cold_webdav
 from memory.cold_models import ColdPack
-from tests.conftest import db_async, open_socket
+from tests.conftest import db_async, need_program, open_socket
 from tests.test_cold_packs import Clock, Now, cold, three  # noqa: F401  (fixture)
 from tests.webdav_support import START_TIMEOUT, WsgiDAVServer, free_port, webdav  # noqa: F401  (fixture)
 
@@ -62,6 +62,7 @@ def stop(process: subprocess.Popen[bytes]) -> None:
 
 @pytest.fixture
 def local_dav(tmp_path: Path) -> Iterator[dict[str, Any]]:
+    need_program("ffmpeg")  # PCM originals are sealed as FLAC
     data, secrets_dir, port = tmp_path / "data", tmp_path / "no-secrets", free_port()
     data.mkdir()
     process = serve(data, secrets_dir, port)
