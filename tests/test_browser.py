@@ -3,7 +3,7 @@
 the test database. The owner signs in through the real login form (django-axes in the
 path), sees the home page, edits a memory assertion, forgets one through the preview,
 revokes a device and reads a run's receipts. Every page visited is written as a PNG under
-``var/screenshots/`` for review.
+``$YIMI_SCREENSHOTS_DIR`` (default ``/tmp/yimi-screenshots/``) for review.
 
 Without Chromium or Playwright the tests skip, except with ``YIMI_REQUIRE_SERVICES=1`` (CI),
 where they fail. The tests are plain sync functions: Playwright's sync API cannot run
@@ -12,7 +12,9 @@ inside an asyncio loop."""
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
+import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -39,7 +41,8 @@ from tests.gateway_support import manifest, write_pack
 pytestmark = pytest.mark.django_db(transaction=True)  # the live server reads what the test wrote
 
 CHROMIUM = Path("/usr/bin/chromium")
-SCREENSHOTS = Path(__file__).resolve().parent.parent / "var" / "screenshots"
+# Outside the checkout: YIMI_SCREENSHOTS_DIR when set (to keep them), else a temporary directory.
+SCREENSHOTS = Path(os.environ.get("YIMI_SCREENSHOTS_DIR") or Path(tempfile.gettempdir()) / "yimi-screenshots")
 OWNER_PASSWORD = "correct horse battery"  # the conftest owner's
 T = TypeVar("T")
 WAIT_MS = 20_000  # generous: a busy 2-core machine; a passing test never waits this long

@@ -2,7 +2,7 @@
 ``tests/test_browser.py``): the home says the brain is the demo one and that it answers,
 and its links lead to the timeline (an entry → the run that answered it), memory, models,
 packs (one turned on, then off, with the row's buttons) and devices. Every page is written
-as a PNG under ``var/screenshots/``."""
+as a PNG under ``$YIMI_SCREENSHOTS_DIR`` (default ``/tmp/yimi-screenshots/``)."""
 
 from __future__ import annotations
 

@@ -8,9 +8,17 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from yimi_project.settings import *  # noqa: F403
+# The whole data directory is a temporary one unless the runner names one (YIMI_DATA_DIR):
+# the production settings derive the secret key, the internal token, the workspace, mail and
+# static directories from it at import, and a test run must never touch the checkout's ./var.
+# Set in the environment, so the processes the tests start (daphne, Celery, packs) share it.
+os.environ.setdefault("YIMI_DATA_DIR", tempfile.mkdtemp(prefix="yimi-test-data-"))
 
-DATA_DIR = Path(tempfile.mkdtemp(prefix="yimi-test-data-"))
+from yimi_project.settings import *  # noqa: E402, F403
+
+# The test database and the internal socket get a directory of this run's own, even when the
+# runner named a shared data directory.
+DATA_DIR = Path(tempfile.mkdtemp(prefix="yimi-test-run-", dir=DATA_DIR))  # noqa: F405
 YIMI_INTERNAL_SOCKET = DATA_DIR / "sockets" / "internal.sock"
 # Packs run sandboxed wherever bubblewrap is installed (CI installs it, and there the
 # sandbox tests fail instead of skipping without it); elsewhere they run unsandboxed.
