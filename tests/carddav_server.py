@@ -7,7 +7,6 @@ vCard the way any CardDAV client would (the tests' own contacts)."""
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import tempfile
@@ -17,6 +16,8 @@ from typing import Any
 
 import httpx
 
+from tests.ports import free_port
+
 USER, PASSWORD = "owner", "radicale-test-password"
 MKCOL = (
     '<?xml version="1.0" encoding="utf-8"?><d:mkcol xmlns:d="DAV:" xmlns:c="urn:ietf:params:xml:ns:carddav"><d:set><d:prop>'
@@ -24,11 +25,6 @@ MKCOL = (
 )
 START_TIMEOUT = 30.0
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class RadicaleServer:

@@ -460,3 +460,12 @@ def internal_listener(transactional_db: Any, settings: Any) -> Iterator[Path]:
         yield server.path
     finally:
         server.close()
+
+
+@pytest.fixture
+def taken_port() -> Iterator[int]:
+    """A loopback port something is listening on for the test's duration."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        yield sock.getsockname()[1]

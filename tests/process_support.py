@@ -8,7 +8,6 @@ import contextlib
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -33,11 +32,6 @@ BIN = Path(sys.executable).parent
 WORKER_START_SECONDS = 60.0
 TASK_SECONDS = 60.0
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def database_url_for_subprocesses() -> str:

@@ -6,7 +6,6 @@ free port."""
 
 from __future__ import annotations
 
-import socket
 import subprocess
 from functools import partial
 from pathlib import Path
@@ -68,11 +67,6 @@ class Repo:
         self.git("commit", "-q", "--allow-empty", "-m", message)
         return self.git("rev-parse", "HEAD")
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def web_service(port: int, *, run_dir: Path | None = None) -> ProcessService:

@@ -28,8 +28,9 @@ from memory import archive
 from memory import webdav as cold_webdav
 from memory.cold_models import ColdPack
 from tests.conftest import db_async, need_program, open_socket
+from tests.ports import free_port
 from tests.test_cold_packs import Clock, Now, cold, three  # noqa: F401  (fixture)
-from tests.webdav_support import START_TIMEOUT, WsgiDAVServer, free_port, webdav  # noqa: F401  (fixture)
+from tests.webdav_support import START_TIMEOUT, WsgiDAVServer, webdav  # noqa: F401  (fixture)
 
 MANAGE = Path(django_settings.BASE_DIR) / "manage.py"
 

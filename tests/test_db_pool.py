@@ -20,7 +20,8 @@ from django.conf import settings as django_settings
 from django.db import connection
 
 from tests.conftest import need
-from tests.process_support import ROOT, database_url_for_subprocesses, free_port
+from tests.ports import free_port
+from tests.process_support import ROOT, database_url_for_subprocesses
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 

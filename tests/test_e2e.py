@@ -27,10 +27,10 @@ from devices.services import issue_pairing_code
 from devices.simulator import DeviceConnection, pair, read_timeline
 from memory.models import TimelineEntry
 from tests.conftest import db_async, need, script
+from tests.ports import free_port
 from tests.process_support import (
     ROOT,
     CeleryWorker,
-    free_port,
     redis_prefix,
     stop_processes,
     subprocess_test_database_url,

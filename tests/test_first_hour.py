@@ -12,7 +12,6 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,22 +29,11 @@ from devices.management.commands.device_sim import Command as DeviceSim
 from devices.models import PairingCode
 from devices.signatures import challenge_message
 from devices.simulator import DeviceIdentity, _raw_private, new_key, refusal
+from tests.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-@pytest.fixture
-def taken_port() -> Iterator[int]:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        sock.listen()
-        yield sock.getsockname()[1]
 
 
 def test_device_sim_server_defaults_to_yimi_host_and_port_and_is_explained() -> None:

@@ -35,7 +35,8 @@ from devices.models import PairingGuessSlot
 from devices.services import issue_pairing_code
 from devices.simulator import DeviceConnection, pair
 from tests.conftest import db_async, need, pairing_payload
-from tests.process_support import free_port, subprocess_test_database_url, wait_for_sessions_to_end
+from tests.ports import free_port
+from tests.process_support import subprocess_test_database_url, wait_for_sessions_to_end
 
 ROOT = Path(__file__).resolve().parent.parent
 PROXY = "127.0.0.1"  # nginx's source address towards daphne

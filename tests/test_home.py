@@ -5,7 +5,6 @@ many packs are on, and links to what the owner manages in the console."""
 from __future__ import annotations
 
 import re
-import socket
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,6 +16,7 @@ from accounts.models import User
 from brain import brain_probe, roles
 from capabilities.manifest import load_packs
 from devices.models import Device
+from tests.ports import free_port
 
 
 @pytest.mark.django_db
@@ -67,11 +67,6 @@ def home_page(owner: Any) -> str:
     assert response.status_code == 200
     return response.content.decode()
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def test_home_links_to_what_the_owner_manages(owner: Any, probe_afresh: None) -> None:

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import io
 import shlex
-import socket
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,24 +20,13 @@ from accounts.services import get_owner
 from brain import roles
 from brain.role_draft_models import ModelRoleDraft
 from devices.models import PairingCode
+from tests.ports import free_port
 
 pytestmark = pytest.mark.django_db
 
 REAL_MODEL = {"YIMI_BRAIN_BASE_URL": "http://127.0.0.1:11434/v1", "YIMI_BRAIN_MODEL": "qwen2.5:7b"}
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-@pytest.fixture
-def taken_port() -> Iterator[int]:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        sock.listen()
-        yield sock.getsockname()[1]
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ U is 1 ms so the second tick is past it however fast the machine is (no timed as
 from __future__ import annotations
 
 import json
-import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ from django.core.management import call_command
 from memory.models import TimelineEntry
 from releases import pointers, processes
 from releases.watchdog_host import fetch
+from tests.ports import free_port
 
 SERVER = '''
 import json, pathlib, sys
@@ -38,11 +38,6 @@ class H(BaseHTTPRequestHandler):
 HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
 '''
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def release(root: Path, name: str, *, broken: bool = False) -> pointers.ReleaseDir:

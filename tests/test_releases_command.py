@@ -15,7 +15,8 @@ from django.core.management.base import CommandError
 from releases.models import Release
 from releases.pointers import read_pointers
 from releases.request_models import RollbackRequest
-from tests.release_support import Repo, free_port, web_service
+from tests.ports import free_port
+from tests.release_support import Repo, web_service
 
 pytestmark = pytest.mark.django_db
 

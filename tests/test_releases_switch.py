@@ -22,7 +22,8 @@ from memory.models import TimelineEntry
 from releases import backup, builds, pointers, processes, switching
 from releases.models import Release, ReleaseEvent
 from releases.pointers import read_pointers
-from tests.release_support import Repo, free_port, quick_verify, web_service
+from tests.ports import free_port
+from tests.release_support import Repo, quick_verify, web_service
 from yimi_project.errors import YimiError
 
 pytestmark = pytest.mark.django_db

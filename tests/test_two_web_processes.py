@@ -24,7 +24,8 @@ from django.db import connection
 from devices.services import issue_pairing_code
 from devices.simulator import DeviceConnection, DeviceIdentity, pair
 from tests.conftest import db_async, need, script
-from tests.process_support import ROOT, celery_worker, free_port, redis_prefix, stop_processes, worker_env
+from tests.ports import free_port
+from tests.process_support import ROOT, celery_worker, redis_prefix, stop_processes, worker_env
 from yimi_project.web_processes import refusal
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 import subprocess
 import sys
 import tempfile
@@ -20,15 +19,12 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.ports import free_port
+
 USER, PASSWORD = "yimi", "webdav-test-password"
 START_TIMEOUT = 30.0  # a deadline for a poll on a busy machine, never a timed assertion
 BIN = Path(sys.executable).parent
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def config(root: Path, port: int, user: str, password: str) -> dict[str, Any]:
