@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
+from memory.webdav_serving import wsgidav_config
 from tests.ports import free_port
 
 USER, PASSWORD = "yimi", "webdav-test-password"
@@ -26,21 +27,9 @@ START_TIMEOUT = 30.0  # a deadline for a poll on a busy machine, never a timed a
 BIN = Path(sys.executable).parent
 
 
-
 def config(root: Path, port: int, user: str, password: str) -> dict[str, Any]:
-    return {
-        "host": "127.0.0.1",
-        "port": port,
-        "provider_mapping": {"/": str(root)},
-        "http_authenticator": {"domain_controller": None, "accept_basic": True, "accept_digest": False, "default_to_digest": False},
-        "simple_dc": {"user_mapping": {"*": {user: {"password": password}}}},
-        # No directory browser: its middleware would mount an extra asset share at /:dir_browser.
-        "dir_browser": {"enable": False},
-        "middleware_stack": ["wsgidav.mw.cors.Cors", "wsgidav.error_printer.ErrorPrinter",
-                             "wsgidav.http_authenticator.HTTPAuthenticator", "wsgidav.request_resolver.RequestResolver"],
-        "verbose": 3,
-        "logging": {"enable_loggers": []},
-    }
+    """The platform's own configuration (memory/webdav_serving.py), logging every request."""
+    return {**wsgidav_config(root, "127.0.0.1", port, user, password), "verbose": 3}
 
 
 class WsgiDAVServer:

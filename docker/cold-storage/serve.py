@@ -7,7 +7,8 @@ platform, in the Yimi image) on cheroot, serving ``YIMI_COLD_ROOT`` (the ``cold-
 volume, not the platform's data volume) on ``0.0.0.0:YIMI_COLD_PORT`` inside the compose
 network, with basic auth for ``YIMI_COLD_WEBDAV_USER`` and the password in
 ``/run/secrets/cold_webdav_password``, the same secret the platform's services read. No
-directory browser. Standard library, wsgidav and cheroot only: no Django.
+directory browser. Standard library, wsgidav, cheroot and the platform's Django-free
+``memory/webdav_serving.py`` (the configuration ``manage.py cold_webdav`` uses too): no Django.
 
 Point ``YIMI_COLD_WEBDAV_URL`` at storage elsewhere to do without it (docker/README.md).
 """
@@ -19,22 +20,14 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the platform's code (/app in the image)
+
+from memory.webdav_serving import wsgidav_config  # noqa: E402
 
 
-def config(root: Path, port: int, user: str, password: str) -> dict[str, Any]:
-    return {
-        "host": "0.0.0.0",
-        "port": port,
-        "provider_mapping": {"/": str(root)},
-        "http_authenticator": {"domain_controller": None, "accept_basic": True, "accept_digest": False, "default_to_digest": False},
-        "simple_dc": {"user_mapping": {"*": {user: {"password": password}}}},
-        "dir_browser": {"enable": False},
-        "middleware_stack": ["wsgidav.error_printer.ErrorPrinter", "wsgidav.http_authenticator.HTTPAuthenticator",
-                             "wsgidav.request_resolver.RequestResolver"],
-        "verbose": 1,
-        "logging": {"enable_loggers": []},
-    }
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def main() -> None:
@@ -55,8 +48,11 @@ def main() -> None:
     from wsgidav.wsgidav_app import WsgiDAVApp
 
     logging.getLogger("wsgidav").setLevel(logging.WARNING)
-    server = wsgi.Server(("0.0.0.0", port), WsgiDAVApp(config(root, port, user, password)), numthreads=8)
-    signal.signal(signal.SIGTERM, lambda *_: server.stop())
+    server = wsgi.Server(("0.0.0.0", port), WsgiDAVApp(wsgidav_config(root, "0.0.0.0", port, user, password)), numthreads=8)
+    # `podman stop` sends SIGTERM: leave the serve loop as Ctrl-C does. (server.stop() called
+    # from the handler waits for the loop the handler interrupted, and the container then
+    # took until its stop timeout's SIGKILL.)
+    signal.signal(signal.SIGTERM, _interrupt)
     print(f"cold storage: WebDAV on port {port} serving {root} (user {user})", flush=True)
     try:
         server.start()

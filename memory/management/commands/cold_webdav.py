@@ -19,27 +19,11 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from memory import webdav
+from memory.webdav_serving import wsgidav_config
 
 HOST = "127.0.0.1"
 DEFAULT_PORT = 8766
 DIRECTORY = "cold-webdav"
-
-
-def wsgidav_config(root: Path, port: int, user: str, password: str) -> dict[str, Any]:
-    """wsgidav's configuration: ``root`` at ``/``, basic auth for one user, no browser."""
-    return {
-        "host": HOST,
-        "port": port,
-        "provider_mapping": {"/": str(root)},
-        "http_authenticator": {"domain_controller": None, "accept_basic": True, "accept_digest": False, "default_to_digest": False},
-        "simple_dc": {"user_mapping": {"*": {user: {"password": password}}}},
-        # No directory browser: its middleware would mount an extra asset share at /:dir_browser.
-        "dir_browser": {"enable": False},
-        "middleware_stack": ["wsgidav.error_printer.ErrorPrinter", "wsgidav.http_authenticator.HTTPAuthenticator",
-                             "wsgidav.request_resolver.RequestResolver"],
-        "verbose": 1,
-        "logging": {"enable_loggers": []},
-    }
 
 
 class Command(BaseCommand):
@@ -57,7 +41,7 @@ class Command(BaseCommand):
         root.chmod(0o700)
         password = webdav.ensure_local_password()
         logging.getLogger("wsgidav").setLevel(logging.WARNING)
-        app = WsgiDAVApp(wsgidav_config(root, opts["port"], settings.COLD_WEBDAV_USER, password))
+        app = WsgiDAVApp(wsgidav_config(root, HOST, opts["port"], settings.COLD_WEBDAV_USER, password))
         server = wsgi.Server((HOST, opts["port"]), app, numthreads=4)
         try:
             server.prepare()  # binds: a port in use fails here, with its own message
