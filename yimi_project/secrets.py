@@ -19,6 +19,22 @@ def read_secret(secrets_dir: Path, name: str) -> str:
         return ""
 
 
+def read_secret_file(path: str | Path, what: str, *, consequence: str = "") -> str:
+    """The stripped content of a file an operator named on the command line (``--api-key-file``,
+    ``--owner-password-file``...); a ``CommandError`` naming ``what`` when it cannot be read or is
+    empty, followed by ``consequence`` ("no draft was made")."""
+    from django.core.management.base import CommandError
+
+    tail = f"; {consequence}" if consequence else ""
+    try:
+        text = Path(path).read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise CommandError(f"cannot read {what} {path}: {exc.strerror}{tail}") from None
+    if not text:
+        raise CommandError(f"{what} {path} is empty{tail}")
+    return text
+
+
 def write_private_file(path: Path, data: bytes) -> bool:
     """Create ``path`` with mode 0600 holding ``data``; False if it already exists."""
     try:

@@ -30,7 +30,7 @@ from django.core.management.base import BaseCommand, CommandError
 from brain import role_backup, role_drafts, roles
 from brain.role_draft_models import ModelRoleDraft
 from yimi_project.errors import YimiError
-from yimi_project.secrets import write_private_file
+from yimi_project.secrets import read_secret_file, write_private_file
 
 
 class Command(BaseCommand):
@@ -69,12 +69,7 @@ class Command(BaseCommand):
     def _draft(self, opts: dict[str, Any]) -> None:
         api_key = None
         if opts["api_key_file"]:
-            try:
-                api_key = Path(opts["api_key_file"]).read_text(encoding="utf-8").strip()
-            except OSError as exc:
-                raise CommandError(f"cannot read {opts['api_key_file']}: {exc.strerror}; no draft was made") from None
-            if not api_key:
-                raise CommandError(f"{opts['api_key_file']} is empty; no draft was made")
+            api_key = read_secret_file(opts["api_key_file"], "the API key file", consequence="no draft was made")
         elif opts["api_key_env"]:
             api_key = os.environ.get(opts["api_key_env"], "").strip()
             if not api_key:
@@ -101,10 +96,7 @@ class Command(BaseCommand):
 
     def _passphrase(self, opts: dict[str, Any], *, confirm: bool) -> str:
         if opts.get("passphrase_file"):
-            try:
-                return Path(opts["passphrase_file"]).read_text(encoding="utf-8").strip()
-            except OSError as exc:
-                raise CommandError(f"cannot read the passphrase file: {exc.strerror}") from None
+            return read_secret_file(opts["passphrase_file"], "the passphrase file")
         try:
             first = getpass.getpass("backup passphrase: ")
             if confirm and getpass.getpass("again: ") != first:

@@ -37,7 +37,7 @@ from capabilities.registry.publish import record_shipped_versions
 from capabilities.registry_models import RegisteredPack
 from devices.services import issue_pairing_code
 from yimi_project.errors import YimiError
-from yimi_project.secrets import read_secret
+from yimi_project.secrets import read_secret, read_secret_file
 
 
 class Command(BaseCommand):
@@ -110,12 +110,7 @@ class Command(BaseCommand):
 
         password = None
         if opts["owner_password_file"]:
-            try:
-                password = Path(opts["owner_password_file"]).read_text(encoding="utf-8").strip()
-            except OSError as exc:
-                raise CommandError(f"cannot read the owner password file: {exc}") from exc
-            if not password:
-                raise CommandError("the owner password file is empty")
+            password = read_secret_file(opts["owner_password_file"], "the owner password file")
         made = ensure_owner(opts["owner_username"], password)
         if made is None:
             self.stdout.write(f"owner: kept ({get_owner().get_username()})")  # type: ignore[union-attr]
