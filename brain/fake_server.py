@@ -59,7 +59,7 @@ from typing import Any
 from PIL import Image, UnidentifiedImageError
 
 SCRIPTS_DIR = Path(__file__).resolve().parent / "scripts"
-DEMO_REPLY = "[demo brain] You said: “{text}”. I am Yimi's demo brain, not a real model: set YIMI_BRAIN_BASE_URL to use one."
+DEMO_REPLY = "[demo brain] You said: “{text}”. I am Yimi's demo brain, not a real model. To use one, see \"Use a real model\" in the README (manage.py model_settings draft brain)."
 DEMO_IMAGE_REPLY = (
     "[demo brain] I received an image of {width}×{height} ({format}, {size} bytes) with your words “{text}”. "
     "I can't see it: I am not a model. Set the vision role to a real model to have images described."
