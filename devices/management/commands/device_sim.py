@@ -321,9 +321,10 @@ class Command(BaseCommand):
 
             threading.Thread(target=read_stdin, name="device-sim-stdin", daemon=True).start()
             assert conn.closed is not None
+            closed: asyncio.Future[Any] = conn.closed
             while True:
-                next_line = asyncio.ensure_future(lines.get())
-                await asyncio.wait({next_line, conn.closed}, return_when=asyncio.FIRST_COMPLETED)
+                next_line: asyncio.Future[Any] = asyncio.ensure_future(lines.get())
+                await asyncio.wait({next_line, closed}, return_when=asyncio.FIRST_COMPLETED)
                 if not next_line.done():
                     next_line.cancel()
                     raise ConnectionLost(*conn.closed.result())
