@@ -26,6 +26,7 @@ from django.test import override_settings
 
 from devices.consumers import CLOSE_REVOKED
 from devices.management.commands.device_sim import Command as DeviceSim
+from devices.management.commands.device_sim import checked_server
 from devices.models import PairingCode
 from devices.signatures import challenge_message
 from devices.simulator import DeviceIdentity, _raw_private, new_key, refusal
@@ -57,6 +58,14 @@ def test_pair_with_a_server_that_is_not_running_names_its_address(tmp_path: Path
 def test_pair_with_a_server_without_scheme_says_to_add_it(tmp_path: Path) -> None:
     with pytest.raises(CommandError, match="needs its scheme"):
         call_command("device_sim", "pair", "ABCD", "--server", "127.0.0.1:8000", "--key-file", str(tmp_path / "k.json"))
+    with pytest.raises(CommandError, match=r"e\.g\. --server http://127\.0\.0\.1:8000$"):
+        call_command("device_sim", "pair", "ABCD", "--server", "ftp://127.0.0.1:8000", "--key-file", str(tmp_path / "k.json"))
+
+
+def test_a_websocket_url_names_the_same_server() -> None:
+    assert checked_server("ws://127.0.0.1:8100/") == "http://127.0.0.1:8100"
+    assert checked_server("wss://yimi.example") == "https://yimi.example"
+    assert checked_server("http://127.0.0.1:8100/") == "http://127.0.0.1:8100"
 
 
 @pytest.mark.parametrize("action", [["say", "hello"], ["sync"], ["chat"]])

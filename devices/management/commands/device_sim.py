@@ -344,10 +344,14 @@ def default_server() -> str:
 
 
 def checked_server(server: str) -> str:
-    """``server`` without a trailing slash, if it is an http(s) URL with a host."""
+    """``server`` without a trailing slash, if it is an http(s) URL with a host (a ws:// or
+    wss:// URL names the same server: it becomes http:// or https://)."""
     parts = urlsplit(server)
+    if parts.scheme in ("ws", "wss") and parts.netloc:
+        return f"{'https' if parts.scheme == 'wss' else 'http'}://{parts.netloc}"
     if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise CommandError(f"--server {server!r} needs its scheme and host, e.g. --server http://{server or '127.0.0.1:8000'}")
+        example = f"http://{parts.netloc}" if parts.netloc else f"http://{server or '127.0.0.1:8000'}"
+        raise CommandError(f"--server {server!r} needs its scheme and host, e.g. --server {example}")
     return server.rstrip("/")
 
 
