@@ -220,6 +220,16 @@ def test_activity_card_status_comes_straight_from_the_receipt() -> None:
     assert card["facts"] == ["「写文件」结果还不清楚。", "还不清楚：文件是否写入。"]
 
 
+def test_activity_card_redacts_internal_markers_in_its_title_and_facts() -> None:
+    call_id = "3f2b9c1e-8d4a-4b6f-9e2d-1a7c5b3e9f01"
+    card = activity_card("task-9", "notes__write for run " + call_id,
+                         receipt("unknown", unknowns=[f"did call {call_id} write /x"]))
+    shown = " ".join([card["title"], *card["facts"]])
+    assert call_id not in shown and "notes__write" not in shown
+    assert "[redacted]" in card["title"] and any("[redacted]" in fact for fact in card["facts"])
+    assert card["task_id"] == "task-9"  # the card's own key for the device, not text
+
+
 # --- two audiences: the model's instructions never reach the owner ----------------------
 
 # What makes a sentence an instruction to the model: telling it what (not) to do next, or
