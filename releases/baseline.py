@@ -11,10 +11,20 @@ it. A path is protected when it equals an entry or lies under a directory entry.
 The card is a ``BaselineCard`` row (one per release, ever), pushed to the owner's card
 devices as a ``release.card`` frame (docs/protocol.md) and answered there with a signed
 ``release.answer`` (``answer_card``), or by the owner in the console (``answer_in_console``).
+
+Every release path runs the check (``check_release``): the build (``releases.builds``),
+the gate (``releases.gate``) and the switch (``releases.switching``, which then goes on
+only when the card, if there is one, is approved: ``require_clear``). What a candidate
+changes is read from the release directories themselves (``release_changes``): its
+MANIFEST against the MANIFEST of a release directory of its base commit on this host
+(``current`` first), else ``git diff`` in the repository the build was made from. A
+rollback request goes back only to a version whose card, if it had one, was approved
+(``require_rollback_target``); it opens no card of its own.
 """
 
 from __future__ import annotations
 
+import hashlib
 import subprocess
 from dataclasses import dataclass
 from datetime import datetime
@@ -24,7 +34,8 @@ from typing import TYPE_CHECKING, Any
 from django.db import transaction
 from django.utils import timezone
 
-from releases import services
+from accounts.services import get_owner
+from releases import pointers, services
 from releases.models import Release
 from releases.request_models import BaselineCard
 from yimi_project import push
@@ -139,6 +150,118 @@ def check(release: Release, paths: list[str], *, owner_id: int, now: datetime | 
             transaction.on_commit(lambda: push.to_owner_devices_sync(owner_id, CARD_DEVICE_KINDS, frame))
     kind = {"pending": "asking", "approved": "approved", "refused": "refused"}[card.state]
     return BaselineVerdict(kind, touched, card)
+
+
+def manifest_entries(directory: Path, build_id: str) -> dict[str, str]:
+    """A release directory's MANIFEST (``releases.builds.manifest``) as ``{path: mode and
+    digest, or link target}``. The MANIFEST must be the one the build id is the digest of
+    (``dir:<sha256>``): a MANIFEST edited after the build is refused."""
+    try:
+        body = (directory / "MANIFEST").read_bytes()
+    except OSError as exc:
+        raise YimiError("baseline_diff_failed", f"{directory.name} has no readable MANIFEST: {exc.strerror}") from None
+    if build_id.startswith("dir:") and hashlib.sha256(body).hexdigest() != build_id[4:]:
+        raise YimiError("baseline_diff_failed", f"the MANIFEST of {directory.name} is not the one build {build_id[:16]} was made from")
+    entries: dict[str, str] = {}
+    for line in body.decode("utf-8", "replace").splitlines()[1:]:  # the first line names the commit
+        if line.startswith("link "):
+            path, _, target = line[5:].partition(" -> ")
+            entries[path] = f"link {target}"
+        else:
+            mode, _, rest = line.partition(" ")
+            path, _, digest = rest.rpartition(" ")
+            entries[path] = f"{mode} {digest}"
+    return entries
+
+
+def manifest_changes(base: dict[str, str], candidate: dict[str, str]) -> list[str]:
+    """The paths added, removed or changed (content, mode or link target) between two
+    MANIFESTs; a rename is both of its paths."""
+    return sorted(p for p in base.keys() | candidate.keys() if base.get(p) != candidate.get(p))
+
+
+def _base_directory(release: Release, root: Path | None) -> tuple[Path, str] | None:
+    """A release directory of the candidate's base commit on this host, with its build id:
+    ``current`` when it runs that commit, else any recorded release of it still on disk."""
+    live = pointers.read_pointers(root).current
+    if live is not None and live.commit == release.base_commit and (live.path / "MANIFEST").is_file():
+        return live.path, live.build_id
+    for row in Release.objects.filter(commit=release.base_commit).exclude(id=release.id).exclude(path=""):
+        if (Path(row.path) / "MANIFEST").is_file():
+            return Path(row.path), row.build_id
+    return None
+
+
+def release_changes(release: Release, *, root: Path | None = None, repo: Path | None = None) -> list[str]:
+    """The paths a candidate changes against its base commit.
+
+    Steps: 1. no base commit (the first install: nothing live yet to protect): none;
+    2. a release directory of the base on this host: the two MANIFESTs compared;
+    3. else the repository the build was made from (``repo``): ``changed_paths``;
+    4. else ``baseline_base_unknown`` — what the candidate changes cannot be told, so it
+    does not go on."""
+    if not release.base_commit:
+        return []
+    candidate = Path(release.path) if release.path else None
+    base = _base_directory(release, root)
+    if candidate is not None and (candidate / "MANIFEST").is_file() and base is not None:
+        return manifest_changes(manifest_entries(base[0], base[1]), manifest_entries(candidate, release.build_id))
+    if repo is not None:
+        return changed_paths(repo, release.base_commit, release.commit)
+    raise YimiError(
+        "baseline_base_unknown",
+        f"no release directory of the base commit {release.base_commit[:12]} is on this host, so what "
+        f"{release.build_id[:16]} changes cannot be told: rebuild it on the live version",
+    )
+
+
+def check_release(release: Release, stage: str, *, root: Path | None = None, repo: Path | None = None,
+                  now: datetime | None = None) -> BaselineVerdict:
+    """The protected-baseline check of one release path (``stage``: build, gate, switch).
+
+    Steps: 1. the candidate's changes against its base (``release_changes``); 2. a change
+    to the baseline with no owner account to ask: ``no_owner`` (it cannot go on); 3.
+    ``check`` (asks once: the card is opened by whichever stage gets there first); 4. a
+    ``baseline_check`` event with the stage and the verdict."""
+    touched = protected_areas(release_changes(release, root=root, repo=repo))
+    owner_id = 0
+    if touched:
+        owner = get_owner()
+        if owner is None:
+            raise YimiError("no_owner", f"{release.build_id[:16]} touches the protected baseline ({', '.join(touched.areas)}) "
+                                        "and there is no owner to ask: it cannot go on")
+        owner_id = owner.id
+    verdict = check(release, touched.paths, owner_id=owner_id, now=now)
+    services.record_event("baseline_check", release=release, to_build=release.build_id, reason=verdict.kind,
+                          details={"stage": stage, "areas": touched.areas}, now=now)
+    return verdict
+
+
+def describe(release: Release) -> str:
+    """One line for the operator: where the candidate stands with the protected baseline."""
+    card = BaselineCard.objects.filter(release=release).first()
+    if card is None:
+        return "protected baseline: not touched"
+    areas = ", ".join(card.areas)
+    lines: dict[str, str] = {
+        BaselineCard.State.PENDING: f"protected baseline: touches {areas}; a card waits for the owner's answer ({card.id})",
+        BaselineCard.State.APPROVED: f"protected baseline: touches {areas}; the owner approved",
+        BaselineCard.State.REFUSED: f"protected baseline: touches {areas}; the owner refused",
+    }
+    return lines[card.state]
+
+
+def require_rollback_target(build_id: str | None) -> None:
+    """Going back to ``build_id`` (``previous``): not to a release whose card the owner
+    refused or has not answered (``baseline_refused``, ``baseline_waiting``). No card is
+    opened: the owner asked for the rollback, and the version went live before."""
+    card = BaselineCard.objects.filter(release__build_id=build_id or "").first()
+    if card is None or card.state == BaselineCard.State.APPROVED:
+        return
+    areas = ", ".join(card.areas)
+    if card.state == BaselineCard.State.REFUSED:
+        raise YimiError("baseline_refused", f"the previous version is one the owner refused ({areas}); it is not gone back to")
+    raise YimiError("baseline_waiting", f"the previous version changes the protected baseline ({areas}) and the owner has not answered its card")
 
 
 def require_clear(release: Release) -> None:

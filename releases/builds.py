@@ -14,7 +14,9 @@ Steps of ``build_directory_release``: 1. resolve the commit; 2. archive it into 
 directory ``.build-<random>`` under the root; 3. write MANIFEST, compute the id; 4. the
 id's directory already there: the same immutable build, staging removed, its row
 returned; 5. make the venv, write ``release.json``, make ``code/`` read-only; 6. rename the
-staging directory into place (atomic) and record the ``Release`` (``built``).
+staging directory into place (atomic) and record the ``Release`` (``built``); 7. the
+protected-baseline check (``releases.baseline.check_release``): a candidate that touches
+the baseline opens its card now, so the owner can answer while the gate runs.
 
 Docker hosts build an image instead (id = its digest): not built here yet.
 """
@@ -33,7 +35,7 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from releases import services
+from releases import baseline, services
 from releases.models import Release
 from releases.pointers import ReleaseDir, pointer_lock, read_pointers, releases_root
 from yimi_project.errors import YimiError
@@ -153,9 +155,9 @@ def build_directory_release(
         if final.exists():
             progress(f"{build_id} is already built at {final.name}")
             remove_tree(staging)
-            return services.record_release(
+            return _checked(services.record_release(
                 build_id=build_id, kind="directory", commit=commit, base_commit=base_commit, path=str(final), message=message
-            )
+            ), root, repo, progress)
         progress(f"making the virtual environment ({getattr(make_venv, '__name__', 'custom')})")
         make_venv(staging / "venv", code)
         ReleaseDir(path=staging, build_id=build_id, commit=commit, base_commit=base_commit, message=message).write()
@@ -165,9 +167,16 @@ def build_directory_release(
         remove_tree(staging)
         raise
     progress(f"release directory {final.name} ready")
-    return services.record_release(
+    return _checked(services.record_release(
         build_id=build_id, kind="directory", commit=commit, base_commit=base_commit, path=str(final), message=message
-    )
+    ), root, repo, progress)
+
+
+def _checked(release: Release, root: Path, repo: Path, progress: Progress) -> Release:
+    """Step 7: the protected-baseline check of the new build (a card, when it touches it)."""
+    baseline.check_release(release, "build", root=root, repo=repo)
+    progress(baseline.describe(release))
+    return release
 
 
 def cleanup(root: Path | None = None, *, progress: Progress = lambda _line: None) -> list[str]:

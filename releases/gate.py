@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from releases import services
+from releases import baseline, services
 from releases.models import Release
 from releases.pointers import ReleaseDir
 from yimi_project.errors import YimiError
@@ -202,13 +202,20 @@ def run_gate(
     """Gate ``release`` against the live ``base`` (None on a first install: ``F_base = ∅``).
 
     Steps: 1. the release must be ``built`` (a gated, rejected or void one is not gated
-    again); 2. each suite runs for the candidate, then for the base; 3. ``evaluate``;
-    4. the row moves to ``gated`` or ``rejected`` by compare-and-set from ``built``, with
-    the result, and a ``gate`` event is recorded.
+    again; a refused one: ``baseline_refused``); 1b. the protected-baseline check
+    (``releases.baseline.check_release``: the card is opened here if the build did not; the
+    suites still run while it waits, the switch is what waits for the answer); 2. each
+    suite runs for the candidate, then for the base; 3. ``evaluate``; 4. the row moves to
+    ``gated`` or ``rejected`` by compare-and-set from ``built``, with the result, and a
+    ``gate`` event is recorded.
     """
     if release.state != Release.State.BUILT:
+        if release.state == Release.State.REFUSED:
+            baseline.require_clear(release)  # baseline_refused, with the areas the owner said no to
         raise YimiError("release_state_changed", f"release {release.build_id} is {release.state}; only a built release is gated")
     candidate_dir = ReleaseDir.read(Path(release.path))
+    baseline.check_release(release, "gate", root=candidate_dir.path.parent)  # asks the owner once, if the build did not
+    progress(baseline.describe(release))
     cand_runs, base_runs = [], []
     for suite in suites:
         progress(f"candidate: running suite {suite.name}")

@@ -25,7 +25,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from accounts.services import is_owner
-from releases import memory_bridge, notices, pointers
+from releases import baseline, memory_bridge, notices, pointers
 from releases import services as release_services
 from releases.models import Release
 from releases.request_models import RollbackRequest
@@ -44,8 +44,10 @@ def request_rollback(owner: Any, reason: str, *, root: Path | None = None, now: 
     """Queue the owner's request to go back to the previous version.
 
     Steps: 1. only the owner may ask, and the reason (their words) must be given;
-    2. one request waits at a time: a second one while the first waits is the same request
-    (returned as it is); 3. the request records the build that is current now, the one the
+    2. the version it would go back to must not be one whose protected-baseline card the
+    owner refused or has not answered (``releases.baseline.require_rollback_target``:
+    ``baseline_refused``, ``baseline_waiting``); 3. one request waits at a time: a second
+    one while the first waits is the same request (returned as it is); 4. the request records the build that is current now, the one the
     owner does not want, and a ``rollback_requested`` event."""
     if not is_owner(owner):
         raise YimiError("forbidden", "only the owner can ask to go back to the previous version")
@@ -54,7 +56,9 @@ def request_rollback(owner: Any, reason: str, *, root: Path | None = None, now: 
         raise YimiError("invalid_request", "say why (the owner's own words are the reason)")
     if len(reason) > REASON_MAX:
         raise YimiError("invalid_request", f"the reason is at most {REASON_MAX} characters")
-    current = pointers.read_pointers(root).current_build or ""
+    now_live = pointers.read_pointers(root)
+    baseline.require_rollback_target(now_live.previous_build)
+    current = now_live.current_build or ""
     with transaction.atomic():
         waiting = RollbackRequest.objects.select_for_update().filter(owner=owner, state=RollbackRequest.State.PENDING).first()
         if waiting is not None:
@@ -109,7 +113,8 @@ def execute_pending(
     helper's ``releases.idle.blockers``): nothing happens (they wait for the next idle
     moment); 2. claim the oldest (``pending`` → ``executing``; a worker that
     loses the race skips it); 3. refused when the running version is not the one the owner
-    asked about or not the latest switch (``refusal``); 4. otherwise
+    asked about or not the latest switch (``refusal``), or when the previous version is one
+    whose protected-baseline card was refused or is unanswered; 4. otherwise
     ``rollback_to_previous`` with ``expected_current`` = the requested build (a switch in
     between: ``current_changed``, refused), projecting the core memory for the old version
     first; 5. ``executed`` or ``failed``; the owner is told either way, with what a
@@ -150,7 +155,13 @@ def settle_interrupted(*, now: datetime | None = None) -> int:
 def _execute(request: RollbackRequest, *, services: Sequence[pointers.Service], root: Path | None,
              verify: pointers.Verify | None, now: datetime | None) -> Outcome:
     now = now or timezone.now()
-    why_not = refusal(request, pointers.read_pointers(root), latest_switch(root))
+    live = pointers.read_pointers(root)
+    why_not = refusal(request, live, latest_switch(root))
+    if not why_not:
+        try:
+            baseline.require_rollback_target(live.previous_build)  # checked again: the answer may have changed
+        except YimiError as exc:
+            why_not = exc.message
     if why_not:
         return _finish(request, RollbackRequest.State.REFUSED, why_not, now=now)
 

@@ -35,6 +35,7 @@ EVENT_KINDS = (
     "cleanup",
     "notify",
     "watchdog",
+    "baseline_check",  # releases.baseline.check_release: the stage and its verdict
 )
 
 FIX_LINE_MAX = 200  # DESIGN "self-repair patch": the notice carries the first line, ≤200 characters

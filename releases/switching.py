@@ -1,8 +1,12 @@
 """Putting a gated candidate live on this host (F5 steps 7–10, F6 steps 2–3).
 
-``switch_release``: 0. a candidate touching the protected baseline goes on only once the
-owner approved its card (``releases.baseline.require_clear``); 1. **re-check**: the candidate's base must be the commit ``current``
-runs at this moment, or the candidate is ``void`` (rebuild it on the live version); 2.
+``switch_release``: 0. only a gated candidate (one the owner refused: ``baseline_refused``);
+1. **re-check**: the candidate's base must be the commit ``current``
+runs at this moment, or the candidate is ``void`` (rebuild it on the live version); 1b.
+**protected baseline**: the check runs again (``releases.baseline.check_release``: a
+card is opened if the build and the gate did not), and a candidate with a card goes on
+only once the owner approved it (``require_clear``: ``baseline_waiting`` while it is open,
+``baseline_refused`` after a refusal); 2.
 **wait for idle** (``releases.idle``); 3. **switch** (``releases.pointers.switch``:
 backup, stop, ``previous ← current``, ``current ← candidate``, start, verify; back to the
 previous release on failure), with ``expected_current`` = the build the re-check saw, so
@@ -103,10 +107,14 @@ def switch_release(
     """Re-check, wait for idle, switch, record, tell the owner (steps in the module docstring)."""
     root = root or pointers.releases_root()
     if release.state != Release.State.GATED:
+        if release.state == Release.State.REFUSED:
+            baseline.require_clear(release)  # baseline_refused, with the areas the owner said no to
         raise YimiError("release_not_gated", f"release {release.build_id} is {release.state}; only a gated release is switched in")
-    baseline.require_clear(release)  # a candidate touching the protected baseline goes on only once approved
     progress("re-checking the base against the live commit")
     live_build = recheck_base(release, root=root)
+    verdict = baseline.check_release(release, "switch", root=root)
+    progress(baseline.describe(release) if verdict.kind != "clear" else "protected baseline: not touched")
+    baseline.require_clear(release)  # a candidate touching the protected baseline goes on only once approved
     progress("waiting for idle")
     idle.wait_for_idle(
         timeout=idle_timeout, progress=progress, check=idle_check or partial(idle.blockers, root=root), sleep=sleep or time.sleep
@@ -155,11 +163,13 @@ def rollback_release(
     verify: pointers.Verify | None = None,
 ) -> SwitchResult:
     """Go back to ``previous`` now (the operator's plain rollback): the release rolled
-    back from becomes ``rolled_back``. Only code and configuration change: the database is
+    back from becomes ``rolled_back``; not to a version whose protected-baseline card the
+    owner refused or has not answered (``releases.baseline.require_rollback_target``). Only code and configuration change: the database is
     not restored, nothing done outside is undone."""
     if not reason.strip():
         raise YimiError("invalid_request", "a rollback needs a reason")
     before = pointers.read_pointers(root)
+    baseline.require_rollback_target(before.previous_build)  # never back to a version the owner refused
     result = pointers.rollback_to_previous(
         reason, services=services, verify=verify, root=root, expected_current=before.current_build,
         before_switch=memory_bridge.before_rollback,  # the core memory projected for the old version first

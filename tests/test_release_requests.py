@@ -275,6 +275,32 @@ def test_refusal_ends_the_candidate_honestly(owner: Any, repo: Path, make_device
     assert BaselineCard.objects.count() == 1
 
 
+@pytest.mark.django_db
+def test_a_rollback_never_goes_back_to_a_version_whose_card_was_refused_or_is_unanswered(owner: Any, host: Path) -> None:
+    from releases import switching
+
+    previous = Release.objects.create(build_id="dir:a", kind="directory", commit="a" * 40, state="refused", created_at=timezone.now())
+    card = BaselineCard.objects.create(owner=owner, release=previous, areas=["payments"], paths=["payments/services.py"],
+                                       state="refused", created_at=timezone.now())
+    for state, code in (("refused", "baseline_refused"), ("pending", "baseline_waiting")):
+        BaselineCard.objects.filter(id=card.id).update(state=state)
+        with pytest.raises(YimiError) as asked:
+            requested.request_rollback(owner, "go back", root=host)
+        assert asked.value.code == code and "payments" in asked.value.message
+        with pytest.raises(YimiError) as now:
+            switching.rollback_release("the operator went back", services=[RecordingService()], root=host)
+        assert now.value.code == code
+    assert not RollbackRequest.objects.exists() and pointers.read_pointers(host).current_build == "dir:b"
+
+    BaselineCard.objects.filter(id=card.id).update(state="approved")
+    request = requested.request_rollback(owner, "go back", root=host)
+    BaselineCard.objects.filter(id=card.id).update(state="refused")  # checked again when it runs
+    [outcome] = requested.execute_pending(idle_check=list, services=[RecordingService()], root=host)
+    assert outcome.state == "refused" and "the owner refused" in outcome.detail
+    request.refresh_from_db()
+    assert request.state == "refused" and pointers.read_pointers(host).current_build == "dir:b"
+
+
 def test_the_protected_list_matches_files_and_directories() -> None:
     touched = baseline.protected_areas(["./consent/services.py", "packs/owner-mac/server/main.py", "releases/watchdog.py",
                                         "paymentsx/a.py", "docs/architecture.md"])

@@ -1,5 +1,6 @@
 """``manage.py release build|gate|switch|rollback|status|cleanup`` end to end on a real
-temporary repository, real release directories and a real service process."""
+temporary repository, real release directories and a real service process; the
+protected baseline on that path, with the owner's phone on the real device socket."""
 
 from __future__ import annotations
 
@@ -12,9 +13,11 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from releases.models import Release
+from releases import baseline
+from releases.models import Release, ReleaseEvent
 from releases.pointers import read_pointers
-from releases.request_models import RollbackRequest
+from releases.request_models import BaselineCard, RollbackRequest
+from tests.conftest import db_async, open_socket, receive_until
 from tests.ports import free_port
 from tests.release_support import Repo, web_service
 
@@ -110,3 +113,121 @@ def test_bad_input_is_one_line_with_its_code(host: dict[str, Any]) -> None:
     with pytest.raises(CommandError) as no_services:
         release("switch", Release.objects.get().build_id)
     assert "(release_services_missing)" in str(no_services.value)
+
+
+# --- the protected baseline on the release path (releases.baseline.check_release) ---------------------------
+
+FIRST_FILES = {"tests/test_a.py": SUITE, "pytest.ini": "[pytest]\n", "payments/services.py": "FEE = 1\n", "docs/guide.md": "v1\n"}
+
+
+def install_first(repo: Repo) -> Release:
+    """The live version: built and switched in (a first install has no base, so nothing to protect yet)."""
+    repo.commit("Version one", files=FIRST_FILES)
+    release("build", "--repo", str(repo.path), "--venv", "shared")
+    first = Release.objects.get()
+    Release.objects.filter(id=first.id).update(state=Release.State.GATED)
+    release("switch", first.build_id)
+    return first
+
+
+def candidate_of(first: Release) -> Release:
+    return Release.objects.exclude(id=first.id).get()
+
+
+def stages_checked(candidate: Release) -> list[tuple[str, str]]:
+    events = ReleaseEvent.objects.filter(release=candidate, kind="baseline_check").order_by("at", "id")
+    return [(e.details["stage"], e.reason) for e in events]
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_candidate_changing_payments_is_switched_only_after_the_owners_signed_approval(
+    host: dict[str, Any], owner: Any, make_device: Any
+) -> None:
+    repo: Repo = host["repo"]
+    phone = await db_async(make_device)("phone")
+    comm, _ = await open_socket(phone)
+    first = await db_async(install_first)(repo)
+    repo.commit("Payments show the shop's name", files={"payments/services.py": "FEE = 2\n"})
+
+    out = await db_async(release)("build", "--repo", str(repo.path), "--venv", "shared")
+    candidate = await db_async(candidate_of)(first)
+    frame = await receive_until(comm, "release.card")  # on the owner's phone
+    card = await db_async(lambda: BaselineCard.objects.select_related("release").get())()
+    assert frame == {"type": "release.card", "card_id": str(card.id), "build_id": candidate.build_id,
+                     "summary": "Payments show the shop's name", "areas": ["payments"], "paths": ["payments/services.py"]}
+    assert card.release_id == candidate.id and card.state == "pending"
+    assert "protected baseline: touches payments; a card waits for the owner's answer" in out
+
+    out = await db_async(release)("gate", candidate.build_id, "--suite", "tests=tests")
+    assert "passed: no new failures" in out and "waits for the owner's answer" in out
+    with pytest.raises(CommandError) as waiting:
+        await db_async(release)("switch", candidate.build_id)
+    assert "(baseline_waiting)" in str(waiting.value)
+    assert read_pointers(host["root"]).current_build == first.build_id
+    assert await db_async(BaselineCard.objects.count)() == 1  # asked once, whatever the stage
+
+    await comm.send_json_to({"type": "release.answer", "id": "a1", "card_id": str(card.id), "answer": "approve",
+                             "signature": phone.sign(baseline.card_message(card, "approve"))})
+    assert (await receive_until(comm, "release.result"))["state"] == "approved"
+    out = await db_async(release)("switch", candidate.build_id)
+    assert f"switched: {first.build_id} -> {candidate.build_id}" in out
+    assert read_pointers(host["root"]).current_build == candidate.build_id
+    assert await db_async(stages_checked)(candidate) == [
+        ("build", "asking"), ("gate", "asking"), ("switch", "asking"), ("switch", "approved"),
+    ]
+    await comm.disconnect()
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_signed_refusal_means_the_candidate_is_never_switched(host: dict[str, Any], owner: Any, make_device: Any) -> None:
+    repo: Repo = host["repo"]
+    phone = await db_async(make_device)("phone")
+    comm, _ = await open_socket(phone)
+    first = await db_async(install_first)(repo)
+    repo.commit("Pay without asking", files={"payments/services.py": "FEE = 0\n", "docs/guide.md": "v2\n"})
+    await db_async(release)("build", "--repo", str(repo.path), "--venv", "shared")
+    candidate = await db_async(candidate_of)(first)
+    frame = await receive_until(comm, "release.card")
+    card = await db_async(lambda: BaselineCard.objects.select_related("release").get())()
+    assert frame["card_id"] == str(card.id) and frame["paths"] == ["payments/services.py"]
+
+    await comm.send_json_to({"type": "release.answer", "id": "r1", "card_id": str(card.id), "answer": "refuse",
+                             "signature": phone.sign(baseline.card_message(card, "refuse"))})
+    assert (await receive_until(comm, "release.result"))["state"] == "refused"
+    for action in ("gate", "switch"):
+        with pytest.raises(CommandError) as refused:
+            await db_async(release)(action, candidate.build_id)
+        assert "(baseline_refused)" in str(refused.value) and "payments" in str(refused.value)
+    await db_async(candidate.refresh_from_db)()
+    assert candidate.state == Release.State.REFUSED
+    assert read_pointers(host["root"]).current_build == first.build_id
+    await comm.disconnect()
+
+
+def test_a_candidate_touching_nothing_protected_asks_nothing(host: dict[str, Any], owner: Any) -> None:
+    repo: Repo = host["repo"]
+    first = install_first(repo)
+    repo.commit("The guide names the weekday", files={"docs/guide.md": "v2\n", "fix.txt": "x\n"})
+    out = release("build", "--repo", str(repo.path), "--venv", "shared")
+    candidate = candidate_of(first)
+    out += release("gate", candidate.build_id, "--suite", "tests=tests")
+    out += release("switch", candidate.build_id)
+    assert f"switched: {first.build_id} -> {candidate.build_id}" in out
+    assert out.count("protected baseline: not touched") == 3
+    assert not BaselineCard.objects.exists() and not ReleaseEvent.objects.filter(kind="baseline_asked").exists()
+    assert stages_checked(candidate) == [("build", "clear"), ("gate", "clear"), ("switch", "clear")]
+
+
+def test_a_candidate_whose_base_cannot_be_read_does_not_go_on(host: dict[str, Any], owner: Any) -> None:
+    repo: Repo = host["repo"]
+    first = install_first(repo)
+    repo.commit("elsewhere", files={"docs/guide.md": "v2\n"})
+    release("build", "--repo", str(repo.path), "--venv", "shared")
+    candidate = candidate_of(first)
+    Release.objects.filter(id=candidate.id).update(state=Release.State.GATED)
+    (Path(first.path) / "MANIFEST").chmod(0o644)
+    (Path(first.path) / "MANIFEST").write_text(f"commit {first.commit}\n")  # the live MANIFEST is not its build's any more
+    with pytest.raises(CommandError) as unreadable:
+        release("switch", candidate.build_id)
+    assert "(baseline_diff_failed)" in str(unreadable.value)
+    assert read_pointers(host["root"]).current_build == first.build_id

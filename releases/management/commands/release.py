@@ -3,7 +3,8 @@ flows F5/F6 on a host without Docker (directory releases under ``YIMI_RELEASES_R
 
 - ``build [--repo DIR] [--ref REF] [--base COMMIT] [--venv lock|shared]``: a release
   directory for REF (default HEAD of this checkout), made on the live commit unless
-  ``--base`` says otherwise;
+  ``--base`` says otherwise; a candidate touching the protected baseline opens its card
+  on the owner's phone now (``releases.baseline``; gate and switch check again);
 - ``gate BUILD [--suite NAME=ARGS]``: the candidate's suites and the live base's, offline
   in bubblewrap, each with a data directory of its own; ``F_cand \\ F_base`` must be
   empty; a suite that failed is shown with its last lines;
