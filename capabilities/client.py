@@ -230,10 +230,16 @@ class ToolOutcome:
 
 
 async def call_tool(run_id: str, agent_id: str, tool: str, arguments: Any, *, gateway: GatewayTransport | None = None) -> ToolOutcome:
-    """decide → execute over MCP → receipt → observe, for one call."""
+    """decide → execute over MCP → receipt → observe, for one call. The tool's pack host is
+    asked first whether it can run the call: if not, ``decide`` refuses it
+    (``pack_unavailable``) instead of recording it as executing."""
     gateway = gateway or transport()
+    request = {"run_id": run_id, "agent_id": agent_id, "tool": tool, "arguments": arguments}
+    unavailable = await on_host_loop(lambda m: m.unavailable(tool))  # its host starts now if it was not running
+    if unavailable:
+        request["pack_unavailable"] = unavailable  # refused by the gateway, never recorded as executing
     try:
-        decided = await gateway.decide({"run_id": run_id, "agent_id": agent_id, "tool": tool, "arguments": arguments})
+        decided = await gateway.decide(request)
     except (GatewayUnavailable, YimiError):
         return ToolOutcome(tool, "block", "gateway_unreachable", NOT_EXECUTED)
     if decided["decision"] not in ("allow", "rewrite"):

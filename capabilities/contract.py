@@ -69,6 +69,7 @@ import yaml
 from django.conf import settings
 
 from capabilities.manifest import ManifestError, Pack, load_pack
+from capabilities.mcp_host import limits as pack_limits
 from capabilities.mcp_host.sandbox import PackGrant, PlatformPaths, grant_for, host_parameters
 from capabilities.receipts import normalize, schema_errors
 from yimi_project import call_capability
@@ -228,12 +229,14 @@ class _Host:
     async def start(self) -> None:
         from mcp import ClientSession, stdio_client  # here: the MCP SDK costs ~1 s of a start (test_startup_imports)
 
-        args = ["-m", "capabilities.mcp_host.host", "--packs-dir", str(self.pack.path.parent), "--select", self.pack.name]
+        limits = pack_limits.for_packs([self.pack])  # its rlimits, as on the platform (no cgroup for a contract run)
+        args = ["-m", "capabilities.mcp_host.host", "--packs-dir", str(self.pack.path.parent), "--select", self.pack.name,
+                *pack_limits.host_arguments(limits)]
         if self.fake:
             args.append("--fake")
         errlog = self.stack.enter_context(open(self.errlog_path, "a", encoding="utf-8"))
         try:
-            params = host_parameters(args, self.grant, readable=[self.pack.path.parent])
+            params = host_parameters(args, self.grant, readable=[self.pack.path.parent], tmp_bytes=limits.memory_mib * pack_limits.MiB)
             if self.hooks.wrap is not None:
                 params = self.hooks.wrap(params)
             read, write = await self.stack.enter_async_context(stdio_client(params, errlog=errlog))

@@ -39,7 +39,12 @@ _LISTED_REQUIRED: dict[str, tuple[str, ...]] = {}
 
 
 class ManifestError(Exception):
-    pass
+    """Why a pack was refused. ``code`` is stable for the refusals a caller acts on
+    (``pack_limit_over_ceiling``); the rest are ``manifest_invalid``."""
+
+    def __init__(self, message: str, code: str = "manifest_invalid") -> None:
+        super().__init__(message)
+        self.code = code
 
 
 @cache
@@ -172,11 +177,18 @@ class Pack:
         return list(self.ext.get("filesystem", []))
 
     @property
+    def limits(self) -> dict[str, int]:
+        """What its host may use instead of the platform's defaults (``processes``,
+        ``memory_mib``, ``cpu_seconds``, ``open_files``; ``mcp_host/limits.py``)."""
+        return dict(self.ext.get("limits", {}))
+
+    @property
     def host(self) -> str:
         """``shared`` only for a pack that asked for it and needs nothing of its own: one
         process serving several packs gives each of them everything any of them holds, so a
-        pack with secrets, directories, network or platform access always runs alone."""
-        needs = self.secrets or self.egress or self.platform_api or self.filesystem
+        pack with secrets, directories, network or platform access, or limits of its own,
+        always runs alone."""
+        needs = self.secrets or self.egress or self.platform_api or self.filesystem or self.limits
         return "shared" if self.ext["runtime"]["host"] == "shared" and not needs else "dedicated"
 
     @property
@@ -245,6 +257,14 @@ def load_pack(path: Path) -> Pack:
             raise ManifestError(f"{label} points to {rel}, which does not exist")
     if not list(path.glob("skills/*/SKILL.md")):
         raise ManifestError("the pack has no skills/*/SKILL.md")
+    if ext.get("limits") and settings.configured:
+        # The ceilings are the platform's settings; a process without them (a pack host, a
+        # self-test in the workshop sandbox) is never the one that decides what a host gets.
+        from capabilities.mcp_host.limits import OVER_CEILING, ceilings, over_ceiling
+
+        too_high = over_ceiling(ext["limits"], ceilings())
+        if too_high:
+            raise ManifestError(f"{OVER_CEILING}: " + "; ".join(too_high), code=OVER_CEILING)
     for tool_name, spec in ext["tools"].items():
         if spec.get("check_with") and spec["check_with"] not in ext["tools"]:
             raise ManifestError(f"tools.{tool_name}.check_with names {spec['check_with']!r}, not a tool of this pack")

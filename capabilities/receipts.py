@@ -10,6 +10,11 @@ downgrades (never turns an unknown into a success):
 3. a number without a unit is a contract violation: the value is not stated as a fact;
 4. a pack may not write ``rejected`` (only the gateway blocks) → ``unknown``;
 5. anything that is not a valid receipt → ``unknown``.
+
+A lost result whose transport error names a pack limit (``pack_limit_memory: ...``; the
+pack host was stopped for reaching it, ``mcp_host/limits.py``) is ``unknown`` with that
+code as its ``error``; one that says the pack's host could not run it at all
+(``pack_unavailable: ...``) is ``failed``: nothing ran, so nothing needs a check.
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from capabilities.manifest import ToolDecl, contract_validator
+from capabilities.mcp_host.limits import CODES as LIMIT_CODES
+from capabilities.mcp_host.limits import PACK_UNAVAILABLE
 
 VERIFIED = ("verified", "service_ack")
 
@@ -49,7 +56,17 @@ def unknown_receipt(reason: str, tool: ToolDecl | None) -> dict[str, Any]:
 
 def normalize(raw: Any, *, tool: ToolDecl | None, category: str | None, transport_error: str | None = None) -> Normalized:
     if transport_error is not None:
-        return Normalized(unknown_receipt(f"the tool's result was lost ({transport_error})", tool), [f"invalid_receipt: {transport_error}"])
+        code, _, detail = transport_error.partition(": ")
+        if code == PACK_UNAVAILABLE:
+            summary = f"not executed: {detail}"[:2000]
+            return Normalized({
+                "receipt_schema": 1, "status": "failed", "summary": summary, "error": {"code": code, "message": detail[:1000]},
+                "next": {"retry": "allowed"},
+            })
+        lost = unknown_receipt(f"the tool's result was lost ({transport_error})", tool)
+        if code in LIMIT_CODES.values():
+            lost["error"] = {"code": code, "message": detail[:1000]}
+        return Normalized(lost, [f"invalid_receipt: {transport_error}"])
     errors = schema_errors(raw)
     if errors:
         return Normalized(unknown_receipt("the tool's result was not a valid receipt", tool), [f"invalid_receipt: {e}" for e in errors[:5]])

@@ -74,12 +74,18 @@ class CallRequest:
     tool: str
     arguments: Any
     agent_id: str = ""
+    # Set by the executor (never the model) when the tool's pack host cannot run it now
+    # (``HostManager.unavailable``): why; the call is then refused with ``pack_unavailable``.
+    pack_unavailable: str = ""
 
     @classmethod
     def from_payload(cls, data: Any) -> CallRequest:
         if not isinstance(data, dict) or not isinstance(data.get("run_id"), str) or not isinstance(data.get("tool"), str):
             raise YimiError("invalid_request", "decide needs run_id, tool and arguments")
-        return cls(data["run_id"], data["tool"], data.get("arguments", {}), str(data.get("agent_id", ""))[:64])
+        return cls(
+            data["run_id"], data["tool"], data.get("arguments", {}), str(data.get("agent_id", ""))[:64],
+            str(data.get("pack_unavailable") or "")[:300],
+        )
 
 
 @dataclass
@@ -116,7 +122,8 @@ def decide(request: CallRequest) -> Decision:
     Steps: 1. bind the call to its run through the admission record (brain's binder,
     ``authorities.bind_run``; no run, or an ended run: block); 2. take the reserved ``owner_requested`` out of the arguments
     and drop any model-supplied trusted field; 3. scope: the pack must list the run's
-    scope; 4. duplicates and unknowns: a ``retry=forbidden`` call whose fingerprint
+    scope, and a pack whose host cannot run (the executor says why) is ``pack_unavailable``;
+    4. duplicates and unknowns: a ``retry=forbidden`` call whose fingerprint
     already succeeded is blocked (``already_succeeded``), and so is one whose identical
     call is running now (``already_running``); one whose last result is unknown/partial
     and needs a check is blocked until the ``check_with`` tool ran; 5. category: resolve
@@ -161,6 +168,11 @@ def decide(request: CallRequest) -> Decision:
     pack = packs.packs[tool.pack]
     if binding.scope not in pack.scopes:
         decision = _blocked("scope", f"{request.tool} is not available in scope {binding.scope}")
+        return _record(binding, request, model_args, owner_requested, decision, tool)
+    if request.pack_unavailable:
+        # Refused before anything is recorded as executing: nothing ran, so its target is
+        # not held (an allowed call that never reached its pack would end ``unknown``).
+        decision = _blocked("pack_unavailable", f"{request.tool} cannot run now: {request.pack_unavailable}")
         return _record(binding, request, model_args, owner_requested, decision, tool)
 
     fingerprint = sha256(canonical({"tool": request.tool, "args": model_args}))

@@ -19,10 +19,13 @@ from tests.gateway_support import copy_repo_pack, manifest, write_pack
 
 def host_processes(marker: Path) -> list[str]:
     """The host processes serving this packs directory (the Python inside each sandbox,
-    not the bwrap process that started it)."""
+    not the bwrap process that started it nor the ``sh`` that runs it in its limits)."""
     out = subprocess.run(["pgrep", "-af", "--", f"--packs-dir {marker}"], capture_output=True, text=True).stdout
     lines = [line.split(maxsplit=2) for line in out.splitlines()]
-    return [line[2] for line in lines if len(line) == 3 and "capabilities.mcp_host.host" in line[2] and "bwrap" not in line[1]]
+    return [
+        line[2] for line in lines
+        if len(line) == 3 and "capabilities.mcp_host.host" in line[2] and "bwrap" not in line[1] and not line[1].endswith("sh")
+    ]
 
 
 def platform_paths(tmp_path: Path) -> PlatformPaths:

@@ -404,6 +404,27 @@ YIMI_PACK_REGISTRY_DIR = Path(env.str("YIMI_PACK_REGISTRY_DIR", default=str(DATA
 YIMI_GATEWAY_OVER_HTTP = env.bool("YIMI_GATEWAY_OVER_HTTP", default=False)
 GATEWAY_DECIDE_TIMEOUT_SECONDS = 3.0
 PACK_CALL_TIMEOUT_SECONDS = env.float("YIMI_PACK_CALL_TIMEOUT_SECONDS", default=120.0)
+# What every pack host may use (capabilities/mcp_host/limits.py, docs/packs.md): processes
+# (threads included), memory in MiB, CPU seconds over the host process's life, open files.
+# A manifest's ``limits`` block may ask for other values, each at most its ceiling.
+YIMI_PACK_LIMITS = {
+    "processes": env.int("YIMI_PACK_LIMIT_PROCESSES", default=128),
+    "memory_mib": env.int("YIMI_PACK_LIMIT_MEMORY_MIB", default=512),
+    "cpu_seconds": env.int("YIMI_PACK_LIMIT_CPU_SECONDS", default=600),
+    "open_files": env.int("YIMI_PACK_LIMIT_OPEN_FILES", default=256),
+}
+YIMI_PACK_LIMIT_CEILINGS = {
+    "processes": env.int("YIMI_PACK_LIMIT_CEILING_PROCESSES", default=512),
+    "memory_mib": env.int("YIMI_PACK_LIMIT_CEILING_MEMORY_MIB", default=2048),
+    "cpu_seconds": env.int("YIMI_PACK_LIMIT_CEILING_CPU_SECONDS", default=3600),
+    "open_files": env.int("YIMI_PACK_LIMIT_CEILING_OPEN_FILES", default=4096),
+}
+# "auto": a cgroup per pack host where one can be made (memory and processes, for the host
+# and all it starts); "off": the rlimits alone.
+YIMI_PACK_CGROUPS = env.str("YIMI_PACK_CGROUPS", default="auto")
+# A host that failed to start is not tried again for this long; calls to its packs are
+# refused with pack_unavailable meanwhile.
+YIMI_PACK_HOST_RETRY_SECONDS = env.float("YIMI_PACK_HOST_RETRY_SECONDS", default=30.0)
 
 # --- the workshop (workshop/: capability_find, the pack template, sandboxed builds) --------
 # Builds' working directories; the offline indexes capability_find searches (JSON files the

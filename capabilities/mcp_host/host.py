@@ -21,6 +21,7 @@ import argparse
 import importlib.util
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ from mcp.server.lowlevel.server import NotificationOptions, Server
 from mcp.server.stdio import stdio_server
 
 from capabilities.manifest import SEPARATOR, ManifestError, Pack, _signature, load_pack
+from capabilities.mcp_host import limits as pack_limits
 from capabilities.packkit import CAPABILITY_META_KEY, ToolRegistry, ToolSpec, run_with_capability
 
 
@@ -57,6 +59,8 @@ class PackHost:
         self.refused: dict[str, str] = {}
         self.signature: tuple = ()
         self.session: Any = None
+        self.limits: pack_limits.PackLimits | None = None  # set by main() once applied
+        self.count_tasks = True
 
     def reload(self) -> bool:
         """Re-read the packs this host serves; True if the set of tools changed."""
@@ -104,12 +108,15 @@ class PackHost:
                 run_with_capability, spec.handler, dict(params.arguments or {}), capability if isinstance(capability, str) else None
             )
         except Exception as exc:  # noqa: BLE001 - reported to the caller, never a success
+            hit = pack_limits.limit_hit(exc, self.limits, count_tasks=self.count_tasks) if self.limits else None
+            if hit is not None:  # the manager ends the call with the limit's code and restarts this host
+                return _error(f"{pack_limits.CODES[hit]}: {type(exc).__name__}: {exc}", {pack_limits.META_LIMIT: hit})
             return _error(f"{type(exc).__name__}: {exc}")
         if not isinstance(result, dict):
             return _error("the tool returned no receipt")
         return types.CallToolResult(
             content=[types.TextContent(type="text", text=json.dumps(result, ensure_ascii=False))],
-            structured_content=result,
+            structured_content=result, _meta=_meta(),
         )
 
     async def watch(self, interval: float) -> None:
@@ -119,8 +126,13 @@ class PackHost:
                 await self.session.send_tool_list_changed()
 
 
-def _error(message: str) -> types.CallToolResult:
-    return types.CallToolResult(content=[types.TextContent(type="text", text=message)], is_error=True)
+def _error(message: str, meta: dict[str, Any] | None = None) -> types.CallToolResult:
+    return types.CallToolResult(content=[types.TextContent(type="text", text=message)], is_error=True, _meta=_meta(meta))
+
+
+def _meta(extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Every result says how much CPU time this host has used (its ``RLIMIT_CPU`` counts it)."""
+    return {pack_limits.META_CPU: round(time.process_time(), 3), **(extra or {})}
 
 
 async def serve(host: PackHost, interval: float) -> None:
@@ -138,8 +150,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--select", required=True, help="'shared' or a pack name (dedicated)")
     parser.add_argument("--fake", action="store_true", help="serve each pack's fake implementation")
     parser.add_argument("--watch-interval", type=float, default=1.0)
+    parser.add_argument("--limits", help="the host's limits as JSON (mcp_host/limits.py), set before any pack code loads")
+    parser.add_argument("--no-process-rlimit", action="store_true", help="the host shares the platform's user namespace")
     args = parser.parse_args(argv)
+    limits = pack_limits.PackLimits.from_json(args.limits) if args.limits else None
+    if limits is not None:
+        pack_limits.apply(limits, processes=not args.no_process_rlimit)
     host = PackHost(args.packs_dir.resolve(), args.select, args.fake)
+    host.limits, host.count_tasks = limits, not args.no_process_rlimit
     host.reload()
     anyio.run(serve, host, args.watch_interval)
 

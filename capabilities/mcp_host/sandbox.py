@@ -12,7 +12,7 @@ platform's ``HostManager`` and the contract runner alike) is started through
   rules the memory pack's fake shares with the platform) and the packs directory;
 - nothing else of the host: not the data directory, not the secrets directory, not the
   platform's ``/proc`` (the sandbox has its own), not the repository's other code;
-- its own ``/tmp`` (also its ``HOME``) on a tmpfs;
+- its own ``/tmp`` (also its ``HOME``) on a tmpfs, as large as its memory limit;
 - writable, only when a pack declares it (``filesystem``): its own data directory
   (``own``: ``$YIMI_PACKS_DATA_DIR/<pack>``), Yimi's workspace, the mail store;
 - the platform's internal socket directory, only for a pack that declares a
@@ -125,10 +125,13 @@ def grant_for(packs: list[Pack], paths: PlatformPaths) -> PackGrant:
     return grant
 
 
-def host_parameters(args: list[str], grant: PackGrant, *, readable: list[Path], mode: str | None = None) -> StdioServerParameters:
+def host_parameters(
+    args: list[str], grant: PackGrant, *, readable: list[Path], mode: str | None = None, tmp_bytes: int | None = None
+) -> StdioServerParameters:
     """The command that starts ``python -m <args>`` for a pack host, sandboxed.
 
-    ``readable`` are the extra directories the host reads (the packs directory).
+    ``readable`` are the extra directories the host reads (the packs directory);
+    ``tmp_bytes`` bounds its ``/tmp`` (memory: a tmpfs), as its memory limit does.
     Directories granted writable are created first, so bubblewrap can bind them.
     """
     from mcp import StdioServerParameters  # here: the MCP SDK costs ~1 s of a start (test_startup_imports)
@@ -166,7 +169,7 @@ def host_parameters(args: list[str], grant: PackGrant, *, readable: list[Path], 
     for etc in ETC_FILES:
         if os.path.lexists(etc):
             cmd += ["--ro-bind-try", etc, etc]
-    cmd += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+    cmd += ["--proc", "/proc", "--dev", "/dev", *(["--size", str(tmp_bytes)] if tmp_bytes else []), "--tmpfs", "/tmp"]
     python_dirs = {Path(sys.prefix), Path(sys.base_prefix), Path(os.path.realpath(sys.executable)).parent.parent}
     for path in sorted(python_dirs | {CAPABILITIES_DIR, *SHARED_MODULES} | set(readable)):
         cmd += ["--ro-bind", str(path), str(path)]
