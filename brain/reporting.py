@@ -102,6 +102,9 @@ class Report:
     receipts: list[dict[str, Any]] = field(default_factory=list)
     facts: list[truth.Fact] = field(default_factory=list)
     delivered: set[str] = field(default_factory=set)
+    # What the owner said in this exchange: her words quoted back in the reply are not
+    # checked as the model's claims (``truth.check_reply``'s ``owner_words``).
+    owner_words: list[str] = field(default_factory=list)
 
 
 def _task_records(task: AgentTask) -> list[ReceiptRecord]:
@@ -123,7 +126,10 @@ async def prepare_report(task: AgentTask) -> Report:
         ]
         if fresh.steer_pending:
             lines.append("Owner additions that did not reach the task in time: " + "; ".join(fresh.steer_pending))
-        return report_for_records(records, task.run.owner_id, lines)
+        report = report_for_records(records, task.run.owner_id, lines)
+        if task.run.scope == "owner":  # the request the task came from, and what she added while it ran
+            report.owner_words = [task.run.inbound.text, *(str(a) for a in [*fresh.steer_delivered, *fresh.steer_pending])]
+        return report
 
     return await database_sync_to_async(build)()
 
@@ -146,7 +152,8 @@ async def report_turn(run: Any, report: Report, claim: Callable[[int], bool], *,
 async def deliver_checked_reply(run: Any, report: Report, draft: str, claim: Callable[[int], bool]) -> None:
     """Check a draft against the receipts, store it at most once (``claim``), deliver it in
     chunks to the device that spoke, and remember which facts it carried."""
-    checked = truth.check_reply(draft, receipts=report.receipts, delivered_fact_ids=report.delivered, facts=report.facts)
+    checked = truth.check_reply(draft, receipts=report.receipts, delivered_fact_ids=report.delivered, facts=report.facts,
+                                owner_words=report.owner_words)
     text = checked.text.strip() or "这件事结束了，但我没有可以确认的结果。"
     await deliver_reply(run, text, claim, told=list(checked.told))
 

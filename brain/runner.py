@@ -196,6 +196,8 @@ def _claim_and_prepare(run_id: Any, stages: dict[str, float] | None) -> tuple[Ru
     messages = with_memory(messages, history, memory)
     trace.mark(run, "memory_prepared")
     report = None if settings.YIMI_BENCH_UNCHECKED_REPLIES else run_tree_report(run, pack_results=claimed.pack_results)
+    if report is not None and run.scope == "owner":  # her words, which the reply may quote back
+        report.owner_words = [run.inbound.text, *(e.text for e in history if e.kind == TimelineEntry.Kind.UTTERANCE)]
     # A request about an image the device sent goes to the vision role instead (brain.vision).
     image = vision.image_for_run(run, may_be_linked=claimed.image_linked)
     try:
@@ -242,7 +244,8 @@ async def execute_run(run_id: Any, *, stages: dict[str, float] | None = None) ->
 
     check = None
     if report is not None:
-        check = truth.ReplyCheck(receipts=report.receipts, delivered_fact_ids=report.delivered, facts=report.facts)
+        check = truth.ReplyCheck(receipts=report.receipts, delivered_fact_ids=report.delivered, facts=report.facts,
+                                 owner_words=report.owner_words)
     forward = CheckedStream(send, check)
     image = turn.image
     # The main turn's usage record waits for the store's trip (one trip fewer per run); if

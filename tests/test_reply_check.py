@@ -185,3 +185,34 @@ async def test_the_platforms_own_sentences_pass_while_the_models_claims_do_not()
     for delta in ("好的。已经发好了", honest):
         await stream(delta)
     assert await stream.close(fallback="x") == "好的。" + honest == "".join(sent)
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_the_owners_words_quoted_back_reach_the_device_while_an_unbacked_number_does_not(make_device: Any, brain: Any) -> None:
+    script(brain, match="妈妈", chunk_chars=4,
+           reply="好的，你说的是「明天下午3点给妈妈打电话」。这周你已经打了5次。要我现在设提醒吗？")
+    sim = await db_async(make_device)()
+    chunks, done = await ask(sim, "提醒我明天下午3点给妈妈打电话")
+    said = "".join(c["text"] for c in chunks)
+    assert said == done["text"] == "好的，你说的是「明天下午3点给妈妈打电话」。要我现在设提醒吗？" == await stored_reply()
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_task_report_may_quote_what_the_owner_asked_and_added(make_device: Any, brain: Any) -> None:
+    from brain import agents
+    from brain.agent_loop import execute_agent_task
+    from brain.models import Run
+    from brain.services import accept_utterance
+    from tests.conftest import new_client_id
+
+    sim = await db_async(make_device)()
+    run = await db_async(lambda: Run.objects.get(id=accept_utterance(sim.device, new_client_id(), "查一下明天下午3点的会在几楼").run_id))()
+    task = await db_async(agents.delegate)(run.id, "find the room of tomorrow's 3 pm meeting")
+    await db_async(agents.steer)(run.id, task.id, "会议室要能坐8个人")
+    script(brain, match="Background task finished",
+           reply="关于「明天下午3点的会在几楼」和「会议室要能坐8个人」：我没找到日程。会议在12楼。")
+    script(brain, match="find the room", reply="No calendar to look in.")
+    await execute_agent_task(task.id)
+    report = await db_async(TimelineEntry.objects.get)(kind="reply")
+    assert report.text.startswith("关于「明天下午3点的会在几楼」和「会议室要能坐8个人」：我没找到日程。")
+    assert "12楼" not in report.text  # the model's own number, backed by nothing

@@ -21,6 +21,7 @@ from capabilities.truth import (
     STATUSES,
     TEMPLATES,
     Fact,
+    ReplyCheck,
     activity_card,
     check_reply,
     chinese_to_arabic,
@@ -596,3 +597,41 @@ def test_the_quick_paths_answer_as_the_full_scans_do() -> None:
     # The letters IGNORECASE folds into ASCII ones, all of them (the quick path's exceptions).
     ascii_letter = re.compile("[a-z]", re.IGNORECASE)
     assert {chr(c) for c in range(0x80, sys.maxunicode + 1) if ascii_letter.fullmatch(chr(c))} == claims.FOLDS_INTO_ASCII
+
+
+# --- the owner's own words quoted back ---------------------------------------------------------------
+
+SAID = "提醒我明天下午3点给妈妈打电话，她的号码尾号是8848"
+
+
+def test_the_owners_quoted_words_keep_their_numbers_while_the_models_own_numbers_are_checked() -> None:
+    reply = "你说的是「明天下午3点给妈妈打电话」。号码尾号是“8848”。一共花了 30 元。"
+    result = check_reply(reply, receipts=[], delivered_fact_ids=set(), facts=[], owner_words=[SAID])
+    assert result.text == "你说的是「明天下午3点给妈妈打电话」。"
+    assert ("一共花了 30 元。", "number_not_in_receipts") in result.removed
+    # 「8848」 alone is only digits: a bare number in quotes is still the model's to back
+    assert ("号码尾号是“8848”。", "number_not_in_receipts") in result.removed
+    # without her words, the quote's number is cut as before
+    alone = check_reply(reply, receipts=[], delivered_fact_ids=set(), facts=[])
+    assert alone.text == "" and [r for _, r in alone.removed] == ["number_not_in_receipts"] * 3
+
+
+def test_a_quote_she_never_said_and_a_claim_beside_her_quote_are_still_cut() -> None:
+    words = [SAID]
+    kept = check_reply("你让我「明天下午三点给妈妈打电话」。", receipts=[], delivered_fact_ids=set(), facts=[], owner_words=words)
+    assert kept.text == "你让我「明天下午三点给妈妈打电话」。"  # 三 read as 3, as she said it
+    for reply in ("你说「明天下午4点给妈妈打电话」。", "你说「明天下午3点给妈妈打电话」，已经打了2次。",
+                  "你说「明天下午3点给妈妈打电话」，我已经发好了。"):
+        result = check_reply(reply, receipts=[], delivered_fact_ids=set(), facts=[], owner_words=words)
+        assert result.text == "", reply
+        assert result.removed[0][1] in ("number_not_in_receipts", "status_contradicts_receipts")
+
+
+def test_a_quote_cut_in_two_by_a_full_stop_is_still_hers() -> None:
+    said = "我说过：下午3点开会。然后5点去机场。"
+    reply = "你说过「下午3点开会。然后5点去机场。」好的。"
+    assert [p.strip() for p in split_sentences(reply)][:2] == ["你说过「下午3点开会。", "然后5点去机场。」"]
+    result = check_reply(reply, receipts=[], delivered_fact_ids=set(), facts=[], owner_words=[said])
+    assert result.text == reply and result.removed == []
+    streamed = ReplyCheck(receipts=[], delivered_fact_ids=set(), facts=[], owner_words=[said])
+    assert "".join(streamed.feed(p) for p in split_sentences(reply)) + streamed.finish() == reply

@@ -3,14 +3,15 @@
 ``check_reply`` takes the model's reply (content and tone only) and removes every sentence
 that disagrees with the receipts or repeats an instruction meant for the model: numbers not in the receipts, status words the receipts do
 not back, "noted" without a verified owner_data/workspace effect, suggestions to redo a
-``retry: forbidden`` call that succeeded, and restatements of facts already delivered. It
-then appends, from the templates' owner wording, every undelivered fact the remaining text does not state.
+``retry: forbidden`` call that succeeded, and restatements of facts already delivered; the
+owner's own words quoted back are hers, not a claim to check. It then appends, from the templates' owner wording, every undelivered fact the remaining text does not state.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -136,6 +137,48 @@ def _claim_reason(sentence: str, claims: set[str], ev: _Evidence) -> str | None:
     return None
 
 
+# Quotation marks: each opener with its closer (a straight quote closes itself).
+QUOTES = {"「": "」", "『": "』", "“": "”", "‘": "’", '"': '"', "«": "»", "＂": "＂"}
+_CLOSE_ONLY = {close for open_, close in QUOTES.items() if close != open_}
+
+
+def quoted_spans(sentence: str) -> list[tuple[int, int, str]]:
+    """The quoted parts of a sentence: ``(start, end, inner text)``, the marks included in
+    ``start:end``. A quote left open runs to the sentence's end, and a closing mark before
+    any opening one closes a quote begun in the sentence before (``split_sentences`` cuts
+    at a 。 inside a quote)."""
+    spans: list[tuple[int, int, str]] = []
+    i, n = 0, len(sentence)
+    while i < n:
+        ch = sentence[i]
+        if ch in QUOTES:
+            j = sentence.find(QUOTES[ch], i + 1)
+            end = n if j < 0 else j + 1
+            spans.append((i, end, sentence[i + 1 : n if j < 0 else j]))
+            i = end
+            continue
+        if ch in _CLOSE_ONLY and not spans:
+            spans.append((0, i + 1, sentence[:i]))
+        i += 1
+    return spans
+
+
+def _without_owner_quotes(sentence: str, owner_words: list[str]) -> str:
+    """The sentence without the quotes that are the owner's own words: a quoted part whose
+    text (normalized: numerals, punctuation, case) is inside something the owner said and
+    holds more than digits. Her words quoted back are not the model's claim; the rest of
+    the sentence still is, and a quote she never said is checked like any other text."""
+    if not owner_words:
+        return sentence
+    out, last = [], 0
+    for start, end, inner in quoted_spans(sentence):
+        said = _norm(inner)
+        if said and not said.isdigit() and any(said in words for words in owner_words):
+            out.append(sentence[last:start] + " ")
+            last = end
+    return "".join(out) + sentence[last:] if out else sentence
+
+
 def _stated(fact: Fact, kept_text: str, claims: set[str], numbers: list[_Number], ev: _Evidence) -> bool:
     norm_kept = _norm(kept_text)
     if any(_norm(t) and _norm(t) in norm_kept for t in (fact.text, fact.voice)):
@@ -159,6 +202,7 @@ def check_reply(
     facts: list[Fact],
     lang: str = "zh",
     voice: bool = False,
+    owner_words: Sequence[str] = (),
 ) -> CheckResult:
     """Remove the sentences of a model reply that disagree with the receipts, then append
     the undelivered facts it does not state. Deterministic; zero model calls.
@@ -176,7 +220,10 @@ def check_reply(
       in the receipts' texts (content text/items, effect targets, string values, unknowns,
       error, check_with) or in a fact text — those match by value only. Ordinals (第二),
       numbers glued to letters (S3) and an article-like lone 一 are not checked. Times and
-      dates are plain numbers: they must be in the receipts too.
+      dates are plain numbers: they must be in the receipts too. The owner's own words
+      quoted back (``owner_words``: what she said in this exchange; a quoted part inside
+      it that holds more than digits) are not the model's claim: their numbers and status
+      words are not checked, the rest of the sentence is.
     - ``status_contradicts_receipts`` / ``noted_without_verified_effect``: a status word
       (``STATUS_WORDS``) must be backed by some receipt: done → succeeded (or the sentence
       names the target of a verified/service_ack effect), failed → failed, working →
@@ -199,7 +246,8 @@ def check_reply(
     The same check runs sentence by sentence on a stream (``ReplyCheck``); both give the
     same text.
     """
-    check = ReplyCheck(receipts=receipts, delivered_fact_ids=delivered_fact_ids, facts=facts, lang=lang, voice=voice)
+    check = ReplyCheck(receipts=receipts, delivered_fact_ids=delivered_fact_ids, facts=facts, lang=lang, voice=voice,
+                       owner_words=owner_words)
     for sentence in split_sentences(text):
         check.feed(sentence)
     check.finish()
@@ -224,8 +272,10 @@ class ReplyCheck:
         facts: list[Fact],
         lang: str = "zh",
         voice: bool = False,
+        owner_words: Sequence[str] = (),
     ) -> None:
         self.voice = voice or lang.endswith("voice")
+        self.owner_words = [w for w in (_norm(t) for t in owner_words if t) if w]  # what she said, normalized
         self.lang = lang
         self.facts = facts
         self.delivered_ids = delivered_fact_ids
@@ -252,13 +302,14 @@ class ReplyCheck:
         norm = _norm(stripped)
         if any(norm_instruction in norm for norm_instruction in self.instructions):
             return "model_instruction", [], set()
-        numbers = _numbers(stripped, ev.units)
-        claims = status_claims(stripped)
+        claimed = _without_owner_quotes(stripped, self.owner_words)  # her words quoted back claim nothing
+        numbers = _numbers(claimed, ev.units)
+        claims = status_claims(claimed)
         reason: str | None = None
         if any(not _number_ok(n, ev) for n in numbers):
             reason = "number_not_in_receipts"
         if reason is None:
-            reason = _claim_reason(stripped, claims, ev)
+            reason = _claim_reason(claimed, claims, ev)
         if reason is None and ev.forbidden_done and suggests_retry(stripped):
             reason = "suggests_forbidden_retry"
         if reason is None and (
