@@ -68,6 +68,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 from django.conf import settings
 
+from capabilities.egress import rules_from_declaration
 from capabilities.manifest import ManifestError, Pack, load_pack
 from capabilities.mcp_host import limits as pack_limits
 from capabilities.mcp_host.sandbox import PackGrant, PlatformPaths, grant_for, host_parameters
@@ -178,7 +179,7 @@ def run_contract(
         grant.env.update(env or {})
         hooks = hooks or ContractHooks()
         if hooks.no_network:
-            grant.network = False
+            grant.egress = []
         asyncio.run(_run(pack, contract, fake, grant, Path(tmp), report, owner_id, hooks))
     return report
 
@@ -283,7 +284,10 @@ async def _run(
                 except KeyError as exc:
                     report.cases.append(CaseResult(case["name"], False, [f"env: unknown variable {exc}"]))
                     continue
-                host = _Host(pack, fake, replace(grant, env={**grant.env, **extra}), tmp / f"host-{index}.log", hooks)
+                case_env = {**grant.env, **extra}
+                # a case that sets a declared secret (an unreachable URL) reaches what it now says
+                egress = rules_from_declaration(pack.egress, case_env.get) if not hooks.no_network else []
+                host = _Host(pack, fake, replace(grant, env=case_env, egress=egress), tmp / f"host-{index}.log", hooks)
                 await host.start()
                 try:
                     report.cases.append(await _run_case(host, pack, case, variables, step_timeout, owner_id, hooks))

@@ -18,6 +18,8 @@ from typing import Any
 import jsonschema
 from django.conf import settings
 
+from capabilities.egress import declaration_problems
+
 EXT = "ai.yimi.capability"
 CONTRACTS = Path(__file__).resolve().parent / "contracts"
 SEPARATOR = "__"
@@ -157,8 +159,10 @@ class Pack:
         return list(self.ext["secrets"])
 
     @property
-    def egress(self) -> list[str]:
-        return list(self.ext["network"]["egress"])
+    def egress(self) -> list[dict[str, Any]]:
+        """Where the pack may connect (``capabilities.egress``): each entry a host and port,
+        a declared secret's URL, or the hosts a declared secret lists; [] is no network."""
+        return [dict(entry) for entry in self.ext["network"]["egress"]]
 
     @property
     def enabled_by_default(self) -> bool:
@@ -225,6 +229,8 @@ def _readable(error: jsonschema.ValidationError) -> str:
         return f"{where}: a yimi-maintained pack may not declare spend or self_change"
     if error.validator == "oneOf" and list(error.absolute_path)[-1:] == ["target"]:
         return f"{where}: target is an argument name or a list of argument names"
+    if error.validator == "oneOf" and "egress" in error.absolute_path:
+        return f"{where}: an egress entry is {{host, port, why}}, {{url_secret, why}} or {{hosts_secret, field, port, why}}"
     if error.validator == "oneOf" and "tools" in error.absolute_path:
         return f"{where}: a tool declares exactly one of effect or effect_by_arg"
     return f"{where}: {error.message}"
@@ -265,6 +271,9 @@ def load_pack(path: Path) -> Pack:
         too_high = over_ceiling(ext["limits"], ceilings())
         if too_high:
             raise ManifestError(f"{OVER_CEILING}: " + "; ".join(too_high), code=OVER_CEILING)
+    egress_problems = declaration_problems(ext["network"]["egress"], ext["secrets"])
+    if egress_problems:
+        raise ManifestError("; ".join(egress_problems))
     for tool_name, spec in ext["tools"].items():
         if spec.get("check_with") and spec["check_with"] not in ext["tools"]:
             raise ManifestError(f"tools.{tool_name}.check_with names {spec['check_with']!r}, not a tool of this pack")

@@ -249,6 +249,23 @@ def platform_call(method: str, path: str, body: dict[str, Any] | None = None, *,
         return status, None
 
 
+# --- egress -----------------------------------------------------------------------------
+# A pack reaches only the destinations its manifest's ``network.egress`` declares, through
+# its host's egress proxy (``capabilities.egress``; docs/packs.md). HTTP clients that read
+# ``HTTPS_PROXY``/``HTTP_PROXY`` (urllib, requests, httpx) need nothing; one that ignores the
+# environment passes ``egress_proxy_url()``. Other TCP protocols use ``egress_connection``;
+# UDP sends to ``udp_endpoint``. A refused destination raises ``EgressRefused`` (a
+# ``ConnectionRefusedError``) whose ``code`` says why: ``egress_not_declared``,
+# ``egress_address_refused``, ``egress_unresolved``, ``egress_unreachable``.
+
+from capabilities.mcp_host import egress_shim as _egress  # noqa: E402
+
+EgressRefused = _egress.EgressRefused
+egress_connection = _egress.connection
+egress_proxy_url = _egress.proxy_url
+udp_endpoint = _egress.udp_endpoint
+
+
 # --- the Mac relay ------------------------------------------------------------------------
 # The ``owner-mac`` and ``desktop`` packs do every tool as one operation relayed by the
 # platform (``POST /internal/mac/op/``; docs/protocol.md, "The Mac relay"). A refusal by the

@@ -10,10 +10,12 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 
 from capabilities.contract import run_contract
+from capabilities.egress import Rule
 from capabilities.manifest import load_pack
 from capabilities.mcp_host.sandbox import grant_for
 from tests.carddav_server import PASSWORD, USER, RadicaleServer
@@ -63,7 +65,8 @@ def test_the_manifest_declares_its_secrets_egress_and_profile_api(tmp_path: Path
     assert categories == {"find_contacts": "observe", "resolve_recipient": "observe", "save_contact": "owner_data",
                           "remove_contact": "delete", "profile": "observe"}
     grant = grant_for([pack], platform_paths(tmp_path, secrets_dir=secrets_for(tmp_path, carddav)))
-    assert grant.network and grant.env["CARDDAV_URL"] == carddav.book_url and grant.env["CARDDAV_PASSWORD"] == PASSWORD
+    assert grant.env["CARDDAV_URL"] == carddav.book_url and grant.env["CARDDAV_PASSWORD"] == PASSWORD
+    assert grant.egress == [Rule("127.0.0.1", urlsplit(carddav.book_url).port or 0, "tcp")]  # the host and port of CARDDAV_URL, nothing else
 
 
 def test_contacts_created_over_carddav_are_listed_found_and_resolved(carddav_env: RadicaleServer) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from capabilities.egress import Rule
 from capabilities.manifest import load_pack
 from capabilities.mcp_host.sandbox import PlatformPaths, grant_for
 from tests.parcel_service import ParcelService
@@ -37,10 +38,11 @@ def test_the_delivery_manifest_declares_its_secret_and_egress(tmp_path: Path) ->
     pack = load_pack(PACKS / "delivery")
     assert (pack.secrets, pack.host, pack.tools["track"].resolve_category({})) == (["PARCELS_API_URL"], "dedicated", "observe")
     assert pack.platform_api == ["watches"]
-    assert pack.egress  # declared, so the sandbox shares the network
+    assert pack.egress == [{"url_secret": "PARCELS_API_URL", "why": "the carrier tracking service"}]
     paths = PlatformPaths(tmp_path, tmp_path / "w", tmp_path / "m", secrets_with_url(tmp_path, "http://carrier.test"), None)
     grant = grant_for([pack], paths)
-    assert grant.network and grant.env == {"PARCELS_API_URL": "http://carrier.test"}
+    # the egress proxy lets it reach the URL's host and port, nothing else
+    assert grant.egress == [Rule("carrier.test", 80, "tcp")] and grant.env == {"PARCELS_API_URL": "http://carrier.test"}
 
 
 # The delivery pack's contracts (real against a fake carrier and the platform, and fake),

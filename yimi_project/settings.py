@@ -395,6 +395,9 @@ YIMI_PACKS_FAKE = env.bool("YIMI_PACKS_FAKE", default=False)  # serve packs' fak
 # Pack processes run in a bubblewrap sandbox (capabilities/mcp_host/sandbox.py); "none"
 # runs them unsandboxed (not for production).
 YIMI_PACK_SANDBOX = env.str("YIMI_PACK_SANDBOX", default="bwrap")
+# Names the packs' egress proxy resolves from this table before DNS, as JSON
+# ({"nas.home": ["192.0.2.10"]}); the addresses are checked like DNS answers (docs/packs.md).
+YIMI_PACK_EGRESS_HOSTS = env.json("YIMI_PACK_EGRESS_HOSTS", default={})
 # The pack registry (capabilities/registry): checked candidates by content digest, and the
 # selection file (published packs online, enable switches) every process's loader reads.
 # Not under DATA_DIR/packs, which holds the packs' own writable data directories.

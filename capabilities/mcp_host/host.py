@@ -31,6 +31,7 @@ from mcp.server.lowlevel.server import NotificationOptions, Server
 from mcp.server.stdio import stdio_server
 
 from capabilities.manifest import SEPARATOR, ManifestError, Pack, _signature, load_pack
+from capabilities.mcp_host import egress_shim
 from capabilities.mcp_host import limits as pack_limits
 from capabilities.packkit import CAPABILITY_META_KEY, ToolRegistry, ToolSpec, run_with_capability
 
@@ -156,6 +157,7 @@ def main(argv: list[str] | None = None) -> None:
     limits = pack_limits.PackLimits.from_json(args.limits) if args.limits else None
     if limits is not None:
         pack_limits.apply(limits, processes=not args.no_process_rlimit)
+    egress_shim.start()  # the way to the egress proxy, when the packs declare egress
     host = PackHost(args.packs_dir.resolve(), args.select, args.fake)
     host.limits, host.count_tasks = limits, not args.no_process_rlimit
     host.reload()

@@ -17,9 +17,11 @@ platform's ``HostManager`` and the contract runner alike) is started through
   (``own``: ``$YIMI_PACKS_DATA_DIR/<pack>``), Yimi's workspace, the mail store;
 - the platform's internal socket directory, only for a pack that declares a
   ``platform_api`` (it calls back with the per-call capability of the call it executes);
-- the network only when a pack declares ``network.egress``. bubblewrap cannot filter by
-  destination: a pack with any declared egress shares the host's network namespace.
-  None of the shipped packs declares egress.
+- never the host's network: the sandbox's network namespace has only its own loopback. A
+  pack that declares ``network.egress`` reaches exactly those destinations through its
+  host's egress proxy (``egress_proxy.py``), which runs outside as the sandbox's parent and
+  whose Unix socket is bound at ``/run/yimi-egress``; inside, ``HTTP(S)_PROXY`` point at
+  the host's loopback shim (``egress_shim.py``). ``capabilities.egress`` is the decision.
 
 The environment is built here too: only the variables for what was declared, and the
 values of the secrets the packs declare (files in the secrets directory; names starting
@@ -31,16 +33,20 @@ namespaces and is not a supported production mode.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from django.conf import settings
 
+from capabilities.egress import Rule, rules_from_declaration
 from capabilities.manifest import Pack
+from capabilities.mcp_host import egress_proxy, egress_shim
 from yimi_project.logs import log_event
 from yimi_project.secrets import read_secret
 
@@ -59,6 +65,7 @@ SHARED_MODULES = (
 )
 SANDBOX_UID = 65534
 PLATFORM_SOCKET_IN_SANDBOX = Path("/run/yimi")
+EGRESS_SOCKET_IN_SANDBOX = Path("/run/yimi-egress")
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32")
 ETC_FILES = (
     "/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime", "/etc/passwd", "/etc/group",
@@ -78,7 +85,8 @@ class PackGrant:
     env: dict[str, str] = field(default_factory=dict)
     writable: list[Path] = field(default_factory=list)
     platform_socket_dir: Path | None = None
-    network: bool = False
+    egress: list[Rule] = field(default_factory=list)  # where the egress proxy lets it connect; [] = no network
+    egress_pack: str = ""  # whose declaration (the proxy's log lines name it)
 
 
 @dataclass(frozen=True)
@@ -121,7 +129,9 @@ def grant_for(packs: list[Pack], paths: PlatformPaths) -> PackGrant:
             value = read_secret(paths.secrets_dir, name)
             if value:
                 grant.env[name] = value
-        grant.network = grant.network or bool(pack.egress)
+        if pack.egress:
+            grant.egress += rules_from_declaration(pack.egress, grant.env.get)  # from the secrets it was given
+            grant.egress_pack = pack.name
     return grant
 
 
@@ -144,7 +154,7 @@ def host_parameters(
     env["PYTHONPATH"] = str(REPO_ROOT)
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     if mode == "none":
-        log_event("pack_host_unsandboxed", reason="YIMI_PACK_SANDBOX=none")
+        log_event("pack_host_unsandboxed", reason="YIMI_PACK_SANDBOX=none", egress_unfiltered=bool(grant.egress))
         env["PATH"] = os.environ.get("PATH", "/usr/bin:/bin")
         return StdioServerParameters(command=sys.executable, args=args, env=env, cwd=str(REPO_ROOT))
     if mode != "bwrap":
@@ -158,8 +168,6 @@ def host_parameters(
     env["PATH"] = "/usr/bin:/bin"
     env["HOME"] = "/tmp"
     cmd: list[str] = ["--unshare-all", "--die-with-parent", "--new-session", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID)]
-    if grant.network:
-        cmd.append("--share-net")
     for system in SYSTEM_DIRS:
         path = Path(system)
         if path.is_symlink():
@@ -179,5 +187,25 @@ def host_parameters(
         grant.platform_socket_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         cmd += ["--bind", str(grant.platform_socket_dir), str(PLATFORM_SOCKET_IN_SANDBOX)]
         env["YIMI_PLATFORM_SOCKET"] = str(PLATFORM_SOCKET_IN_SANDBOX / Path(env["YIMI_PLATFORM_SOCKET"]).name)
+    if grant.egress:
+        return _behind_egress_proxy(bwrap, cmd, args, env, grant)
     cmd += ["--chdir", "/tmp", "--", sys.executable, *args]
     return StdioServerParameters(command=bwrap, args=cmd, env=env, cwd="/")
+
+
+def _behind_egress_proxy(bwrap: str, cmd: list[str], args: list[str], env: dict[str, str], grant: PackGrant) -> StdioServerParameters:
+    """``python -m capabilities.mcp_host.egress_proxy --socket S -- bwrap ...``: the proxy
+    serves S (in a new private directory, bound into the sandbox) and runs the sandbox as
+    its child; the rules reach it in its environment, which it removes before bwrap starts."""
+    from mcp import StdioServerParameters
+
+    socket_dir = Path(tempfile.mkdtemp(prefix="yimi-egress-"))  # 0700; short, for the 108-byte socket path limit
+    inside = EGRESS_SOCKET_IN_SANDBOX / "proxy.sock"
+    cmd += ["--bind", str(socket_dir), str(EGRESS_SOCKET_IN_SANDBOX), "--chdir", "/tmp", "--", sys.executable, *args]
+    env[egress_shim.SOCKET_ENV] = str(inside)
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
+        env[name] = f"http://127.0.0.1:{egress_shim.PROXY_PORT}"
+    rules = {"pack": grant.egress_pack, "rules": [r.as_json() for r in grant.egress], "hosts": dict(settings.YIMI_PACK_EGRESS_HOSTS)}
+    env[egress_proxy.RULES_ENV] = json.dumps(rules)
+    proxy = ["-m", "capabilities.mcp_host.egress_proxy", "--socket", str(socket_dir / "proxy.sock"), "--", bwrap, *cmd]
+    return StdioServerParameters(command=sys.executable, args=proxy, env=env, cwd="/")

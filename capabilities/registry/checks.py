@@ -18,7 +18,10 @@ and reports every rule it breaks as a ``Finding`` with a stable ``code``:
   the pack loader uses, plus the loader's own checks), ``spend_or_self_change`` (a
   yimi-maintained pack, or any pack the workshop built, declaring ``spend`` or
   ``self_change`` as an ``effect`` or in any ``effect_by_arg`` branch),
-  ``maintainer_not_yimi`` (the workshop's packs are Yimi's: they cannot claim ``lead``);
+  ``maintainer_not_yimi`` (the workshop's packs are Yimi's: they cannot claim ``lead``),
+  ``egress_not_public`` (the same packs naming a loopback, private, link-local or other
+  non-public address or network in ``network.egress``: the egress proxy would let them
+  reach it);
 - ``mcp_json_missing``, ``mcp_json_invalid`` (exactly one server, stdio, command
   ``python3`` or ``node``);
 - ``required_missing``: ``skills/<name>/SKILL.md`` (or ``SKILL.md``), a non-empty
@@ -46,6 +49,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from capabilities.egress import names_non_public, normalize_host
 from capabilities.manifest import EXT, ManifestError, contract_validator, load_pack
 
 MAX_FILES = 32
@@ -281,6 +285,8 @@ def _check_manifest(root: Path, contents: dict[str, bytes], origin: str, report:
     if yimi_rules:
         for tool, branch in _forbidden_branches(ext):
             report.add("spend_or_self_change", "plugin.json", f"tools.{tool}: {branch} declares spend or self_change")
+        for where in _non_public_egress(ext):
+            report.add("egress_not_public", "plugin.json", f"{where} names an address that is not public (loopback, private, link-local...)")
     errors = list(contract_validator("manifest.v1.schema.json").iter_errors(data))
     schema_broken = False
     for error in sorted(errors, key=lambda e: list(e.absolute_path)):
@@ -302,6 +308,16 @@ def _check_manifest(root: Path, contents: dict[str, bytes], origin: str, report:
             # load_pack's reasons name files and fields of the manifest, not content.
             report.add("manifest_invalid", "plugin.json", str(exc)[:300])
     return data
+
+
+def _non_public_egress(ext: dict[str, Any]) -> list[str]:
+    """The egress entries that name a non-public address or network: the egress proxy lets a
+    pack reach what its declaration names, so a Yimi-built pack naming 127.0.0.1 or the home
+    network would reach the platform's own services or the owner's devices."""
+    network = ext.get("network")
+    entries = network.get("egress") if isinstance(network, dict) else None
+    return [f"network.egress.{i}" for i, entry in enumerate(entries if isinstance(entries, list) else [])
+            if isinstance(entry, dict) and isinstance(entry.get("host"), str) and names_non_public(normalize_host(entry["host"]))]
 
 
 def _forbidden_branches(ext: dict[str, Any]) -> list[tuple[str, str]]:

@@ -35,10 +35,11 @@ import threading
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
-from capabilities.packkit import ToolRegistry, effect, receipt, value
+from capabilities.packkit import EgressRefused, ToolRegistry, effect, receipt, udp_endpoint, value
 
 TOOLS = ToolRegistry()
 DEVICES_SECRET = "MIJIA_DEVICES"
+MIIO_PORT = 54321  # python-miio's hello always goes to this port
 TIMEOUT_SECONDS = 5
 SOURCE = "mijia device"
 TOKEN = re.compile(r"[0-9a-fA-F]{32}")
@@ -82,7 +83,13 @@ class MiioTransport:
         import miio  # imported here: the fake never needs it
         from miio.exceptions import DeviceError, DeviceException
 
-        client = miio.Device(device.host, device.token, timeout=TIMEOUT_SECONDS)
+        try:
+            # The sandbox has no network: datagrams go through the egress proxy's relay, which
+            # reaches only the hosts MIJIA_DEVICES lists (the manifest's declaration).
+            host, _ = udp_endpoint(device.host, MIIO_PORT)
+        except EgressRefused as exc:
+            raise DeviceRefused(exc.code, str(exc)) from None
+        client = miio.Device(host, device.token, timeout=TIMEOUT_SECONDS)
         try:
             return client.send(method, params, retry_count=0)
         except DeviceError as exc:

@@ -34,7 +34,16 @@ from typing import Any
 import httpx
 import vobject
 
-from capabilities.packkit import PlatformLost, PlatformNotConfigured, ToolRegistry, effect, platform_call, receipt, value
+from capabilities.packkit import (
+    PlatformLost,
+    PlatformNotConfigured,
+    ToolRegistry,
+    effect,
+    egress_proxy_url,
+    platform_call,
+    receipt,
+    value,
+)
 
 TOOLS = ToolRegistry()
 SOURCE = "carddav"
@@ -221,7 +230,10 @@ def _client() -> tuple[httpx.Client, str]:
         raise NotConfigured(f"the secret {URL_SECRET} is not set")
     user, password = os.environ.get(USER_SECRET, ""), os.environ.get(PASSWORD_SECRET, "")
     auth = httpx.BasicAuth(user, password) if user else None
-    return httpx.Client(auth=auth, timeout=TIMEOUT_SECONDS, trust_env=False), base.rstrip("/") + "/"
+    # The environment is not read (no .netrc, no stray proxy); the sandbox's egress proxy is
+    # passed explicitly (the pack's declared egress: the host of CARDDAV_URL).
+    client = httpx.Client(auth=auth, timeout=TIMEOUT_SECONDS, trust_env=False, proxy=egress_proxy_url())
+    return client, base.rstrip("/") + "/"
 
 
 def _request(method: str, url: str, **kwargs: Any) -> httpx.Response:
