@@ -42,7 +42,8 @@ class BrainConfig(AppConfig):
         from memory import embeddings
 
         # forgetting redacts the copies in this app's tables: sub-agent tasks and call snapshots
-        copies.register("brain", lambda owner_id, content: {**redact_payload(owner_id, content), **call_snapshot.redact_payload(owner_id, content)})
+        copies.register("brain", lambda owner_id, content: {**redact_payload(owner_id, content), **call_snapshot.redact_payload(owner_id, content)},
+                        models=("brain.AgentTask", "brain.CallSnapshot"))
         source_changes.register("brain", privacy_epoch.on_source_change)  # a forget, edit or erase moves the privacy epoch
         embeddings.register_catalog_embedder(effective_embedder)  # recall embeds with the catalog's model
         authorities.register_run_binder(run_binding)  # the gateway binds each call to its run

@@ -10,4 +10,4 @@ class CapabilitiesConfig(AppConfig):
     def ready(self) -> None:
         from capabilities.services import redact_payload
 
-        copies.register("capabilities", redact_payload)  # forgetting redacts the copies in this app's tables
+        copies.register("capabilities", redact_payload, models=("capabilities.ToolCall", "capabilities.ReceiptRecord"))  # forgetting redacts the copies in this app's tables

@@ -11,5 +11,5 @@ class ConsentConfig(AppConfig):
     def ready(self) -> None:
         from consent.services import ConsentGate, redact_payload
 
-        copies.register("consent", redact_payload)  # forgetting redacts the copies in this app's tables
+        copies.register("consent", redact_payload, models=("consent.ConsentCard",))  # forgetting redacts the copies in this app's tables
         authorities.register_gate("consent", ConsentGate())  # the gateway asks it about consent categories

@@ -8,5 +8,5 @@ class MemoryConfig(AppConfig):
     def ready(self) -> None:
         from memory import ambient, archive, checks, copies  # noqa: F401 (checks registers itself)
 
-        copies.register("memory", ambient.redact_payload)  # forgetting redacts the ambient log's copies too
+        copies.register("memory", ambient.redact_payload, models=("memory.AmbientRecord",))  # forgetting redacts the ambient log's copies too
         archive.register_if_configured()  # cold packs: the hot store's reclaimer, cold reader, verifier and eraser

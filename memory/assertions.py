@@ -68,6 +68,7 @@ NOT_ERASED = (
     "L5 raw originals (audio, images, events)",
     "backups",
     "one-way digests of calls and cards (fingerprints), which hold no text",
+    "the rows' old versions, still bytes in the database's files and log until the operator runs manage.py forget_compact",
 )
 
 

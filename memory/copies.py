@@ -168,15 +168,25 @@ def _starts(text: str, index: dict[str, list[str]]) -> set[str]:
 # A redactor gets (owner id, what was forgotten) and returns {place: rows changed}.
 Redactor = Callable[[int, ForgottenContent], dict[str, int]]
 _REDACTORS: dict[str, Redactor] = {}
+_MODELS: dict[str, tuple[str, ...]] = {}
 
 
-def register(app: str, redactor: Redactor) -> None:
-    """Called from an app's ``AppConfig.ready``: ``redactor`` redacts copies in ``app``'s tables."""
+def register(app: str, redactor: Redactor, *, models: Iterable[str] = ()) -> None:
+    """Called from an app's ``AppConfig.ready``: ``redactor`` redacts copies in ``app``'s
+    tables, those of ``models`` (labels, ``"app.Model"``), which ``manage.py
+    forget_compact`` rewrites so the redacted bytes leave their files
+    (``memory.forget_compaction``)."""
     _REDACTORS[app] = redactor
+    _MODELS[app] = tuple(models)
 
 
 def redactors() -> dict[str, Redactor]:
     return dict(_REDACTORS)
+
+
+def copy_models() -> dict[str, tuple[str, ...]]:
+    """The models each registered app keeps copies in (``register``'s ``models``)."""
+    return dict(_MODELS)
 
 
 def redact_copies(owner_id: int, content: ForgottenContent) -> dict[str, int]:
