@@ -61,5 +61,6 @@ class ReceiptRecordAdmin(ReadOnlyOwnerAdmin):
         return receipt_line(obj)
 
 
-# The pack registry's admin (packs, versions, candidates) has its own module.
-from capabilities import registry_admin  # noqa: E402, F401
+# The pack registry's admin (packs, versions, candidates) has its own module, and so do
+# the secret grants (the owner's: which pack may have which of the owner's secrets).
+from capabilities import grant_admin, registry_admin  # noqa: E402, F401

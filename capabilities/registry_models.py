@@ -6,6 +6,7 @@
   staff and operators set, and the version that is online (a compare-and-swap pointer).
 - ``PackVersion``: the version history of a pack: every version that was online, which
   version it replaced, when it went off and why, and the monitoring figures.
+- ``SecretGrant``: a secret granted to one pack (by name and origin), or revoked.
 
 Only ``capabilities.registry`` writes these tables.
 """
@@ -97,3 +98,34 @@ class PackVersion(models.Model):
 
     def __str__(self) -> str:
         return f"{self.pack.name} {self.version} {self.digest[:12]} ({self.state})"
+
+
+class SecretGrant(models.Model):
+    """A secret (a file of the secrets directory) granted to one pack, or since revoked.
+
+    A pack is named with its origin: ``shipped`` (in the platform's packs directory) or
+    ``published`` (through the registry). A pack host gets a declared secret only when
+    its pack holds a grant for it that is not revoked (``capabilities.mcp_host.sandbox``,
+    through the projection ``capabilities.registry.grants`` writes). A revoked row stays,
+    so starting the instance again never grants that secret back by itself.
+    """
+
+    class Origin(models.TextChoices):
+        SHIPPED = "shipped"
+        PUBLISHED = "published"
+
+    pack_name = models.CharField(max_length=64)
+    origin = models.CharField(max_length=16, choices=Origin.choices)
+    secret = models.CharField(max_length=64, help_text="the secret file's name, as the pack's manifest declares it")
+    granted = models.BooleanField(default=True, help_text="false: revoked")
+    granted_by = models.CharField(max_length=150, blank=True)
+    granted_at = models.DateTimeField()
+    revoked_by = models.CharField(max_length=150, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["pack_name", "origin", "secret"], name="secret_grant_once")]
+        ordering = ["pack_name", "origin", "secret"]
+
+    def __str__(self) -> str:
+        return f"{self.secret} → {self.pack_name} ({self.origin}{'' if self.granted else ', revoked'})"

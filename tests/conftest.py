@@ -53,6 +53,17 @@ def _close_internal_db_threads(django_db_setup: Any, django_db_blocker: Any) -> 
         close_thread_connections()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _shipped_packs_granted_their_secrets() -> None:
+    """As on an instance after ``yimi_init``: the shipped packs are granted the secrets they
+    were made for (``capabilities.registry.grants.SHIPPED_SECRETS``), in the grants file the
+    pack hosts read. Tests of the grants themselves use a registry directory of their own."""
+    from capabilities.mcp_host.secret_grants import write_grants
+    from capabilities.registry.grants import shipped_grant_rows
+
+    write_grants(shipped_grant_rows())
+
+
 DB_FIXTURES = ("transactional_db", "db", "django_db_reset_sequences", "django_db_serialized_rollback")
 
 

@@ -189,9 +189,11 @@ def test_a_hostile_pack_gets_nothing_it_did_not_declare(hostile: Path, make_devi
 
 
 def test_a_pack_gets_only_the_secrets_it_declares(tmp_path: Path, settings: Any) -> None:
-    """Each host's environment holds its own packs' declared secrets, never the platform's."""
+    """Each host's environment holds its own packs' declared (and granted) secrets, never
+    the platform's."""
     from capabilities.manifest import load_pack
     from capabilities.mcp_host.sandbox import PlatformPaths, grant_for
+    from capabilities.mcp_host.secret_grants import write_grants
 
     packs = tmp_path / "packs"
     packs.mkdir()
@@ -201,7 +203,11 @@ def test_a_pack_gets_only_the_secrets_it_declares(tmp_path: Path, settings: Any)
     secrets.mkdir()
     (secrets / "WEATHER_API_KEY").write_text("w-key")
     (secrets / "brain_api_key").write_text("sk-brain")
-    paths = PlatformPaths(tmp_path / "data", tmp_path / "ws", tmp_path / "mail", secrets, tmp_path / "s" / "internal.sock")
+    grants = tmp_path / "grants.json"
+    write_grants([("shipped", "weather", "WEATHER_API_KEY")], grants)
+    paths = PlatformPaths(
+        tmp_path / "data", tmp_path / "ws", tmp_path / "mail", secrets, tmp_path / "s" / "internal.sock", packs_dir=packs, grants_file=grants,
+    )
     weather, plain = load_pack(packs / "weather"), load_pack(packs / "plain")
     assert grant_for([weather], paths).env == {"WEATHER_API_KEY": "w-key"}
     assert grant_for([plain], paths).env == {}

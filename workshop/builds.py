@@ -34,7 +34,9 @@ second worker that loses the race leaves it alone) and then, per attempt, up to
    this step: the operator publishes with ``manage.py pack publish``.
 
 A build from a pack draft has no spec to repair: it gets one attempt. ``sandbox_unavailable``
-(the limits cannot be enforced) fails the build at once; nothing ran.
+(the limits cannot be enforced) fails the build at once; nothing ran. So does
+``secret_not_granted`` (the pack declares a secret that was not granted to it: no repair can
+grant one; the owner does, ``manage.py pack grant``).
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ from django.utils import timezone
 
 from capabilities import registry
 from capabilities.registry.checks import check_pack
+from capabilities.registry.grants import NOT_GRANTED
 from capabilities.registry_models import PackCandidate, PackVersion
 from workshop.drafts import fill_template, validate_spec
 from workshop.find import find_entry
@@ -175,6 +178,9 @@ def _make(build: WorkshopBuild, spec: dict[str, Any], workdir: Path) -> Path:
 def _self_test(pack: Path) -> tuple[bool, str]:
     """The static checks, then scripts/test.py in the sandbox: (passed, what to show)."""
     report = check_pack(pack, origin="workshop")
+    not_granted = [f for f in report.findings if f.code == NOT_GRANTED]
+    if not_granted:  # no repair can grant a secret: the build stops with the registry's code
+        raise YimiError(NOT_GRANTED, not_granted[0].message)
     if not report.passed:
         return False, "static checks refused the pack:\n" + "\n".join(f"{f.code} {f.path}: {f.message}" for f in report.findings)
     result = run_sandboxed(

@@ -13,6 +13,10 @@ when it calls back into the platform (``packkit.platform_call``).
 
 The host polls the packs directory; when the set of tools it serves changes it sends
 ``notifications/tools/list_changed``, so clients refresh without a restart.
+
+A pack started without a secret it declares (one not granted to it: ``secret_grants.py``)
+is not run: each call of its tools gets a failed receipt ``secret_not_granted`` naming the
+secrets it lacks.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -33,7 +38,8 @@ from mcp.server.stdio import stdio_server
 from capabilities.manifest import SEPARATOR, ManifestError, Pack, _signature, load_pack
 from capabilities.mcp_host import egress_shim
 from capabilities.mcp_host import limits as pack_limits
-from capabilities.packkit import CAPABILITY_META_KEY, ToolRegistry, ToolSpec, run_with_capability
+from capabilities.mcp_host.secret_grants import NOT_GRANTED, not_granted_message, withheld_from_env
+from capabilities.packkit import CAPABILITY_META_KEY, ToolRegistry, ToolSpec, receipt, run_with_capability
 
 
 def load_tools_module(pack: Pack, fake: bool) -> ToolRegistry:
@@ -60,6 +66,7 @@ class PackHost:
         self.refused: dict[str, str] = {}
         self.signature: tuple = ()
         self.session: Any = None
+        self.withheld = withheld_from_env(os.environ)  # pack → declared secrets it was not granted
         self.limits: pack_limits.PackLimits | None = None  # set by main() once applied
         self.count_tasks = True
 
@@ -103,6 +110,9 @@ class PackHost:
         spec = self.tools.get(params.name)
         if spec is None:
             return _error(f"unknown tool {params.name}")
+        pack_name = params.name.split(SEPARATOR, 1)[0]
+        if pack_name in self.withheld:
+            return _receipt(_not_granted(pack_name, self.withheld[pack_name]))
         capability = (params.meta or {}).get(CAPABILITY_META_KEY)
         try:
             result = await anyio.to_thread.run_sync(
@@ -115,16 +125,26 @@ class PackHost:
             return _error(f"{type(exc).__name__}: {exc}")
         if not isinstance(result, dict):
             return _error("the tool returned no receipt")
-        return types.CallToolResult(
-            content=[types.TextContent(type="text", text=json.dumps(result, ensure_ascii=False))],
-            structured_content=result, _meta=_meta(),
-        )
+        return _receipt(result)
 
     async def watch(self, interval: float) -> None:
         while True:
             await anyio.sleep(interval)
             if _signature(self.packs_dir) != self.signature and self.reload() and self.session is not None:
                 await self.session.send_tool_list_changed()
+
+
+def _receipt(result: dict[str, Any]) -> types.CallToolResult:
+    return types.CallToolResult(
+        content=[types.TextContent(type="text", text=json.dumps(result, ensure_ascii=False))],
+        structured_content=result, _meta=_meta(),
+    )
+
+
+def _not_granted(pack: str, secrets: list[str]) -> dict[str, Any]:
+    """The receipt of a call the host did not run: its pack lacks secrets it declares."""
+    message = not_granted_message(pack, secrets)
+    return receipt("failed", summary=message[:2000], retry="forbidden", error=(NOT_GRANTED, message[:1000]))
 
 
 def _error(message: str, meta: dict[str, Any] | None = None) -> types.CallToolResult:

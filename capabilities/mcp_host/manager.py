@@ -34,7 +34,7 @@ import contextvars
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -209,7 +209,9 @@ class HostManager:
         self.packs_dir = Path(packs_dir)
         self.clock = clock  # when a failed start may be tried again
         self.log_dir = log_dir
-        self.paths = paths or PlatformPaths.from_settings()
+        paths = paths or PlatformPaths.from_settings()
+        # the packs directly in its packs directory are the shipped ones (secret grants name the origin)
+        self.paths = paths if paths.packs_dir is not None else replace(paths, packs_dir=self.packs_dir)
         self.fake = fake
         self.watch_interval = watch_interval
         self.hosts: dict[str, HostProcess] = {}

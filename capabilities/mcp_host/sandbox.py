@@ -24,9 +24,12 @@ platform's ``HostManager`` and the contract runner alike) is started through
   the host's loopback shim (``egress_shim.py``). ``capabilities.egress`` is the decision.
 
 The environment is built here too: only the variables for what was declared, and the
-values of the secrets the packs declare (files in the secrets directory; names starting
-with ``YIMI_`` are refused by the manifest schema, so no pack can ask for the platform's
-own). ``YIMI_PACK_SANDBOX=none`` runs hosts without bubblewrap (same environment, no
+values of the secrets the packs declare *and were granted* (files in the secrets directory;
+names starting with ``YIMI_`` are refused by the manifest schema, so no pack can ask for the
+platform's own). A declared secret that was not granted to the pack (``secret_grants.py``)
+is withheld: the host starts without it and is told which it lacks, so every call of that
+pack answers ``secret_not_granted`` naming them.
+``YIMI_PACK_SANDBOX=none`` runs hosts without bubblewrap (same environment, no
 isolation) and is logged as such at every start; it exists for machines without user
 namespaces and is not a supported production mode.
 """
@@ -47,6 +50,7 @@ from django.conf import settings
 from capabilities.egress import Rule, rules_from_declaration
 from capabilities.manifest import Pack
 from capabilities.mcp_host import egress_proxy, egress_shim
+from capabilities.mcp_host.secret_grants import origin_of, read_grants, withheld_env
 from yimi_project.logs import log_event
 from yimi_project.secrets import read_secret
 
@@ -85,6 +89,7 @@ class PackGrant:
     env: dict[str, str] = field(default_factory=dict)
     writable: list[Path] = field(default_factory=list)
     platform_socket_dir: Path | None = None
+    withheld: dict[str, list[str]] = field(default_factory=dict)  # pack → its declared secrets not granted to it
     egress: list[Rule] = field(default_factory=list)  # where the egress proxy lets it connect; [] = no network
     egress_pack: str = ""  # whose declaration (the proxy's log lines name it)
 
@@ -98,6 +103,10 @@ class PlatformPaths:
     mail_dir: Path
     secrets_dir: Path
     internal_socket: Path | None
+    # The platform's packs directory (a pack directly in it is ``shipped``, any other
+    # ``published``) and the secret grants' projection; None: the settings' ones.
+    packs_dir: Path | None = None
+    grants_file: Path | None = None
 
     @classmethod
     def from_settings(cls) -> PlatformPaths:
@@ -108,8 +117,12 @@ class PlatformPaths:
 
 
 def grant_for(packs: list[Pack], paths: PlatformPaths) -> PackGrant:
-    """The environment and directories the packs of one host declared, and nothing else."""
+    """The environment and directories the packs of one host declared, and nothing else;
+    of the secrets they declare, only those granted to them (read now: a grant or a
+    revocation counts from the next host start)."""
     grant = PackGrant()
+    grants = read_grants(paths.grants_file)
+    shipped_dir = paths.packs_dir or Path(settings.YIMI_PACKS_DIR)
     for pack in packs:
         for fs in pack.filesystem:
             if fs == "workspace":
@@ -125,13 +138,21 @@ def grant_for(packs: list[Pack], paths: PlatformPaths) -> PackGrant:
         if pack.platform_api and paths.internal_socket is not None:
             grant.platform_socket_dir = paths.internal_socket.parent
             grant.env["YIMI_PLATFORM_SOCKET"] = str(paths.internal_socket)
+        origin = origin_of(pack.path, shipped_dir)
         for name in pack.secrets:
+            if not grants.allows(origin, pack.name, name):
+                grant.withheld.setdefault(pack.name, []).append(name)
+                continue
             value = read_secret(paths.secrets_dir, name)
             if value:
                 grant.env[name] = value
+        if pack.name in grant.withheld:
+            log_event("pack_secret_withheld", pack=pack.name, origin=origin, withheld=",".join(grant.withheld[pack.name]))
         if pack.egress:
             grant.egress += rules_from_declaration(pack.egress, grant.env.get)  # from the secrets it was given
             grant.egress_pack = pack.name
+    if grant.withheld:
+        grant.env.update(withheld_env(grant.withheld))
     return grant
 
 

@@ -9,6 +9,8 @@ Public entry points (other apps call only these):
   ``built_against``), None when no published version is online.
 - ``publish(digest)``, ``revert(name)``, ``set_enabled(name, enabled)``
   (``publish.py``); ``monitor_cycle()`` (``monitor.py``, Celery beat).
+- ``grants``: which secrets each pack was granted (``grant``, ``revoke``,
+  ``grant_shipped_secrets``, ``not_granted``; ``grants.py``).
 """
 
 from __future__ import annotations

@@ -13,7 +13,9 @@ and reports every rule it breaks as a ``Finding`` with a stable ``code``:
   ``middleware``, ``commands``);
 - secrets: ``secret_file_name`` (``.env``, ``id_rsa``, ``*.pem``, ``credentials.json``...)
   and ``secret_value`` (a private key block, a cloud or chat token, a long literal assigned
-  to a name like ``api_key``/``token``/``password``);
+  to a name like ``api_key``/``token``/``password``); ``secret_not_granted`` (the manifest
+  declares a secret that was not granted to this pack as a published one:
+  ``capabilities.registry.grants``; the owner grants it first, or the pack does without);
 - manifest: ``manifest_missing``, ``manifest_invalid`` (the manifest schema, the same one
   the pack loader uses, plus the loader's own checks), ``spend_or_self_change`` (a
   yimi-maintained pack, or any pack the workshop built, declaring ``spend`` or
@@ -45,12 +47,14 @@ import json
 import os
 import re
 import stat
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from capabilities.egress import names_non_public, normalize_host
 from capabilities.manifest import EXT, ManifestError, contract_validator, load_pack
+from capabilities.mcp_host.secret_grants import NOT_GRANTED, PUBLISHED
 
 MAX_FILES = 32
 MAX_FILE_BYTES = 128 * 1024
@@ -155,11 +159,16 @@ def directory_digest(directory: Path) -> str:
     return content_digest(files)
 
 
-def check_pack(directory: Path, *, origin: str = "workshop") -> CheckReport:
+def check_pack(
+    directory: Path, *, origin: str = "workshop", not_granted: Callable[[str, list[str]], list[str]] | None = None
+) -> CheckReport:
     """Every static rule a candidate directory breaks (an empty list: it passes).
 
     ``origin`` is ``workshop`` (Yimi built it: the spend/self_change rule applies whatever
     the manifest says its maintainer is, and it must say ``yimi``) or ``operator``.
+    ``not_granted(name, secrets)``: which of the secrets the manifest declares were not
+    granted to the pack as a published one; asked only when it declares any (default: the
+    registry's grants).
     """
     report = CheckReport()
     root = Path(directory)
@@ -171,6 +180,7 @@ def check_pack(directory: Path, *, origin: str = "workshop") -> CheckReport:
     for rel, data in contents.items():
         _check_content(rel, data, report)
     manifest = _check_manifest(root, contents, origin, report)
+    _check_secret_grants(manifest, report, not_granted or _registry_not_granted)
     _check_mcp_json(contents, report)
     _check_required(root, contents, manifest, report)
     _check_adapters(contents, manifest, report)
@@ -318,6 +328,31 @@ def _non_public_egress(ext: dict[str, Any]) -> list[str]:
     entries = network.get("egress") if isinstance(network, dict) else None
     return [f"network.egress.{i}" for i, entry in enumerate(entries if isinstance(entries, list) else [])
             if isinstance(entry, dict) and isinstance(entry.get("host"), str) and names_non_public(normalize_host(entry["host"]))]
+
+
+def _registry_not_granted(name: str, secrets: list[str]) -> list[str]:
+    from capabilities.registry.grants import not_granted  # here: it imports the registry's models
+
+    return not_granted(name, secrets, origin=PUBLISHED)
+
+
+def _check_secret_grants(manifest: dict[str, Any], report: CheckReport, not_granted: Callable[[str, list[str]], list[str]]) -> None:
+    """A candidate declaring a secret that was not granted to it is refused: it would start
+    without it (a secret belongs to the packs it was granted to, not to any that names it)."""
+    name = manifest.get("name")
+    extensions = manifest.get("extensions")
+    ext = extensions.get(EXT) if isinstance(extensions, dict) else None
+    declared = ext.get("secrets") if isinstance(ext, dict) else None
+    if not isinstance(name, str) or not isinstance(declared, list):
+        return
+    secrets = [s for s in declared if isinstance(s, str)]
+    missing = not_granted(name[:64], secrets) if secrets else []
+    if missing:
+        report.add(
+            NOT_GRANTED, "plugin.json",
+            f"secrets: {', '.join(missing)} not granted to the pack {name[:64]}; the owner grants a secret to a pack "
+            f"with manage.py pack grant {name[:64]} NAME (or in the admin), else the pack must do without",
+        )
 
 
 def _forbidden_branches(ext: dict[str, Any]) -> list[tuple[str, str]]:

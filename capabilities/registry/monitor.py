@@ -16,7 +16,9 @@ pack whose online version Yimi built (maintainer ``yimi`` or made by the worksho
    upper bound (``decide``). Fewer results: no decision, wait for more.
 
 The figures are stored on the online version (``PackVersion.monitoring``) for the admin.
-The cycle also records shipped versions and rewrites the selection file from the database.
+The cycle also records shipped versions, grants the shipped packs their listed secrets
+(``grants.grant_shipped_secrets``) and rewrites the selection and grants files from the
+database.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from django.utils import timezone
 from capabilities.manifest import load_packs
 from capabilities.models import ReceiptRecord, ToolCall
 from capabilities.registry.candidates import verify_stored
+from capabilities.registry.grants import grant_shipped_secrets
 from capabilities.registry.publish import PreloadError, preload, record_shipped_versions, revert, write_selection
 from capabilities.registry_models import PackCandidate, PackVersion, RegisteredPack
 from yimi_project.errors import YimiError
@@ -128,6 +131,7 @@ def monitor_cycle(*, now: datetime | None = None) -> list[dict[str, Any]]:
     """One maintenance cycle over the Yimi-built packs online; returns what it did per pack."""
     now = now or timezone.now()
     record_shipped_versions()
+    grant_shipped_secrets(by="maintenance")  # a shipped pack's new secret; a lost grants file comes back
     write_selection()
     results = []
     for entry in RegisteredPack.objects.select_related("active__candidate", "active__previous").filter(active__isnull=False):

@@ -11,7 +11,8 @@ tools every turn and the host manager restarts a host whose version changed.
 
 1. the candidate passed both checks (``candidate_refused``), the store still holds exactly
    what was checked (``candidate_changed``), no shipped pack has its name
-   (``shipped_pack_name``);
+   (``shipped_pack_name``), every secret it declares is still granted to it
+   (``secret_not_granted``: a grant revoked since the check);
 2. the online version is the one the candidate was built against, else
    ``online_version_changed`` (``already_online`` when it is this very candidate);
 3. preload: the manifest loads and the pack's host starts in its sandbox and serves
@@ -40,11 +41,13 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from capabilities.manifest import ManifestError, Pack, load_pack, load_packs, selection_file
+from capabilities.manifest import EXT, ManifestError, Pack, load_pack, load_packs, selection_file
 from capabilities.mcp_host import runtime
 from capabilities.mcp_host.sandbox import PlatformPaths, grant_for, host_parameters
+from capabilities.mcp_host.secret_grants import PUBLISHED
 from capabilities.registry.candidates import verify_stored
 from capabilities.registry.checks import directory_digest
+from capabilities.registry.grants import NOT_GRANTED, not_granted
 from capabilities.registry_models import PackCandidate, PackVersion, RegisteredPack
 from yimi_project.errors import YimiError
 from yimi_project.files import write_atomically
@@ -76,6 +79,10 @@ def publish(digest: str, *, progress: Callable[[str], None] | None = None) -> Pa
         raise YimiError("shipped_pack_name", f"a shipped pack is named {name!r}; a published pack needs a name of its own")
     if not verify_stored(candidate):
         raise YimiError("candidate_changed", "the registry's copy of the candidate is not what was checked")
+    ext = candidate.manifest.get("extensions", {}).get(EXT, {})
+    missing = not_granted(name, ext.get("secrets", []), origin=PUBLISHED)
+    if missing:
+        raise YimiError(NOT_GRANTED, f"secrets not granted to the pack {name} (revoked since its check): {', '.join(missing)}")
     expected = candidate.built_against or None
     online = online_digest(name)
     if online == digest:

@@ -4,9 +4,11 @@ Migrates, creates the instance identity (Ed25519), the model master key and the 
 account if they are missing, imports the model settings from the environment on the
 first start only (``brain.roles.import_from_environment``), records the shipped packs in
 the pack registry (``record_shipped_versions``: a new version when a release changed
-one), and prints a fresh pairing code. Running it again changes nothing that exists
-(it only issues another single-use pairing code, unless ``--no-pairing-code``). It is
-devices' command because it ends with pairing, which accounts/, a layer below, cannot import.
+one), grants the shipped packs the secrets they were made for
+(``capabilities.registry.grants.grant_shipped_secrets``; a revoked grant stays revoked),
+and prints a fresh pairing code. Running it again changes nothing that exists (it only
+issues another single-use pairing code, unless ``--no-pairing-code``). It is devices'
+command because it ends with pairing, which accounts/, a layer below, cannot import.
 
 For ``./yimi up``: ``--check-ports`` checks every port it binds (the web port, the demo brain's
 when a stored role points at it, the cold storage's) before the owner password or a pairing
@@ -33,6 +35,7 @@ from django.core.management.base import BaseCommand, CommandError
 from accounts.identity import ensure_instance_identity, instance_public_key_b64
 from accounts.services import ensure_owner, get_owner
 from brain import keyring, roles
+from capabilities.registry.grants import grant_shipped_secrets
 from capabilities.registry.publish import record_shipped_versions
 from capabilities.registry_models import RegisteredPack
 from devices.services import issue_pairing_code
@@ -94,6 +97,8 @@ class Command(BaseCommand):
             self.stdout.write(f"model settings: imported from the environment ({', '.join(imported)})")
         recorded = record_shipped_versions()
         self.stdout.write(f"packs: {RegisteredPack.objects.count()} registered ({len(recorded)} shipped version(s) recorded now)")
+        granted = grant_shipped_secrets()
+        self.stdout.write(f"pack secrets: {len(granted)} granted to shipped packs now; manage.py pack grants lists them")
 
         # The demo brain runs when a stored role points at it, whatever the environment says now.
         demo_ports = roles.demo_brain_ports()

@@ -7,12 +7,18 @@
     pack status [NAME]            # every pack: source, on/off, version online, monitoring;
                                   # with NAME: its version history and candidates
     pack switch NAME on|off|default   # the registry's enable switch
+    pack grant NAME SECRET... [--origin shipped|published]   # the pack may have these secrets
+    pack revoke NAME SECRET... [--origin shipped|published]  # from its next host start, no more
+    pack grants [NAME]            # the secrets granted (and revoked), per pack
     pack build SOURCE             # the workshop builds SOURCE (a spec or a draft) into a candidate
 
 Long steps (honesty checks, preloading, builds) print a progress line each. Errors are
 printed with their stable code and exit non-zero. A refused candidate is printed with why:
 each static finding, each honesty finding, and under each honesty run what could not run
-and each failed case's problems; the last line names the rule codes. The command lives in the workshop app
+and each failed case's problems; the last line names the rule codes. ``status NAME`` says
+of each secret the pack declares whether it is granted (``secret_not_granted`` if not).
+A secret belongs to the packs it was granted to (``capabilities.registry.grants``); the
+origin defaults to ``shipped`` when the packs directory holds the pack, else ``published``. The command lives in the workshop app
 because ``build`` needs the workshop, which sits above ``capabilities``.
 """
 
@@ -21,12 +27,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from capabilities.manifest import load_packs
-from capabilities.registry import add_candidate, online_digest, publish, revert, set_enabled
+from capabilities.mcp_host.secret_grants import NOT_GRANTED, ORIGINS, origin_of
+from capabilities.registry import add_candidate, grants, online_digest, publish, revert, set_enabled
 from capabilities.registry.publish import record_shipped_versions
-from capabilities.registry_models import PackCandidate, PackVersion, RegisteredPack
+from capabilities.registry_models import PackCandidate, PackVersion, RegisteredPack, SecretGrant
 from yimi_project.errors import YimiError
 
 
@@ -51,6 +59,13 @@ class Command(BaseCommand):
         switch = actions.add_parser("switch", help="the registry's enable switch for a pack")
         switch.add_argument("name")
         switch.add_argument("state", choices=("on", "off", "default"))
+        for verb, words in (("grant", "grant secrets to a pack"), ("revoke", "revoke secrets granted to a pack")):
+            sub = actions.add_parser(verb, help=words)
+            sub.add_argument("name")
+            sub.add_argument("secrets", nargs="+", metavar="SECRET")
+            sub.add_argument("--origin", choices=ORIGINS, default=None, help="default: shipped if the packs directory holds it, else published")
+        listed = actions.add_parser("grants", help="the secrets granted to each pack")
+        listed.add_argument("name", nargs="?")
         build = actions.add_parser("build", help="build a candidate in the workshop")
         build.add_argument("source", type=Path)
 
@@ -126,6 +141,29 @@ class Command(BaseCommand):
         now = "on" if options["name"] in packs.packs else f"off ({packs.disabled.get(options['name'], 'not loaded')})"
         self.stdout.write(f"{options['name']}: switch {options['state']}; the pack is {now}")
 
+    def do_grant(self, options: dict[str, Any]) -> None:
+        for secret in options["secrets"]:
+            row = grants.grant(options["name"], secret, origin=options["origin"], by="manage.py pack grant")
+            self.stdout.write(f"{row.secret}: granted to the {row.origin} pack {row.pack_name}; its next host start gets it")
+
+    def do_revoke(self, options: dict[str, Any]) -> None:
+        for secret in options["secrets"]:
+            row = grants.revoke(options["name"], secret, origin=options["origin"], by="manage.py pack revoke")
+            self.stdout.write(
+                f"{row.secret}: revoked for the {row.origin} pack {row.pack_name}; its next host start goes without it "
+                "(a host running now keeps it until it stops)"
+            )
+
+    def do_grants(self, options: dict[str, Any]) -> None:
+        rows = SecretGrant.objects.all()
+        if options["name"]:
+            rows = rows.filter(pack_name=options["name"])
+        for row in rows:
+            when = f"revoked {row.revoked_at:%Y-%m-%d %H:%M} by {row.revoked_by}" if not row.granted and row.revoked_at else (
+                f"granted {row.granted_at:%Y-%m-%d %H:%M} by {row.granted_by}"
+            )
+            self.stdout.write(f"{row.pack_name:<16} {row.origin:<9} {row.secret:<24} {when}")
+
     def do_status(self, options: dict[str, Any]) -> None:
         record_shipped_versions()
         if options["name"]:
@@ -151,6 +189,7 @@ class Command(BaseCommand):
             raise CommandError(f"not_found: there is no pack named {name!r}")
         switch = {True: "on", False: "off", None: "default"}[entry.enabled]
         self.stdout.write(f"{name}: switch {switch}; online {online_digest(name) or '(no published version)'}")
+        self.show_secrets(name)
         for version in entry.versions.order_by("-activated_at"):
             end = f", {version.end_reason}" if version.end_reason else ""
             self.stdout.write(f"  {version.activated_at:%Y-%m-%d %H:%M} {version.origin:<9} {version.version:<8} {version.digest[:12]} {version.state}{end}")
@@ -159,6 +198,18 @@ class Command(BaseCommand):
                 self.stdout.write(f"      monitoring: {figures.get('action')}: {figures.get('reason', '')} (health {figures.get('health')})")
         for candidate in PackCandidate.objects.filter(name=name).order_by("-created_at")[:10]:
             self.stdout.write(f"  candidate {candidate.digest[:12]} {candidate.version} {candidate.origin} {candidate.state}")
+
+    def show_secrets(self, name: str) -> None:
+        """Each secret the loaded pack declares: granted to it, or not (its calls answer
+        ``secret_not_granted``)."""
+        pack = load_packs().packs.get(name)
+        if pack is None or not pack.secrets:
+            return
+        origin = origin_of(pack.path, Path(settings.YIMI_PACKS_DIR))
+        missing = set(grants.not_granted(name, pack.secrets, origin=origin))
+        for secret in pack.secrets:
+            state = f"{NOT_GRANTED} (manage.py pack grant {name} {secret})" if secret in missing else "granted"
+            self.stdout.write(f"  secret {secret}: {state} ({origin})")
 
     def do_build(self, options: dict[str, Any]) -> None:
         try:
