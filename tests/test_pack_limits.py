@@ -319,6 +319,18 @@ async def test_a_host_that_used_half_its_cpu_time_is_replaced_between_calls(mana
     assert manager.hosts["greedy"] is not first and not manager.hosts["greedy"].retiring
 
 
+def test_the_registry_preloads_a_candidate_under_the_limits_it_will_run_under(tmp_path: Path, settings: Any) -> None:
+    """A version that cannot even load within its limits is not published (``preload_failed``)."""
+    from capabilities.registry.publish import PreloadError, preload
+
+    need_program("bwrap", "bubblewrap")
+    settings.YIMI_PACK_SANDBOX = "bwrap"
+    big_at_import = "BALLAST = b'x' * (1024 * 1024 * 1024)  # 1 GiB, more than its limits allow\n" + DEMO_TOOLS
+    write_pack(tmp_path, "heavy", data=manifest("heavy", limits={"memory_mib": 64}), tools_py=big_at_import)
+    with pytest.raises(PreloadError, match=r"the host serves \[\]"):  # its host refused the pack it could not load
+        preload(tmp_path / "heavy")
+
+
 # --- the manifest's limits block ---------------------------------------------------------------
 
 

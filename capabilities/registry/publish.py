@@ -42,6 +42,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from capabilities.manifest import EXT, ManifestError, Pack, load_pack, load_packs, selection_file
+from capabilities.mcp_host import limits as pack_limits
 from capabilities.mcp_host import runtime
 from capabilities.mcp_host.sandbox import PlatformPaths, grant_for, host_parameters
 from capabilities.mcp_host.secret_grants import PUBLISHED
@@ -183,10 +184,14 @@ def preload(path: Path) -> list[str]:
 async def _start_and_list(pack: Pack) -> list[str]:
     from mcp import ClientSession, stdio_client  # here: the MCP SDK costs ~1 s of a start (test_startup_imports)
 
-    args = ["-m", "capabilities.mcp_host.host", "--packs-dir", str(pack.path.parent), "--select", pack.name]
+    limits = pack_limits.for_packs([pack])  # it must start within the limits it will run under
+    args = ["-m", "capabilities.mcp_host.host", "--packs-dir", str(pack.path.parent), "--select", pack.name,
+            *pack_limits.host_arguments(limits)]
     if settings.YIMI_PACKS_FAKE:
         args.append("--fake")
-    params = host_parameters(args, grant_for([pack], PlatformPaths.from_settings()), readable=[pack.path.parent])
+    params = host_parameters(
+        args, grant_for([pack], PlatformPaths.from_settings()), readable=[pack.path.parent], tmp_bytes=limits.memory_mib * pack_limits.MiB
+    )
     with tempfile.TemporaryFile("w+", encoding="utf-8") as errlog:
         try:
             async with stdio_client(params, errlog=errlog) as (read, write), ClientSession(read, write) as session:
