@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import re
 import secrets
 from typing import Any
 
@@ -45,7 +44,7 @@ from memory import health, location, raw_store
 from memory import services as timeline
 from payments import services as payments
 from releases import baseline as release_baseline
-from yimi_project import push
+from yimi_project import jsonbody, push
 from yimi_project.errors import YimiError
 from yimi_project.logs import log_event
 
@@ -61,12 +60,8 @@ CLOSE_INTERNAL_ERROR = 1011  # RFC 6455: an unexpected condition (a bug, logged)
 # What Redis (channel layer) and the database raise when they are down or unreachable.
 SERVICE_DOWN_ERRORS = (RedisError, OperationalError, InterfaceError)
 
-# How deep a frame's objects and arrays may nest (the protocol's frames need 3 levels).
-MAX_FRAME_DEPTH = 32
-# What no string in a frame may hold: NUL (PostgreSQL text cannot store it) and a lone
-# surrogate (not a character: UTF-8 cannot encode it). JSON escapes (\u0000, \ud800) can
-# make both; a surrogate pair escaped the same way is one real character and passes.
-UNSTORABLE = re.compile(r"[\x00\ud800-\udfff]")
+# How deep a frame's objects and arrays may nest: the one JSON guard's limit, as over HTTP.
+MAX_FRAME_DEPTH = jsonbody.MAX_DEPTH
 # How many sent, un-ACKed reply.done frames a socket remembers for their runs' traces.
 DONE_SENT_KEPT = 32
 
@@ -75,38 +70,31 @@ def parse_frame(text_data: str) -> dict[str, Any]:
     """One text frame, checked once, for both sockets, before any handler sees it.
 
     Steps: 1. at most ``WS_MAX_FRAME_BYTES`` of UTF-8 (``frame_too_large``); 2. JSON
-    (``malformed_json``); 3. an object with a string ``type`` (``invalid_frame``); 4. no
+    without ``NaN``/``Infinity`` (``malformed_json``); 3. an object with a string ``type``
+    (``invalid_frame``); 4. the HTTP API's JSON guard (``yimi_project.jsonbody.check``): no
     deeper than ``MAX_FRAME_DEPTH`` — also when the JSON parser itself gives up on the depth
-    — and no key or string value holding NUL or a lone surrogate (``invalid_frame``), so
-    every string a handler may store is storable and can be sent back. Raises ``YimiError``
-    with the protocol's code; its ``details["id"]`` is the frame's ``id`` when that is a
-    clean string, for the error frame. Iterative, so no frame can exhaust the stack.
+    — no key or string value holding NUL or a lone surrogate, no number too large for a
+    float (``invalid_frame``), so every string a handler may store is storable and can be
+    sent back. Raises ``YimiError`` with the protocol's code; its ``details["id"]`` is the
+    frame's ``id`` when that is a clean string, for the error frame.
     """
     # surrogatepass: a raw lone surrogate (possible in-process, never through daphne, which
     # closes invalid UTF-8 with 1007) is counted here and refused below, not raised on.
     if len(text_data.encode("utf-8", "surrogatepass")) > settings.WS_MAX_FRAME_BYTES:
         raise YimiError("frame_too_large", f"frames are limited to {settings.WS_MAX_FRAME_BYTES} bytes")
     try:
-        frame = json.loads(text_data)
-    except RecursionError:
-        raise YimiError("invalid_frame", f"frames nest at most {MAX_FRAME_DEPTH} levels deep") from None
-    except ValueError:
+        frame = jsonbody.loads(text_data)
+    except jsonbody.Refused as exc:
+        raise YimiError("invalid_frame", exc.message) from None
+    except jsonbody.Malformed:
         raise YimiError("malformed_json", "the frame is not valid JSON") from None
     if not isinstance(frame, dict) or not isinstance(frame.get("type"), str):
         raise YimiError("invalid_frame", 'a frame is a JSON object with a string "type"')
-    frame_id = frame.get("id") if isinstance(frame.get("id"), str) and not UNSTORABLE.search(frame["id"]) else None
-    pending: list[tuple[Any, int]] = [(frame, 1)]
-    while pending:
-        value, depth = pending.pop()
-        if isinstance(value, str):
-            if UNSTORABLE.search(value):
-                raise YimiError("invalid_frame", "strings cannot contain NUL (\\u0000) or a lone surrogate (\\ud800-\\udfff)", id=frame_id)
-            continue
-        if isinstance(value, dict | list):
-            if depth > MAX_FRAME_DEPTH:
-                raise YimiError("invalid_frame", f"frames nest at most {MAX_FRAME_DEPTH} levels deep", id=frame_id)
-            items = [*value.keys(), *value.values()] if isinstance(value, dict) else value
-            pending.extend((item, depth + 1) for item in items)
+    frame_id = frame.get("id") if isinstance(frame.get("id"), str) and jsonbody.unclean(frame["id"]) is None else None
+    try:
+        jsonbody.check(frame, MAX_FRAME_DEPTH)
+    except jsonbody.Refused as exc:
+        raise YimiError("invalid_frame", exc.message, id=frame_id) from None
     return frame
 
 
@@ -117,6 +105,7 @@ class DeviceConsumer(AsyncWebsocketConsumer):
     _accepted: bool = False
     _told_unavailable: bool = False
     _received_ms: float = 0.0
+    _frame_id: str | None = None  # the id of the text frame being handled, for an internal_error
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -202,6 +191,7 @@ class DeviceConsumer(AsyncWebsocketConsumer):
         text), and a ready socket stays open; before ``ready`` the socket closes with 1011,
         since nothing else would end the handshake. Redis or the database being down is
         left to ``__call__`` (``service_unavailable``, 1013)."""
+        self._frame_id = None
         try:
             if text_data is None:
                 await self._receive_binary(bytes_data or b"")
@@ -213,6 +203,9 @@ class DeviceConsumer(AsyncWebsocketConsumer):
             await self._internal_error(exc)
 
     async def _receive_binary(self, data: bytes) -> None:
+        if self.device is None:
+            await self._refuse_first_frame("binary_not_supported", "the first frame must be auth, a JSON text frame")
+            return
         await self._error("binary_not_supported", "this socket takes JSON text frames only")
 
     async def _receive_text(self, text_data: str) -> None:
@@ -220,9 +213,13 @@ class DeviceConsumer(AsyncWebsocketConsumer):
         try:
             frame = parse_frame(text_data)
         except YimiError as exc:
+            if self.device is None:
+                await self._refuse_first_frame(exc.code, exc.message, exc.details.get("id"))
+                return
             await self._error(exc.code, exc.message, exc.details.get("id"))
             return
-        frame_id = frame.get("id") if isinstance(frame.get("id"), str) else None
+        # parse_frame checked every string: an id that is a string is clean.
+        frame_id = self._frame_id = frame.get("id") if isinstance(frame.get("id"), str) else None
 
         if self.device is None:
             await self._handle_auth(frame)
@@ -243,6 +240,17 @@ class DeviceConsumer(AsyncWebsocketConsumer):
                 await self._close_revoked()
                 return
             await self._error(exc.code, exc.message, frame_id)
+
+    async def _refuse_first_frame(self, code: str, message: str, frame_id: str | None = None) -> None:
+        """A first frame that is not an ``auth`` frame at all (not JSON, binary, too large,
+        unclean, ...): its error, then close 4401 at once, as for any other first frame
+        that is not ``auth`` — not 4408 when the deadline passes."""
+        if self._auth_timer is not None:
+            if self._auth_timer.done() and not self._auth_timer.cancelled():
+                return  # the deadline passed first: the socket is closing with 4408
+            self._auth_timer.cancel()
+        await self._error(code, message, frame_id)
+        await self.close(code=CLOSE_AUTH_FAILED)
 
     async def _handle_auth(self, frame: dict[str, Any]) -> None:
         if frame["type"] != "auth":
@@ -680,7 +688,7 @@ class DeviceConsumer(AsyncWebsocketConsumer):
             raised_at=f"{tb.tb_frame.f_code.co_filename.rsplit('/', 1)[-1]}:{tb.tb_lineno}" if tb else None,
             device_id=str(self.device.id) if self.device else None, consumer=type(self).__name__,
         )
-        await self._error("internal_error", "the server failed on this frame; it logged the error")
+        await self._error("internal_error", "the server failed on this frame; it logged the error", self._frame_id)
         if self.device is None:
             await self.close(code=CLOSE_INTERNAL_ERROR)
 

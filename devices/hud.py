@@ -116,9 +116,10 @@ def answer_gesture(device: Device, frame: dict[str, Any]) -> GestureOutcome:
     card stays open on the phone; activity: a shake hides it, a nod is
     ``gesture_not_allowed``. Every refusal changes nothing."""
     gesture, card_kind, card_id = frame.get("gesture"), frame.get("card_kind"), frame.get("card_id")
-    if gesture not in GESTURES:
+    # A list or an object is no more a gesture than "wave" is (and cannot be looked up).
+    if not isinstance(gesture, str) or gesture not in GESTURES:
         raise YimiError("invalid_frame", "gesture must be confirm (nod) or dismiss (shake)")
-    if card_kind not in CARD_KINDS:
+    if not isinstance(card_kind, str) or card_kind not in CARD_KINDS:
         raise YimiError("invalid_frame", "card_kind must be consent, payment or activity")
     if not isinstance(card_id, str) or not card_id:
         raise YimiError("invalid_frame", "card_id must name the card")

@@ -23,13 +23,13 @@ Mac except ``mac_timeout``, whose outcome is unknown.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from devices import mac_relay
+from yimi_project import jsonbody
 from yimi_project.errors import YimiError
 from yimi_project.internal import call_owner, error_response, pack_call_claims
 
@@ -62,10 +62,7 @@ async def mac_op(request: HttpRequest) -> JsonResponse:
             raise YimiError("forbidden", "this endpoint answers a pack only while it executes a call that declared the mac API")
         if request.method != "POST":
             raise YimiError("invalid_request", "use POST")
-        try:
-            body = json.loads(request.body or b"{}")
-        except ValueError:
-            raise YimiError("malformed_json", "the body is not valid JSON") from None
+        body = jsonbody.parse(jsonbody.request_body(request))
         kind, payload = (body.get("kind"), body.get("payload")) if isinstance(body, dict) else (None, None)
         if kind not in mac_relay.KINDS or not isinstance(payload, dict):
             raise YimiError("invalid_request", f"expected {{kind: one of {', '.join(mac_relay.KINDS)}, payload: {{...}}}}")

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.core.exceptions import RequestDataTooBig
 from rest_framework import exceptions as drf_exceptions
 from rest_framework.response import Response
 from rest_framework.views import exception_handler
 
+from yimi_project import jsonbody
 from yimi_project.errors import YimiError
 
 _DRF_CODES = {
@@ -22,6 +24,8 @@ _DRF_CODES = {
 
 
 def drf_exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    if isinstance(exc, RequestDataTooBig):  # request.body past Django's limit (the signature check reads it)
+        exc = jsonbody.too_large()
     if isinstance(exc, YimiError):
         return Response({"error": exc.payload()}, status=exc.http_status)
     response = exception_handler(exc, context)

@@ -24,7 +24,7 @@ from django.http import HttpRequest
 from rest_framework.permissions import BasePermission
 from rest_framework.request import Request
 
-from yimi_project import call_capability
+from yimi_project import call_capability, jsonbody
 from yimi_project.errors import YimiError
 
 TOKEN_HEADER = "X-Yimi-Internal-Token"
@@ -171,13 +171,7 @@ async def _answer(handler: JsonHandler, *, platform_party: bool, method: str, bo
             raise YimiError("forbidden", PlatformParty.message)
         if method != "POST":
             raise YimiError("invalid_request", "use POST")
-        try:
-            data = json.loads(body() or b"{}")
-        except ValueError:
-            raise YimiError("malformed_json", "the body is not valid JSON") from None
-        if not isinstance(data, dict):
-            raise YimiError("invalid_request", "expected a JSON object")
-        return 200, await handler(data)
+        return 200, await handler(jsonbody.parse_object(body()))
     except YimiError as exc:
         return exc.http_status, {"error": exc.payload()}
 
@@ -192,7 +186,8 @@ def internal_json_view(handler: JsonHandler) -> Callable[[HttpRequest], Awaitabl
     @functools.wraps(handler)
     async def view(request: HttpRequest) -> HttpResponse:
         status, payload = await _answer(
-            handler, platform_party=is_platform_party(request), method=request.method or "", body=lambda: request.body
+            handler, platform_party=is_platform_party(request), method=request.method or "",
+            body=lambda: jsonbody.request_body(request),
         )
         return JsonResponse(payload, status=status)
 
@@ -211,9 +206,9 @@ class InternalJsonEndpoints:
     the login lockout. None of that applies here: the internal listener is a Unix socket
     nobody else reaches (no browser, no cookies, no proxy, no user), and the caller
     proves itself with the internal token. What is kept is exactly the view's contract
-    (``_answer``: the token, POST, a JSON object in and out, ``YimiError`` → its status
-    and payload), plus Django's body size limit (``DATA_UPLOAD_MAX_MEMORY_SIZE``:
-    ``payload_too_large``). An unexpected exception is logged (``django.request``, as
+    (``_answer``: the token, POST, a JSON object in and out through the one JSON guard,
+    ``yimi_project.jsonbody``, ``YimiError`` → its status and payload), plus Django's body
+    size limit (``DATA_UPLOAD_MAX_MEMORY_SIZE``: ``payload_too_large``). An unexpected exception is logged (``django.request``, as
     Django does) and answered 500 ``internal_error``. Requests on the public listener,
     and any other path, go to Django unchanged.
     """
@@ -241,7 +236,7 @@ class InternalJsonEndpoints:
         method = scope.get("method", "")
         raw = b""
         if platform_party and method == "POST":
-            limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+            limit = jsonbody.body_limit()
             chunks: list[bytes] = []
             size = 0
             while True:
@@ -251,7 +246,7 @@ class InternalJsonEndpoints:
                 chunk = message.get("body", b"")
                 size += len(chunk)
                 if limit is not None and size > limit:
-                    exc = YimiError("payload_too_large", f"the body is larger than {limit} bytes")
+                    exc = jsonbody.too_large()
                     await _respond(send, exc.http_status, {"error": exc.payload()})
                     return
                 chunks.append(chunk)

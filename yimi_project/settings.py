@@ -99,6 +99,8 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     # First: everything below (HTTPS redirect, CSRF, rate limits) sees the real client.
     "yimi_project.proxy.TrustedProxyMiddleware",
+    # No NUL in a path or query string reaches a view (the JSON guard's rule, jsonbody.py).
+    "yimi_project.jsonbody.TextGuardMiddleware",
     "django.middleware.security.SecurityMiddleware",
     # daphne serves no static files; the admin's CSS and JS come from here.
     "whitenoise.middleware.WhiteNoiseMiddleware",
@@ -336,6 +338,9 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "EXCEPTION_HANDLER": "yimi_project.api.drf_exception_handler",
+    # JSON only, through the one JSON guard (yimi_project/jsonbody.py): no NUL, lone
+    # surrogate, NaN or nesting past 32 reaches a view; a form body is 415 invalid_request.
+    "DEFAULT_PARSER_CLASSES": ["yimi_project.jsonbody.JSONBodyParser"],
     "UNAUTHENTICATED_USER": None,
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
 }
@@ -352,7 +357,7 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     # The API takes JSON bodies (docs/protocol.md); the schema names no other media type.
-    "PARSER_WHITELIST": ["rest_framework.parsers.JSONParser"],
+    "PARSER_WHITELIST": ["yimi_project.jsonbody.JSONBodyParser"],
 }
 
 YIMI_LOG_FORMAT = env.str("YIMI_LOG_FORMAT", default="text")
