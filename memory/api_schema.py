@@ -11,9 +11,15 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter
 from rest_framework import serializers
 
+from memory.assertions import PREDICATE, REQUEST_ID
 from yimi_project.api_schema import PARSE_ERRORS
 
 JSON = serializers.JSONField
+
+
+def request_id_field(**kwargs: object) -> serializers.RegexField:
+    """An idempotency key as ``memory.assertions`` checks it (``REQUEST_ID``)."""
+    return serializers.RegexField(REQUEST_ID.pattern, max_length=64, **kwargs)  # type: ignore[arg-type]
 # Every endpoint here: a signed device request or the owner's session (docs/protocol.md).
 AUTH_ERRORS = ("not_authenticated", "request_replayed", "forbidden")
 READ_ERRORS = (*AUTH_ERRORS, "invalid_request", "not_found")
@@ -87,11 +93,11 @@ ASSERTION_QUERY_PARAMETERS = [
 class CommitBody(serializers.Serializer):  # type: ignore[type-arg]
     assertion_id = serializers.UUIDField(required=False, allow_null=True, help_text="absent or null: a new assertion")
     expected_version = serializers.IntegerField(min_value=0, help_text="the version the writer read; 0 creates")
-    predicate = serializers.CharField(max_length=64, help_text="like preference.food")
+    predicate = serializers.RegexField(PREDICATE.pattern, max_length=64, help_text="like preference.food")
     payload = JSON()
     evidence = serializers.ListField(child=serializers.IntegerField(), required=False, help_text="timeline seq numbers")
     depends_on = DependencyBody(many=True, required=False)
-    request_id = serializers.CharField(max_length=64, help_text="idempotency key: the same body again is replayed")
+    request_id = request_id_field(help_text="idempotency key: the same body again is replayed")
 
 
 class CommitResultBody(serializers.Serializer):  # type: ignore[type-arg]
@@ -146,7 +152,7 @@ class ForgetPreviewBody(serializers.Serializer):  # type: ignore[type-arg]
 
 
 class ForgetBody(serializers.Serializer):  # type: ignore[type-arg]
-    request_id = serializers.CharField(max_length=64)
+    request_id = request_id_field()
     confirm = serializers.BooleanField(help_text="must be true (after reading the GET preview)")
 
 
@@ -177,12 +183,12 @@ class SpeakingPreferencesBody(serializers.Serializer):  # type: ignore[type-arg]
 class SetPreferencesBody(serializers.Serializer):  # type: ignore[type-arg]
     text = serializers.CharField()
     expected_version = serializers.IntegerField(min_value=0)
-    request_id = serializers.CharField(max_length=64)
+    request_id = request_id_field()
 
 
 class RestorePreferencesBody(serializers.Serializer):  # type: ignore[type-arg]
     expected_version = serializers.IntegerField(min_value=1)
-    request_id = serializers.CharField(max_length=64)
+    request_id = request_id_field()
 
 
 class RecallHit(TimelineEntryBody):
