@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
@@ -23,12 +24,13 @@ from capabilities import authorities
 from capabilities.authorities import GateQuestion, RunBinding, Verdict
 from capabilities.manifest import SEPARATOR, PackSet, ToolDecl, load_packs
 from capabilities.models import ReceiptRecord, ToldFact, ToolCall
-from capabilities.receipts import needs_check, normalize
+from capabilities.receipts import needs_check, normalize, unknown_receipt
 from memory.copies import ForgottenContent, redacted_text, rows_in_chunks
 from memory.locks import lock_owner_calls
 from yimi_project import call_capability, statements
 from yimi_project.errors import YimiError
-from yimi_project.ids import uuid_or_nil
+from yimi_project.ids import NIL, uuid_or_nil
+from yimi_project.logs import log_event
 
 TRUSTED_FIELDS = (
     "session_id",
@@ -530,17 +532,22 @@ class ReceiptOutcome:
         }
 
 
-_RECEIPT_CALL_FIELDS = ("id", "owner", "decision", "tool", "category", "fingerprint", "arguments")
+_RECEIPT_CALL_FIELDS = ("id", "owner", "run", "decision", "tool", "category", "fingerprint", "arguments")
 
 
 def record_receipt(call_id: Any, result: Any, *, transport_error: str | None = None) -> ReceiptOutcome:
     """Validate a tool's result at the trust boundary and store it in the ledger.
 
     Steps: 1. the call must be one the gateway allowed; 2. ``normalize`` applies the
-    schema and the five invariants (only downgrading); 3. the record is keyed by
-    (task id, call id, revision): a replay with the same content returns the stored
-    record, different content is a ``conflict``; 4. a task's revisions strictly
-    increase (``stale_revision`` otherwise) and earlier ones are kept as history.
+    schema and the five invariants (only downgrading); 3. the result describes this call
+    only: a ``task_id`` other than the call's own must not be another call's id, nor a
+    task the ledger holds for another owner, run or pack (``_foreign_task``); otherwise
+    nothing is written under that task, the refusal is logged (``receipt_refused``,
+    ``foreign_task``) and this call's own result is the gateway's ``unknown`` (check
+    first: what the pack did is not known); 4. the record is keyed by (task id, call id,
+    revision): a replay with the same content returns the stored record, different
+    content is a ``conflict``; 5. a task's revisions strictly increase
+    (``stale_revision`` otherwise) and earlier ones are kept as history.
     """
     call = statements.fetch_by_pk(ToolCall, uuid_or_nil(call_id), _RECEIPT_CALL_FIELDS)
     if call is None:
@@ -553,11 +560,15 @@ def record_receipt(call_id: Any, result: Any, *, transport_error: str | None = N
     receipt = normalized.receipt
     task_id = str(receipt.get("task_id") or call.id)
     revision = int(receipt.get("revision") or 1)
+    content_fp = sha256(canonical({"result": result, "transport_error": transport_error}))
+    if task_id != str(call.id):
+        foreign = _foreign_task(call, task_id)
+        if foreign is not None:
+            return _refuse_foreign(call, tool, task_id, foreign, content_fp)
     if approved and "task_id" not in receipt:
         # The waiting receipt (and, for a payment, earlier attempts) come first: this is next.
         previous = ReceiptRecord.objects.filter(task_id=task_id).order_by("-revision").first()
         revision = max(revision, (previous.revision + 1) if previous else 1)
-    content_fp = sha256(canonical({"result": result, "transport_error": transport_error}))
     if "task_id" in receipt or revision > 1:
         # A long task reporting a revision: it must be newer than the task's latest.
         latest = ReceiptRecord.objects.filter(task_id=task_id).order_by("-revision").only("call_id", "revision").first()
@@ -586,6 +597,65 @@ def record_receipt(call_id: Any, result: Any, *, transport_error: str | None = N
         value = call.arguments.get(name)
         if value and trusted_field.on_receipt is not None:
             trusted_field.on_receipt(call, value, receipt)  # e.g. what the checkout page said, for the payment authority
+    return ReceiptOutcome(record, replayed=False)
+
+
+FOREIGN_TASK = "foreign_task"
+_FOREIGN = {
+    "another_call": "another call's task",
+    "another_owner": "a task of another owner",
+    "another_run": "a task of another run",
+    "another_pack": "a task of another pack",
+}
+
+
+def _foreign_task(call: ToolCall, task_id: str) -> str | None:
+    """Why a result of ``call`` may not be stored under ``task_id`` (not the call's own id),
+    or None when it may: a long task the same pack reports on within the run that started
+    it (a later call's revision, a new task the pack names).
+
+    Refused: 1. the id of another call (a call's own task has its id, whoever owns it);
+    2. a task the ledger already holds for another owner, another run or another pack.
+    Only a result that names a task of its own pays these queries."""
+    key = uuid_or_nil(task_id)
+    if key != NIL and ToolCall.objects.filter(id=key).exists():
+        return "another_call"
+    pack = call.tool.split(SEPARATOR, 1)[0]
+    holders = ReceiptRecord.objects.filter(task_id=task_id).values_list("owner_id", "call__run_id", "call__tool").distinct()
+    for owner_id, run_id, tool_name in holders:
+        if owner_id != call.owner_id:
+            return "another_owner"
+        if run_id != call.run_id:
+            return "another_run"
+        if tool_name.split(SEPARATOR, 1)[0] != pack:
+            return "another_pack"
+    return None
+
+
+def _refuse_foreign(call: ToolCall, tool: ToolDecl | None, task_id: str, reason: str, content_fp: str) -> ReceiptOutcome:
+    """A result that names a task it may not describe: nothing is written under that task.
+    The refusal is logged, and this call's own result is the gateway's ``unknown`` (the
+    pack's word is worthless, so what it did is not known; check first), which also ends
+    the call's pack capability. The same result again is a replay of that record."""
+    log_event(
+        "receipt_refused", logging.WARNING, code=FOREIGN_TASK, reason=reason, call_id=str(call.id), tool=call.tool,
+        task_id=task_id[:128], owner_id=call.owner_id,
+    )
+    own = str(call.id)
+    existing = ReceiptRecord.objects.filter(
+        call=call, task_id=own, written_by_gateway=True, content_fingerprint=content_fp
+    ).first()
+    if existing is not None:
+        return ReceiptOutcome(existing, replayed=True)
+    receipt = unknown_receipt(f"the pack's result named {_FOREIGN[reason]}, so it was refused", tool)
+    receipt["summary"] = "refused: the result described another task than this call's own; what the call did is unknown"
+    receipt["error"] = {"code": FOREIGN_TASK}
+    latest = ReceiptRecord.objects.filter(task_id=own).order_by("-revision").only("revision").first()
+    record = ReceiptRecord.objects.create(
+        owner_id=call.owner_id, call=call, task_id=own, revision=(latest.revision + 1) if latest else 1, status="unknown",
+        receipt=receipt, call_fingerprint=call.fingerprint, content_fingerprint=content_fp, written_by_gateway=True,
+        violations=[f"{FOREIGN_TASK}: the result named {_FOREIGN[reason]} ({task_id[:128]})"],
+    )
     return ReceiptOutcome(record, replayed=False)
 
 
