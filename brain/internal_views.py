@@ -29,8 +29,9 @@ endpoint that applies anything.
 For packs that run a model loop without holding a model key (the ``phone`` pack's steps;
 ``platform_api`` ``executor``): one Chat Completions turn with the role's model (default
 ``executor_fast``), text only (no tools), at most 40 messages and 200,000 characters,
-counted in the call's run's usage. Any call of such a pack may ask; the capability's
-lifetime bounds how long (a ``long_running`` tool's covers its task). A failed model call
+counted in the call's run's usage. Any executing call of such a pack may ask; once the
+call has ended only a ``long_running`` tool's capability still may, for the task it
+started, until it expires (``capabilities.services.capability_live``). A failed model call
 is ``executor_model_failed`` (502); an unusable role ``role_not_configured``.
 """
 

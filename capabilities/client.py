@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import contextlib
 import json
 import ssl
 import threading
@@ -229,10 +230,24 @@ class ToolOutcome:
     facts: list[Any] = field(default_factory=list)
 
 
+CANCELLED = "CANCELLED: the call was cancelled before its result came back"
+
+
+async def _record_cancelled(gateway: GatewayTransport, call_id: str, proof: Any) -> None:
+    """A call cancelled while its pack executes it has ended: its result is recorded as lost
+    (``unknown``, check first: the pack may have acted), which also ends its pack capability
+    at once, so a pack thread still running can no longer act for it. Shielded, so a second
+    cancel does not stop the recording; best effort, like any receipt."""
+    payload = {"call_id": call_id, "result": None, "transport_error": CANCELLED, "capability": proof}
+    with contextlib.suppress(GatewayUnavailable, YimiError):
+        await asyncio.shield(gateway.receipt(payload))
+
+
 async def call_tool(run_id: str, agent_id: str, tool: str, arguments: Any, *, gateway: GatewayTransport | None = None) -> ToolOutcome:
-    """decide → execute over MCP → receipt → observe, for one call. The tool's pack host is
-    asked first whether it can run the call: if not, ``decide`` refuses it
-    (``pack_unavailable``) instead of recording it as executing."""
+    """decide → execute over MCP → receipt → observe, for one call. A call cancelled during
+    its execution records its result as lost before the cancel goes on (``_record_cancelled``).
+    The tool's pack host is asked first whether it can run the call: if not, ``decide``
+    refuses it (``pack_unavailable``) instead of recording it as executing."""
     gateway = gateway or transport()
     request = {"run_id": run_id, "agent_id": agent_id, "tool": tool, "arguments": arguments}
     unavailable = await on_host_loop(lambda m: m.unavailable(tool))  # its host starts now if it was not running
@@ -247,14 +262,18 @@ async def call_tool(run_id: str, agent_id: str, tool: str, arguments: Any, *, ga
         return ToolOutcome(tool, decided["decision"], decided["code"], text, call_id=decided.get("call_id"))
 
     started = time.monotonic()
-    result = await on_host_loop(
-        lambda m: m.call(
-            tool, decided["arguments"], timeout=settings.PACK_CALL_TIMEOUT_SECONDS, capability=decided.get("pack_capability")
+    proof = decided.get("receipt_capability")
+    try:
+        result = await on_host_loop(
+            lambda m: m.call(
+                tool, decided["arguments"], timeout=settings.PACK_CALL_TIMEOUT_SECONDS, capability=decided.get("pack_capability")
+            )
         )
-    )
+    except asyncio.CancelledError:
+        await _record_cancelled(gateway, decided["call_id"], proof)
+        raise
     duration_ms = int((time.monotonic() - started) * 1000)
     transport_error = result.transport_error or (f"the tool reported an error: {result.text[:200]}" if result.is_error else None)
-    proof = decided.get("receipt_capability")
     try:
         stored = await gateway.receipt(
             {"call_id": decided["call_id"], "result": result.structured, "transport_error": transport_error, "capability": proof}

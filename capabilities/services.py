@@ -485,24 +485,43 @@ def recheck_approved(call_id: Any) -> Decision:
         return _blocked("already_succeeded", "this already succeeded; it must not be done again")
     return Decision(
         ToolCall.Decision.ALLOW, "approved", "approved by the owner", call_id=str(call.id), category=call.category,
-        arguments=call.arguments, pack_capability=pack_capability(call, tool),
+        arguments=call.arguments, pack_capability=pack_capability(call, tool, results_after=_latest_result_row(call)),
         receipt_capability=call_capability.mint_receipt(str(call.id)),
     )
 
 
-def pack_capability(call: ToolCall, tool: ToolDecl, *, now: float | None = None, packs: PackSet | None = None) -> str:
+def pack_capability(
+    call: ToolCall, tool: ToolDecl, *, now: float | None = None, packs: PackSet | None = None, results_after: int = 0,
+) -> str:
     """The capability a pack gets with one call: the call, its run, its owner, pack, tool,
-    decided category and target arguments, and the platform APIs its pack declared; valid
-    for the call's execution time (plus the time to reach the pack; plus
-    ``LONG_RUNNING_SECONDS`` for a ``long_running`` tool, whose task outlives the call). The run lets the
-    platform count per run (memory's history lookups, at most 3 a run)."""
+    decided category and target arguments, the platform APIs its pack declared, and whether
+    the pack is a version the registry published (``yimi_project.internal.API_PACKS``).
+
+    It is good while the call executes: the call's first result recorded after ledger row
+    ``results_after`` ends it (``capability_live``; 0 for a call ``decide`` has just
+    recorded, the call's latest row for one executed again: an approved card, a payment
+    after a new authorization), and it expires after the call's execution time (plus the
+    time to reach the pack; plus ``LONG_RUNNING_SECONDS`` for a ``long_running`` tool, whose
+    task outlives the call). The run lets the platform count per run (memory's history
+    lookups, at most 3 a run)."""
     pack = (packs if packs is not None else load_packs()).packs[tool.pack]
-    claims = {
+    claims: dict[str, Any] = {
         "call": str(call.id), "run": str(call.run_id), "owner": call.owner_id, "pack": tool.pack, "tool": call.tool, "category": call.category,
-        "target": tool.target_arguments(call.arguments), "apis": pack.platform_api,
+        "target": tool.target_arguments(call.arguments), "apis": pack.platform_api, "results_after": results_after,
     }
+    if tool.long_running:
+        claims["long_running"] = True
+    if pack.digest:
+        claims["published"] = True  # a registry version: the APIs made for a shipped pack do not answer it
     ttl = float(settings.PACK_CALL_TIMEOUT_SECONDS) + CAPABILITY_GRACE_SECONDS + (LONG_RUNNING_SECONDS if tool.long_running else 0.0)
     return call_capability.mint(call_capability.PACK, claims, ttl_seconds=ttl, now=now)
+
+
+def _latest_result_row(call: ToolCall) -> int:
+    """The call's newest ledger row (0 for none): a capability minted now for executing the
+    call again ends with the first result after it."""
+    latest = ReceiptRecord.objects.filter(call=call).order_by("-id").values_list("id", flat=True).first()
+    return latest or 0
 
 
 def execution_capability(call_id: Any) -> str | None:
@@ -510,7 +529,37 @@ def execution_capability(call_id: Any) -> str | None:
     authorization); None when the tool is no longer installed."""
     call = ToolCall.objects.get(id=uuid_or_nil(call_id))
     tool = load_packs().tool(call.tool)
-    return pack_capability(call, tool) if tool is not None else None
+    return pack_capability(call, tool, results_after=_latest_result_row(call)) if tool is not None else None
+
+
+# Platform APIs a ``long_running`` tool's capability still reaches after its call ended,
+# for the task the call started (the phone pack's model steps): none of them holds the
+# owner's data. Every other API refuses a capability once its call has a result.
+AFTER_CALL_APIS = frozenset({"executor"})
+
+
+def capability_live(claims: dict[str, Any], api: str) -> bool:
+    """Whether the call a verified pack capability names is still executing, so the
+    capability may reach the platform API ``api`` (``yimi_project.call_capability.live``,
+    registered in ``CapabilitiesConfig.ready``; the signature and expiry are checked first).
+
+    Steps: 1. the call has ended once the ledger holds a result of it newer than the
+    capability (a row after ``results_after``): the pack's receipt, a failure, a timeout
+    or a cancel, each recorded by the executor the moment the call ends, and the gateway's
+    refusal of a receipt naming another task; 2. an ended call's capability is dead at
+    once, except that a ``long_running`` tool's still reaches ``AFTER_CALL_APIS`` until it
+    expires. A capability minted for no recorded call (``manage.py pack_contract``'s steps)
+    has no results and lives until it expires. One indexed query."""
+    ended = ReceiptRecord.objects.filter(
+        call_id=uuid_or_nil(claims.get("call")), id__gt=_int(claims.get("results_after"))
+    ).exists()
+    if not ended:
+        return True
+    return claims.get("long_running") is True and api in AFTER_CALL_APIS
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 @dataclass

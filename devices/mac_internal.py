@@ -1,7 +1,8 @@
 """``POST /internal/mac/op/``: the ``owner-mac`` and ``desktop`` packs' one way to the owner's Mac.
 
-Internal listener + a pack capability whose pack declared the ``mac`` platform API, exactly
-as memory's endpoints (yimi_project.internal.pack_call_claims). The body is
+Internal listener + a pack capability of a call still executing, whose pack declared the
+``mac`` platform API and is one the API serves (``owner-mac``, ``desktop``), exactly as
+memory's endpoints (yimi_project.internal.pack_call_claims). The body is
 ``{"kind": "<op>", "payload": {...}}``; the answer ``{"result": {...}}`` is the Mac's
 decrypted result (devices/mac_relay.py). What the capability allows:
 
@@ -31,7 +32,7 @@ from django.views.decorators.csrf import csrf_exempt
 from devices import mac_relay
 from yimi_project import jsonbody
 from yimi_project.errors import YimiError
-from yimi_project.internal import call_owner, error_response, pack_call_claims
+from yimi_project.internal import call_owner, error_response, live_pack_call_claims
 
 API = "mac"
 
@@ -57,7 +58,7 @@ def check_call(claims: dict[str, Any], kind: str, payload: dict[str, Any]) -> No
 @csrf_exempt
 async def mac_op(request: HttpRequest) -> JsonResponse:
     try:
-        claims = pack_call_claims(request, API)
+        claims = await live_pack_call_claims(request, API)
         if claims is None:
             raise YimiError("forbidden", "this endpoint answers a pack only while it executes a call that declared the mac API")
         if request.method != "POST":

@@ -1,7 +1,8 @@
 """Internal endpoints for the ``erasure`` pack (``platform_api`` ``erasure``), on the internal
 listener with the pack capability of the call being executed (``yimi_project.internal``):
 
-- ``POST preview/`` (criteria) — any call of a pack that declared ``erasure``;
+- ``POST preview/`` (criteria) — any executing call of the ``erasure`` pack (the only pack
+  the API serves, ``yimi_project.internal.API_PACKS``);
 - ``POST erase/`` (``preview_token``) — only a call the gateway decided as ``delete`` (asked on
   a card unless the owner requested it), on the call's own ``preview_token``;
 - ``POST result/`` (``erasure_id`` or ``preview_token``) — any such call.

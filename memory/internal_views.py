@@ -4,10 +4,13 @@ The same views as the owner's API (``memory.views``), acting for the owner of th
 the pack is executing, with the actor ``agent``; included under ``internal/memory/``
 (``memory.internal_urls``). The pack capability (``yimi_project.call_capability``) says
 which call that is and what the gateway decided for it, so memory changes from a pack go
-through ``decide`` and its consent gate like every other effect:
+through ``decide`` and its consent gate like every other effect. Every request needs a
+call of the memory pack that is still executing (``yimi_project.internal.PackCall``: a
+call with a recorded result, or another pack that declared ``memory``, gets ``forbidden``)
+and acts for that call's owner only:
 
-- reads (query, history, forget preview, preferences, recall) need a capability for a
-  call of the memory pack, whatever its category;
+- reads (query, history, forget preview, preferences, recall) need such a call, whatever
+  its category;
 - a commit and a speaking-preferences change need a call decided as ``owner_data``, and a
   commit must be on the call's own ``assertion_id`` when the call named one;
 - forgetting needs a call decided as ``delete`` (asked on a card unless the owner

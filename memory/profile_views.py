@@ -1,7 +1,8 @@
 """The owner's profile for the ``personal`` pack (``platform_api`` ``profile``): ``GET
 /internal/profile/`` answers the body of memory's ``USER.md`` projection
 (``memory.projections.core_profile``) and its sections, for the owner of the call being
-executed, to any call of a pack that declared ``profile``. Read only: the profile changes
+executed, to any executing call of the ``personal`` pack (the only pack the API serves,
+``yimi_project.internal.API_PACKS``). Read only: the profile changes
 through memory (``memory__commit`` of ``core_profile.entry`` with ``doc: user``)."""
 
 from __future__ import annotations

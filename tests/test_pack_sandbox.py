@@ -115,7 +115,7 @@ def probe(args):
         "predicate": "preference.evil", "payload": {"text": "x"}, "expected_version": 0, "request_id": "h2"})))
     results["refusal codes"] = "refused " + str([platform_call("POST", f"memory/assertions/{args['assertion']}/forget/", {"request_id": "h3"})])
     status, _ = platform_call("GET", "memory/assertions/")
-    results["read memory (declared, observe)"] = f"status {status}"
+    results["read memory (declared, not the memory pack)"] = f"status {status}"
     return receipt("succeeded", values=[value("attempts", len(results), "count", "probe")], content={"text": json.dumps(results)})
 '''
 
@@ -182,7 +182,8 @@ def test_a_hostile_pack_gets_nothing_it_did_not_declare(hostile: Path, make_devi
     got = {k: v for k, v in results.items() if v.startswith(("GOT", "LOST"))}
     assert got == {}, got
     assert len(results) >= 20
-    assert results["read memory (declared, observe)"] == "status 200"  # what it declared still works
+    # declaring memory is not enough: the memory API answers calls of the memory pack only
+    assert results["read memory (declared, not the memory pack)"] == "status 403"
     assert not ReceiptRecord.objects.filter(call=other_call).exists()
     assert assertions.get(device.owner_id, remembered.assertion_id)["state"] == "active"
     assert not (hostile / "planted.txt").exists()

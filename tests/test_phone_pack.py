@@ -274,7 +274,10 @@ def test_a_second_task_on_a_leased_phone_is_refused(phone: ModuleType, cloud: Cl
 # --- the platform's executor endpoint -----------------------------------------------------------
 
 
-@pytest.mark.django_db
+# Transactional: the model call (async_to_sync, channels' database_sync_to_async on this thread)
+# closes this thread's connection, as after any request, and every request after it asks the
+# database whether its capability's call is still executing.
+@pytest.mark.django_db(transaction=True)
 def test_the_executor_endpoint_answers_a_pack_with_the_executor_role(brain: Any) -> None:
     """``executor_fast`` has no row here: it falls back to the brain role (the demo brain)."""
     from tests.conftest import internal_client

@@ -16,13 +16,15 @@ the gateway issues two capabilities for each call it lets execute:
   call, its own included.
 
 Both are Django signatures (HMAC-SHA256 under ``SECRET_KEY``, one salt per purpose), so
-verifying them needs no database and no import from a higher layer. ``now`` is a
-parameter so tests control expiry.
+verifying the signature needs no database and no import from a higher layer; whether the
+call is still executing is the one question asked of the gateway (``live``). The clock is
+``clock`` (``now`` overrides it per call), so tests control expiry.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from django.core import signing
@@ -32,6 +34,8 @@ RECEIPT = "receipt"
 META_KEY = "ai.yimi/call_capability"  # the MCP ``_meta`` key a pack host reads it from
 HEADER = "X-Yimi-Call-Capability"  # the header a pack presents it in
 
+clock: Callable[[], float] = time.time  # what "now" is for expiry; tests replace it
+
 
 def _salt(purpose: str) -> str:
     return f"yimi.call-capability.{purpose}"
@@ -40,7 +44,7 @@ def _salt(purpose: str) -> str:
 def mint(purpose: str, claims: dict[str, Any], *, ttl_seconds: float | None = None, now: float | None = None) -> str:
     body = dict(claims)
     if ttl_seconds is not None:
-        body["exp"] = int((time.time() if now is None else now) + ttl_seconds) + 1
+        body["exp"] = int((clock() if now is None else now) + ttl_seconds) + 1
     return signing.dumps(body, salt=_salt(purpose), compress=True)
 
 
@@ -55,7 +59,7 @@ def verify(purpose: str, token: Any, *, now: float | None = None) -> dict[str, A
     if not isinstance(claims, dict):
         return None
     exp = claims.get("exp")
-    if exp is not None and (time.time() if now is None else now) >= exp:
+    if exp is not None and (clock() if now is None else now) >= exp:
         return None
     return claims
 
@@ -67,3 +71,20 @@ def mint_receipt(call_id: str) -> str:
 def receipt_allows(token: Any, call_id: Any) -> bool:
     claims = verify(RECEIPT, token)
     return claims is not None and claims.get("call") == str(call_id)
+
+
+# Whether the call a pack capability was issued for is still executing: the gateway knows
+# (its ledger records when a call ended), and registers the answer when Django starts.
+_liveness: Callable[[dict[str, Any], str], bool] | None = None
+
+
+def register_liveness(check: Callable[[dict[str, Any], str], bool]) -> None:
+    """The gateway's answer to "may this capability still reach ``api``?" (capabilities/)."""
+    global _liveness
+    _liveness = check
+
+
+def live(claims: dict[str, Any], api: str) -> bool:
+    """Whether the call of a verified pack capability is still executing, so the capability
+    may reach the platform API ``api``. No registered answer: never (fail closed)."""
+    return _liveness is not None and _liveness(claims, api)

@@ -9,7 +9,8 @@ address. Two parties use it, each with its own credential:
   present the instance's internal token (``X-Yimi-Internal-Token``);
 - **capability packs** calling back into the platform (memory, reminders) present the
   per-call capability of the call they are executing (``X-Yimi-Call-Capability``, see
-  ``yimi_project.call_capability``); they never hold the internal token.
+  ``yimi_project.call_capability``), good only while that call executes and only at the
+  API made for their pack (``API_PACKS``); they never hold the internal token.
 
 A request without the right credential is refused with ``forbidden`` and changes nothing.
 """
@@ -49,13 +50,56 @@ def is_platform_party(request: HttpRequest | Request) -> bool:
     return on_internal_listener(request) and hmac.compare_digest(token, settings.INTERNAL_TOKEN)
 
 
-def pack_call_claims(request: HttpRequest | Request, api: str) -> dict[str, Any] | None:
-    """The claims of the pack capability on this request, if it is valid, unexpired and
-    its pack declared ``api`` (``memory``, ``reminders``); None otherwise."""
+# The packs each platform API answers. Declaring an API in a manifest is not enough: an
+# API that holds the owner's data answers only calls of the shipped pack it was made for,
+# so a pack that lists ``memory`` or ``health`` among its ``platform_api``, or a registry
+# version under a shipped pack's name (its capability says ``published``), gets nothing
+# from it. ``executor`` (a model turn, no owner data) answers any pack that declared it.
+API_PACKS: dict[str, frozenset[str]] = {
+    "memory": frozenset({"memory"}),
+    "reminders": frozenset({"schedule"}),
+    "model_settings": frozenset({"model_settings"}),
+    "erasure": frozenset({"erasure"}),
+    "profile": frozenset({"personal"}),
+    "location": frozenset({"location"}),
+    "health": frozenset({"health"}),
+    "watches": frozenset({"delivery"}),
+    "mac": frozenset({"owner-mac", "desktop"}),
+    "workshop": frozenset({"workshop"}),
+    "releases": frozenset({"release"}),
+}
+
+
+def signed_pack_call_claims(request: HttpRequest | Request, api: str) -> dict[str, Any] | None:
+    """The claims of the pack capability on this request if it arrived on the internal
+    listener, is validly signed and unexpired, its pack declared ``api`` and ``api``
+    answers that pack (``API_PACKS``: the shipped pack it was made for); None otherwise.
+    Not yet whether its call is still executing: ``pack_call_claims`` asks that too."""
     if not on_internal_listener(request):
         return None
     claims = call_capability.verify(call_capability.PACK, request.headers.get(call_capability.HEADER, ""))
     if claims is None or api not in claims.get("apis", ()):
+        return None
+    packs = API_PACKS.get(api)
+    if packs is not None and (claims.get("pack") not in packs or claims.get("published") is True):
+        return None
+    return claims
+
+
+def pack_call_claims(request: HttpRequest | Request, api: str) -> dict[str, Any] | None:
+    """``signed_pack_call_claims``, and only while the call is still executing
+    (``call_capability.live``: a call whose end the gateway recorded has a dead
+    capability). Reads the database: from async code use ``live_pack_call_claims``."""
+    claims = signed_pack_call_claims(request, api)
+    if claims is None or not call_capability.live(claims, api):
+        return None
+    return claims
+
+
+async def live_pack_call_claims(request: HttpRequest | Request, api: str) -> dict[str, Any] | None:
+    """``pack_call_claims`` for an async view (the liveness query runs on a database thread)."""
+    claims = signed_pack_call_claims(request, api)
+    if claims is None or not await run_db(lambda: call_capability.live(claims, api)):
         return None
     return claims
 
@@ -68,11 +112,11 @@ class PlatformParty(BasePermission):
 
 
 class PackCall(BasePermission):
-    """A pack executing a call whose capability grants the view's ``platform_api``.
-    The claims are left on ``request.pack_call`` for the view's own checks (category,
-    target)."""
+    """A pack executing a call whose capability grants the view's ``platform_api``
+    (``pack_call_claims``: the API's own pack, its call still executing). The claims are
+    left on ``request.pack_call`` for the view's own checks (category, target)."""
 
-    message = "this endpoint answers a pack only while it executes a call that declared this platform API"
+    message = "this endpoint answers only the pack it serves, and only while that pack executes a call"
 
     def has_permission(self, request: Request, view: object) -> bool:
         claims = pack_call_claims(request, getattr(view, "platform_api", ""))
