@@ -15,12 +15,16 @@ before recording it as executing, so it neither ends ``unknown`` nor holds its t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
 import shutil
+import signal
 import subprocess
+import sys
 import tempfile
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -437,3 +441,81 @@ def test_a_call_stopped_by_a_limit_ends_with_its_code_and_the_next_call_works(ga
     assert "256 MiB of memory" in hog.receipt["error"]["message"]
     ok = asyncio.run(call_tool(str(run.run_id), "", "greedy__ok", {}))
     assert ok.receipt is not None and ok.receipt["status"] == "succeeded"
+
+
+# --- what a platform process that dies leaves behind ------------------------------------------
+
+LAUNCHER = """
+import json, os, subprocess, sys
+argv, env = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+host = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
+host.stdout.readline()  # its sandbox runs
+os._exit(0)  # and the platform process dies without stopping it
+"""
+
+
+def processes_with(marker: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if marker.encode() in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def test_a_host_does_not_outlive_the_platform_process_that_started_it(tmp_path: Path) -> None:
+    """The wrapper between the platform and bubblewrap dies with the platform (its parent
+    death signal), so bubblewrap's --die-with-parent still ends the sandbox: a host busy in
+    a loop that never reads its stdin again is not left running."""
+    from capabilities.mcp_host.sandbox import PackGrant, host_parameters
+
+    need_program("bwrap", "bubblewrap")
+    need_program("setpriv", "util-linux")
+    marker = f"orphan-probe-{os.urandom(6).hex()}"
+    busy = f"import sys\nprint('ready', flush=True)\nwhile True:\n    pass  # {marker}\n"
+    guard = pack_limits.HostGuard.make("probe", PackLimits(processes=16, memory_mib=128, cpu_seconds=120, open_files=64), cgroups="off")
+    try:
+        params = guard.wrap(host_parameters(["-c", busy], PackGrant(), readable=[], mode="bwrap"))
+        subprocess.run(
+            [sys.executable, "-c", LAUNCHER, json.dumps([params.command, *params.args]), json.dumps(params.env)],
+            check=True, timeout=TIMEOUT,
+        )
+        for _ in range(600):  # a bound on a failure: they are killed as the launcher exits
+            if not processes_with(marker):
+                break
+            time.sleep(0.05)
+        assert processes_with(marker) == []
+    finally:
+        for pid in processes_with(marker):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        guard.release()
+
+
+def test_leftovers_of_a_platform_process_that_died_are_removed(monkeypatch: Any) -> None:
+    """Cgroups and status files are named by the platform process that made them: once it is
+    gone, the next process to start a host removes them; a live process's are kept."""
+    need(cgroups_usable(), "a writable cgroup hierarchy with the memory and pids controllers (root) is needed")
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    limits = CgroupLimits(memory_bytes=64 << 20, pids=16)
+    tag = os.urandom(4).hex()
+    dead_group = create_cgroup(f"{pack_limits.CGROUP_PREFIX}probe{tag}-{ended.pid}-{tag}", limits)
+    live_group = create_cgroup(f"{pack_limits.CGROUP_PREFIX}probe{tag}-{os.getpid()}-{tag}", limits)
+    dead_status = Path(tempfile.gettempdir()) / f"{pack_limits.STATUS_PREFIX}{ended.pid}-{tag}.status"
+    live_status = Path(tempfile.gettempdir()) / f"{pack_limits.STATUS_PREFIX}{os.getpid()}-{tag}.status"
+    dead_status.write_text("0\n")
+    live_status.write_text("")
+    try:
+        monkeypatch.setattr(pack_limits, "_swept", False)  # as in a process that starts its first host
+        pack_limits.HostGuard.make("probe", PackLimits(processes=16, memory_mib=128, cpu_seconds=60, open_files=64), cgroups="off").release()
+        assert not any(d.exists() for d in dead_group.dirs.values()) and not dead_status.exists()
+        assert all(d.exists() for d in live_group.dirs.values()) and live_status.exists()
+    finally:
+        dead_group.remove()
+        live_group.remove()
+        live_status.unlink(missing_ok=True)
+        dead_status.unlink(missing_ok=True)

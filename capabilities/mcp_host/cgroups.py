@@ -132,6 +132,27 @@ def _write(path: Path, value: str) -> None:
         raise CgroupUnavailable(f"cannot set {path.name} to {value} ({exc.strerror or exc})") from None
 
 
+def children(prefix: str, controllers: tuple[str, ...] = ("memory", "pids", "cpu"), root: Path = CGROUP_ROOT) -> list[Path]:
+    """The cgroups named ``prefix…`` where ``create_cgroup`` makes them (below this
+    process's own cgroup, per v1 controller and in v2)."""
+    own = _own_paths()
+    parents = set()
+    for fstype, point, options in _mounts():
+        if not Path(point).is_relative_to(root):
+            continue
+        if fstype == "cgroup":
+            parents |= {Path(point) / own[c].lstrip("/") for c in controllers if c in options and c in own}
+        elif "" in own:
+            parents.add(Path(point) / own[""].lstrip("/"))
+    found = []
+    for parent in sorted(parents):
+        try:
+            found += [d for d in parent.iterdir() if d.name.startswith(prefix) and d.is_dir()]
+        except OSError:
+            continue
+    return found
+
+
 def create_cgroup(name: str, limits: CgroupLimits, root: Path = CGROUP_ROOT) -> Cgroup:
     """Make the cgroup ``name`` below this process's own and set every limit, or raise
     ``CgroupUnavailable`` (having removed what was made)."""

@@ -23,7 +23,11 @@ How they are enforced, in two layers:
   memory, tmpfs and page cache; no swap) and ``pids.max`` = processes, for the host and
   everything it starts, together. A ``sh`` joins it and then runs the host
   (``HostGuard.wrap``); the same ``sh`` writes the host's exit status and CPU time to a
-  status file when it ends.
+  status file when it ends. The ``sh`` gets SIGKILL when the platform process dies
+  (``setpriv --pdeathsig``), and bubblewrap's ``--die-with-parent`` then ends the sandbox,
+  as it did when bubblewrap was the platform's own child. The cgroups and status files of
+  a platform process that died without stopping its hosts are removed by the next one that
+  starts a host (``sweep_leftovers``: their names carry the process id).
 
 When a pack reaches a limit, the platform finds out from its own evidence — the cgroup's
 counters (an OOM kill, a refused fork), the host's exit status (SIGXCPU, or SIGKILL after
@@ -40,11 +44,13 @@ settings at import; the platform-side helpers read them when called.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
 import re
 import resource
+import shutil
 import signal
 import tempfile
 import uuid
@@ -227,6 +233,48 @@ WRAPPER = (
 )
 _DURATION = re.compile(r"(\d+)m([\d.]+)s")
 _unenforced_logged: set[str] = set()
+CGROUP_PREFIX = "yimi-pack-"  # + key, the platform process's id, random
+STATUS_PREFIX = "yimi-pack-host-"  # + the platform process's id, random, ".status"
+_swept = False
+
+
+def _gone(pid_text: str) -> bool:
+    """Whether the process with this id (from a leftover's name) no longer exists."""
+    try:
+        os.kill(int(pid_text), 0)
+    except ProcessLookupError:
+        return True
+    except (ValueError, OSError):
+        return False  # not a pid, or another user's: not ours to judge
+    return False
+
+
+def sweep_leftovers(*, force: bool = False) -> list[str]:
+    """Remove the empty cgroups and the status files that pack hosts of platform processes
+    that no longer exist left behind (a process that died without stopping its hosts); once
+    per process unless ``force``. A cgroup that still holds a process is left alone (rmdir
+    refuses it). Returns the names removed."""
+    global _swept
+    if _swept and not force:
+        return []
+    _swept = True
+    from capabilities.mcp_host.cgroups import children
+
+    removed = []
+    for directory in children(CGROUP_PREFIX):
+        parts = directory.name.rsplit("-", 2)
+        if len(parts) == 3 and _gone(parts[1]):
+            try:
+                directory.rmdir()
+                removed.append(directory.name)
+            except OSError:
+                pass
+    for status in Path(tempfile.gettempdir()).glob(f"{STATUS_PREFIX}*.status"):
+        if _gone(status.name[len(STATUS_PREFIX):].split("-", 1)[0]):
+            with contextlib.suppress(OSError):
+                status.unlink()
+                removed.append(status.name)
+    return removed
 
 
 @dataclass
@@ -247,14 +295,15 @@ class HostGuard:
         from capabilities.mcp_host.cgroups import CgroupLimits, CgroupUnavailable, create_cgroup
         from yimi_project.logs import log_event
 
-        fd, name = tempfile.mkstemp(prefix="yimi-pack-host-", suffix=".status")
+        sweep_leftovers()
+        fd, name = tempfile.mkstemp(prefix=f"{STATUS_PREFIX}{os.getpid()}-", suffix=".status")
         os.close(fd)
         guard = cls(key, limits, Path(name))
         if cgroups != "off":
             safe = re.sub(r"[^a-z0-9_-]", "-", key.lower())[:32]
             try:
                 guard.cgroup = create_cgroup(
-                    f"yimi-pack-{safe}-{uuid.uuid4().hex[:12]}", CgroupLimits(memory_bytes=limits.memory_mib * MiB, pids=limits.processes)
+                    f"{CGROUP_PREFIX}{safe}-{os.getpid()}-{uuid.uuid4().hex[:12]}", CgroupLimits(memory_bytes=limits.memory_mib * MiB, pids=limits.processes)
                 )
             except CgroupUnavailable as exc:
                 if "cgroup" not in _unenforced_logged:
@@ -272,10 +321,11 @@ class HostGuard:
         joins = [str(p) for p in self.cgroup.procs_files] if self.cgroup is not None else []
         env = dict(params.env or {})
         env["MALLOC_ARENA_MAX"] = "2"  # few allocator arenas: address space the memory limit need not cover
-        return StdioServerParameters(
-            command="/bin/sh", args=["-c", WRAPPER, "sh", str(self.status_path), *joins, "--", params.command, *params.args],
-            env=env, cwd=params.cwd,
-        )
+        wrapper = ["/bin/sh", "-c", WRAPPER, "sh", str(self.status_path), *joins, "--", params.command, *params.args]
+        setpriv = shutil.which("setpriv")  # util-linux
+        if setpriv is not None:
+            wrapper = [setpriv, "--pdeathsig", "KILL", "--", *wrapper]  # the sh dies with the platform, the sandbox with it
+        return StdioServerParameters(command=wrapper[0], args=wrapper[1:], env=env, cwd=params.cwd)
 
     def exit_status(self) -> tuple[int | None, float | None]:
         """The host's exit status (128 + n: killed by signal n) and the CPU seconds it and
