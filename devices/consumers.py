@@ -179,6 +179,9 @@ class DeviceConsumer(AsyncWebsocketConsumer):
     async def disconnect(self, code: int) -> None:
         if self._auth_timer is not None:
             self._auth_timer.cancel()
+        await self._leave_groups()
+
+    async def _leave_groups(self) -> None:
         if self.device is not None:
             await self.channel_layer.group_discard(push.device_group(self.device.id), self.channel_name)
             await self.channel_layer.group_discard(push.owner_group(self.device.owner_id), self.channel_name)
@@ -274,9 +277,28 @@ class DeviceConsumer(AsyncWebsocketConsumer):
         await self.channel_layer.group_add(push.device_group(device.id), self.channel_name)
         if not device.is_guest:  # owner-wide frames (timeline hints, cards, reminders) skip guests
             await self.channel_layer.group_add(push.owner_group(device.owner_id), self.channel_name)
-        # The scope admission will use (accounts.services.device_scope_limit): a guest device,
-        # or a device of any account but the owner's, is admitted as guest.
-        limit = await database_sync_to_async(device_scope_limit)(device)
+
+        def joined() -> tuple[Device, Any]:
+            """In its groups now, the device once more: a revocation between the login check
+            and the joins sent its close to a group this socket was not in yet, so it never
+            comes. From here on a revocation's close reaches this socket. With the scope
+            admission will use (accounts.services.device_scope_limit): a guest device, or a
+            device of any account but the owner's, is admitted as guest."""
+            fresh = device_services.active_device(device.id)
+            return fresh, device_scope_limit(fresh)
+
+        try:
+            device, limit = await database_sync_to_async(joined)()
+        except YimiError as exc:
+            log_event("ws_auth_failed", reason=exc.code, after="joining")
+            if exc.code == "device_revoked":
+                await self._close_revoked()
+                return
+            await self._leave_groups()
+            await self._error(exc.code, exc.message)
+            await self.close(code=CLOSE_AUTH_FAILED)
+            return
+        self.device = device
         await self._send(
             {
                 "type": "ready",
@@ -657,6 +679,9 @@ class DeviceConsumer(AsyncWebsocketConsumer):
     # --- helpers ------------------------------------------------------------------------
 
     async def _close_revoked(self) -> None:
+        """Out of the device's and the owner's groups first (no frame of theirs follows the
+        close), then ``device_revoked`` and close 4403."""
+        await self._leave_groups()
         await self._error("device_revoked", "this device was revoked by its owner")
         await self.close(code=CLOSE_REVOKED)
 

@@ -47,9 +47,12 @@ class VoiceConsumer(DeviceConsumer):
     enrollment: list[Utterance] | None = None
     speaker: tts.ReplySpeaker | None = None  # speaks the replies of runs started here (devices/voice/tts.py)
     front: realtime.RealtimeFront | None = None  # the realtime front, when configured (devices/voice/realtime.py)
-    _checked_at: float = 0.0
+    _checked_at: float | None = None  # when an audio frame last re-checked the device (None: none has yet)
     _audio_heard: bool = False  # the open call's first played audio was recorded (brain.call_events)
     archive: raw_store.ArchiveBatcher | None = None  # the stream's archive batches (memory/raw_store.py), owner devices only
+
+    # The clock of the audio frames' device re-check (tests replace it).
+    recheck_clock = staticmethod(time.monotonic)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -89,9 +92,12 @@ class VoiceConsumer(DeviceConsumer):
             return
         try:
             samples = audio.pcm_to_float(frame, max_bytes=config.max_audio_frame_bytes())
-            if time.monotonic() - self._checked_at >= DEVICE_RECHECK_SECONDS:
+            # Audio frames re-check the device at most every DEVICE_RECHECK_SECONDS (tens of
+            # frames a second); every text frame re-checks it (DeviceConsumer._receive_text).
+            now = self.recheck_clock()
+            if self._checked_at is None or now - self._checked_at >= DEVICE_RECHECK_SECONDS:
                 self.device = await database_sync_to_async(device_services.active_device)(self.device.id)
-                self._checked_at = time.monotonic()
+                self._checked_at = now
         except YimiError as exc:
             if exc.code == "device_revoked":
                 await self._close_revoked()

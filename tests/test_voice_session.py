@@ -19,7 +19,7 @@ from devices.signatures import auth_message
 from memory.models import TimelineEntry
 from tests import voice_support
 from tests.conftest import db_async, device_socket, receive_until
-from tests.voice_support import GUEST_VOICE, OWNER_VOICE, SENTENCES, frames, silence
+from tests.voice_support import GUEST_VOICE, OWNER_VOICE, SENTENCES, frames, pcm, silence
 
 # fixtures
 voice_assets = voice_support.voice_assets
@@ -142,6 +142,33 @@ async def test_wrong_sample_format_and_oversized_audio_frames_are_refused(voice_
     stopped = await receive_until(comm, "voice.stopped")
     assert stopped["stream_ms"] == 0  # nothing of the refused frames entered the stream
     await comm.disconnect()
+
+
+async def test_audio_rechecks_the_device_so_a_revocation_whose_close_was_lost_ends_the_stream(
+    voice_catalog: dict[str, Any], make_device: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Audio frames come tens a second: each re-checks the device once
+    ``DEVICE_RECHECK_SECONDS`` have passed since the last re-check, on the consumer's clock
+    (the test's here), so a revoked device's stream ends within that time even when the
+    revocation's close message never reached the socket."""
+    from django.utils import timezone
+
+    from devices.models import Device
+    from devices.voice_consumer import DEVICE_RECHECK_SECONDS, VoiceConsumer
+
+    now = [1000.0]
+    monkeypatch.setattr(VoiceConsumer, "recheck_clock", staticmethod(lambda: now[0]))
+    sim = await db_async(make_device)()
+    comm = await open_voice(sim)
+    await start(comm)
+    await comm.send_to(bytes_data=pcm(silence(0.2)))  # the first audio frame re-checks: still paired
+    await db_async(Device.objects.filter(id=sim.device.id).update)(revoked_at=timezone.now())  # no group message
+    now[0] += DEVICE_RECHECK_SECONDS
+    await comm.send_to(bytes_data=pcm(silence(0.2)))
+    assert (await receive_until(comm, "error"))["code"] == "device_revoked"
+    while (output := await comm.receive_output())["type"] != "websocket.close":
+        pass
+    assert output["code"] == 4403
 
 
 # --- ambient, requests, echo ----------------------------------------------------------------------------

@@ -169,6 +169,77 @@ async def test_revoked_device_cannot_send_even_if_the_close_message_is_lost(make
     assert await db_async(TimelineEntry.objects.count)() == 0
 
 
+@pytest.mark.parametrize("path", SOCKETS)
+async def test_a_device_revoked_between_its_login_check_and_joining_its_groups_gets_no_ready_and_none_of_the_owners_frames(
+    make_device: Any, monkeypatch: pytest.MonkeyPatch, path: str
+) -> None:
+    """The race, made to happen every time: the owner revokes the device right after its
+    login check passed and before its socket joined its groups, so the revocation's close
+    goes to a group nobody is in yet. The socket re-checks the device once it is in its
+    groups: ``device_revoked`` and 4403 instead of ``ready``, and it is in no group after."""
+    sim = await db_async(make_device)()
+    other = await db_async(make_device)()  # one of the owner's devices that stays
+    login_check = device_services.authenticate_challenge
+
+    def revoked_right_after_the_check(*args: Any) -> Device:
+        device = login_check(*args)
+        assert revoke_device(device) is True  # its device.revoked reaches no socket: none joined yet
+        return device
+
+    monkeypatch.setattr(device_services, "authenticate_challenge", revoked_right_after_the_check)
+    comm, challenge = await open_socket(authenticate=False, path=path)
+    await comm.send_json_to(auth_frame(sim, challenge))
+    answer = await comm.receive_json_from()
+    assert (answer["type"], answer.get("code")) == ("error", "device_revoked"), answer
+    assert (await comm.receive_output())["code"] == 4403
+    monkeypatch.undo()
+
+    # The owner's frames go on, to the owner's other device, never to the revoked one's socket
+    # (which left the groups it had joined): by the time the other socket has a frame, the
+    # revoked one would have had it too.
+    other_comm, _ = await open_socket(other)
+    await push.to_owner(sim.device.owner_id, {"type": "notice", "text": "for the owner's devices", "seq": 7})
+    await push.to_device(sim.device.id, {"type": "notice", "text": "for the revoked device", "seq": 8})
+    assert (await other_comm.receive_json_from())["text"] == "for the owner's devices"
+    assert await comm.receive_nothing(timeout=0.5)
+    await other_comm.disconnect()
+
+
+# One frame of each kind the sockets take, each sent after a revocation whose close message
+# was lost: a frame re-checked before its handler (ping, sync; on both sockets), a frame
+# re-checked in its handler's own database trip (text, ack). Audio, the voice socket's
+# binary frames, is tests/test_voice_session.py's.
+FRAME_FAMILIES = [
+    pytest.param("/ws/device/", {"type": "ping", "id": "p"}, id="device-ping"),
+    pytest.param("/ws/device/", {"type": "sync", "id": "s", "after": 0}, id="device-sync"),
+    pytest.param("/ws/device/", {"type": "device.state", "id": "d", "riding": True}, id="device-state"),
+    pytest.param("/ws/device/", {"type": "text", "id": "t", "text": "still here?"}, id="device-text"),
+    pytest.param("/ws/device/", {"type": "ack", "seq": 1, "status": "rendered"}, id="device-ack"),
+    pytest.param("/ws/voice/", {"type": "ping", "id": "p"}, id="voice-ping"),
+    pytest.param("/ws/voice/", {"type": "voice.stop", "id": "v"}, id="voice-stop"),
+    pytest.param("/ws/voice/", {"type": "ack", "seq": 1, "status": "played"}, id="voice-ack"),
+]
+
+
+@pytest.mark.parametrize("path, frame", FRAME_FAMILIES)
+async def test_every_kind_of_frame_rechecks_the_device_when_the_close_message_was_lost(
+    make_device: Any, path: str, frame: dict[str, Any]
+) -> None:
+    from django.utils import timezone
+
+    sim = await db_async(make_device)()
+    await db_async(append_entry)(owner_id=sim.device.owner_id, kind="utterance", text="an entry to ack", device_id=sim.device.id, scope="owner")
+    comm, _ = await open_socket(sim, path=path)
+    # Revoked behind the consumer's back: no group message reaches it.
+    await db_async(Device.objects.filter(id=sim.device.id).update)(revoked_at=timezone.now())
+    await comm.send_json_to(frame)
+    answer = await comm.receive_json_from()
+    assert (answer["type"], answer.get("code")) == ("error", "device_revoked"), answer
+    assert (await comm.receive_output())["code"] == 4403
+    assert await db_async(Delivery.objects.count)() == 0
+    assert await db_async(TimelineEntry.objects.count)() == 1
+
+
 @pytest.mark.parametrize(
     "raw, code",
     [
