@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from devices.models import Device, PairingCode
 from devices.services import PairingRequest, issue_pairing_code, pair_device
-from tests.conftest import new_keypair, pairing_payload
+from tests.conftest import need, new_keypair, pairing_payload
 from yimi_project.errors import YimiError
 
 pytestmark = pytest.mark.django_db
@@ -179,6 +179,58 @@ def test_concurrent_guesses_from_everyone_count_at_most_the_global_limit(owner: 
     wrong = [(pairing_payload("AAAA-AAAA")[0], f"10.4.0.{i}") for i in range(12)]
     outcomes = guess_at_once(wrong)
     assert outcomes.count("invalid_code") == 3 and outcomes.count("rate_limited") == 9
+
+
+class AsRead:
+    """A query's answer as it was when it was read (``.first()``), whatever happened since."""
+
+    def __init__(self, row: Any) -> None:
+        self.row = row
+
+    def first(self) -> Any:
+        return self.row
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_code_used_by_another_device_between_the_read_and_the_claim_pairs_only_that_device(
+    owner: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The race, made to happen every time: a second device pairs with the code, on its own
+    thread and connection, after the first one read the code as unused and before it claimed
+    it. The claim is conditional (``used_at IS NULL``): the first gets ``code_used`` and
+    there is one device, the second's."""
+    from django.db import connection
+
+    need(connection.vendor == "postgresql", "on SQLite BEGIN IMMEDIATE holds the write lock from the read to the claim: the second pairing waits")
+    _, code = issue_pairing_code(owner)
+    first, second = pairing_payload(code)[0], pairing_payload(code)[0]
+    read_code = PairingCode.objects.filter
+    raced: list[str] = []
+
+    def read_then_let_the_other_pair(*args: Any, **kwargs: Any) -> Any:
+        found = read_code(*args, **kwargs)
+        if "digest" not in kwargs or raced:
+            return found
+        row = found.first()  # the first device's read: not used yet
+        raced.append("read")
+
+        def other() -> None:
+            try:
+                raced.append(guess(second, "10.7.0.2"))
+            finally:
+                connection.close()
+
+        thread = threading.Thread(target=other)
+        thread.start()
+        thread.join(60)
+        assert raced == ["read", "paired"]  # committed before the first device claims
+        return AsRead(row)
+
+    monkeypatch.setattr(PairingCode.objects, "filter", read_then_let_the_other_pair)
+    assert guess(first, "10.7.0.1") == "code_used"
+    monkeypatch.undo()
+    assert [d.public_key for d in Device.objects.all()] == [second["public_key"]]
+    assert PairingCode.objects.get().used_by.public_key == second["public_key"]
 
 
 def test_a_failed_guess_counts_for_ten_minutes(owner: Any, settings: Any) -> None:
