@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 from asgiref.sync import async_to_sync
+from django.conf import settings as django_settings
 from django.db import connection
 from django.utils import timezone
 
@@ -42,7 +43,7 @@ from memory.assertions import CommitRequest, Dependency
 from memory.models import Assertion, AssertionDependency, MemoryReceipt
 from payments import services as payments
 from payments.models import PaymentAuthorization, PaymentIntent, UnlockLease
-from tests.conftest import new_client_id
+from tests.conftest import need, new_client_id
 from tests.gateway_support import copy_repo_pack, write_pack
 from tests.test_consent import OUTBOX_TOOLS, outbox_manifest
 from yimi_project.errors import YimiError
@@ -217,6 +218,75 @@ def test_concurrent_small_autopays_never_pay_one_payee_twice_within_30_minutes(a
         assert [d.decision for d in decisions] == ["ask", "ask", "ask"]
         methods = sorted(PaymentAuthorization.objects.filter(payee=f"payee-{attempt}").values_list("method", flat=True))
         assert methods == ["auto", "phone_card", "phone_card"]
+
+
+def test_one_payment_authorized_twice_at_once_can_be_paid_only_once(autopay_on: Any, phone: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The owner's payments lock (``memory.locks.lock_owner_payments``), made to matter every
+    time: two authorizations of one payment (the same payee and amount, asked in two runs)
+    are issued at once, outside the gateway's lock (as a settlement issues a replacement), the
+    second while the first has checked the small auto-pay rules and not yet committed. The
+    second waits for the lock and then sees the first: one auto-payment and one card for the
+    phone, and only one of the two authorizations can ever be used to pay."""
+    from memory.locks import PAYMENTS_LOCK_SPACE
+
+    need(connection.vendor == "postgresql", "the lock is PostgreSQL's advisory lock; on SQLite BEGIN IMMEDIATE serializes the two")
+    runs = [voice_checkout(phone, payee="milk-tea-shop", amount="18") for _ in range(2)]
+    intents = [PaymentIntent.objects.get(run=run) for run in runs]
+    calls = [
+        ToolCall.objects.create(owner=run.owner, run=run, tool="shop__pay", category="spend", fingerprint=uuid.uuid4().hex,
+                                idempotency_key="k", decision="ask")
+        for run in runs
+    ]
+    check = payments.autopay_check
+    second_checked, first_checked = threading.Event(), threading.Event()
+    second_result: list[Any] = []
+
+    def second() -> None:
+        try:
+            second_result.append(payments.open_authorization(intents[1], calls[1]))
+        except BaseException as exc:  # noqa: BLE001 - the test reports it
+            second_result.append(exc)
+        finally:
+            connection.close()
+
+    other = threading.Thread(target=second, name="second-authorization")
+
+    def waits_for_the_lock() -> bool:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND classid = %s AND objid = %s"
+                " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+                [PAYMENTS_LOCK_SPACE, phone.device.owner_id],
+            )
+            return bool(cursor.fetchone()[0])
+
+    def check_while_the_other_asks(intent: PaymentIntent, now: Any = None) -> Any:
+        if intent.id == intents[1].id:  # the second: checks, then commits only after the first has checked
+            verdict = check(intent, now)
+            second_checked.set()
+            assert first_checked.wait(60)
+            return verdict
+        other.start()  # the first, inside its transaction: the second asks now
+        for _ in range(600):  # until the second has checked too, or waits for the first's lock
+            if second_checked.wait(0.1) or waits_for_the_lock():
+                break
+        else:
+            pytest.fail("the second authorization neither checked nor waited for the lock")
+        verdict = check(intent, now)
+        first_checked.set()
+        return verdict
+
+    monkeypatch.setattr(payments, "autopay_check", check_while_the_other_asks)
+    first = payments.open_authorization(intents[0], calls[0])
+    other.join(60)
+    monkeypatch.undo()
+    assert not other.is_alive() and len(second_result) == 1 and isinstance(second_result[0], PaymentAuthorization), second_result
+    issued = [PaymentAuthorization.objects.get(id=a.id) for a in (first, second_result[0])]
+    assert [a.method for a in issued] == ["auto", "phone_card"]
+    # The executor tries both once the undo window is over: one pays, the other cannot.
+    after_undo = issued[0].authorized_at + timedelta(seconds=django_settings.PAYMENTS_AUTOPAY_UNDO_SECONDS + 1)
+    used = [payments.claim_authorization(a.id, now=after_undo) is not None for a in issued]
+    assert used == [True, False]
 
 
 # --- approvals racing the expiry sweeper ----------------------------------------------------------
