@@ -16,6 +16,7 @@ import redis.asyncio
 from django.conf import settings as django_settings
 
 from tests.conftest import need
+from tests.tcp_proxy import TcpProxy
 from yimi_project.channel_layers import RedisChannelLayer
 
 EXPIRY = 60
@@ -124,6 +125,50 @@ async def test_a_burst_of_sockets_joining_at_once_fits_the_configured_pool() -> 
         client = redis.Redis.from_url(django_settings.REDIS_URL)
         for key in client.scan_iter(f"{prefix}*"):
             client.delete(key)
+
+
+@pytest.mark.parametrize("reset", [False, True], ids=["closed", "reset"])
+async def test_after_redis_dropped_every_connection_the_pooled_ones_are_replaced(reset: bool) -> None:
+    """A Redis outage through a proxy the test controls: every connection of the layer's
+    pool ends (closed as by a Redis that stopped, or reset as by a proxy or a NAT), new
+    ones are refused, then Redis is back. The pool had twenty idle connections; none of them
+    is handed out dead: twenty sockets join at once and each gets the next message through
+    the process inbox's reader, all on new connections. redis-py 8 handed every one of them
+    out again (its check skipped while "maintenance notifications" are on, by default; a
+    reset missed even then), each failing once: 1013 for the socket, or for every socket
+    waiting when the dead one was the reader's."""
+    need(bool(django_settings.REDIS_URL), "REDIS_URL is not set")
+    prefix = f"yimi-test-outage-{uuid.uuid4().hex[:8]}"
+    with TcpProxy.before(django_settings.REDIS_URL) as proxy:
+        layer = RedisChannelLayer(
+            hosts=[{"address": proxy.url(django_settings.REDIS_URL), "socket_timeout": django_settings.CHANNEL_LAYER_SOCKET_TIMEOUT_SECONDS}],
+            prefix=prefix,
+        )
+        try:
+            channels = [await layer.new_channel() for _ in range(20)]
+            await asyncio.gather(*(layer.group_add("owner.1", channel) for channel in channels))  # 20 connections at once
+            pool = layer.connection(0).connection_pool
+            idle = list(pool._available_connections)
+            assert len(idle) >= 10
+            proxy.drop(reset=reset)
+            for _ in range(500):  # until this loop has seen every connection end (the proxy has closed them all)
+                if all(c._writer is None or c._writer.is_closing() or c._reader.at_eof() for c in idle):
+                    break
+                await asyncio.sleep(0.01)
+            with pytest.raises(redis.exceptions.ConnectionError):
+                await layer.group_add("owner.1", channels[0])  # down: refused
+            proxy.accept()
+            before = proxy.accepted
+            await asyncio.gather(*(layer.group_add("owner.1", channel) for channel in channels))
+            await layer.group_send("owner.1", {"type": "timeline.new", "seq": 9})
+            received = await asyncio.gather(*(asyncio.wait_for(layer.receive(channel), 10) for channel in channels))
+            assert received == [{"type": "timeline.new", "seq": 9}] * len(channels)
+            assert proxy.accepted > before  # on connections made since Redis came back
+        finally:
+            await layer.flush()
+            client = redis.Redis.from_url(django_settings.REDIS_URL)
+            for key in client.scan_iter(f"{prefix}*"):
+                client.delete(key)
 
 
 async def test_one_reader_per_process_inbox_serves_every_socket(layer: Any, caplog: Any) -> None:

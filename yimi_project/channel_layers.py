@@ -38,7 +38,10 @@ from typing import Any
 from channels.exceptions import ChannelFull
 from channels.layers import InMemoryChannelLayer as ChannelsInMemoryLayer
 from channels_redis.core import RedisChannelLayer as ChannelsRedisLayer
+from channels_redis.utils import create_pool
+from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import RedisError, ResponseError
+from redis.maint_notifications import MaintNotificationsConfig
 
 from yimi_project import push
 from yimi_project.logs import log_event
@@ -120,6 +123,27 @@ def _raise_if_cancelled() -> None:
     task = asyncio.current_task()
     if task is not None and task.cancelling():
         raise asyncio.CancelledError()
+class _RefusesAResetConnection(AbstractConnection):
+    """A pooled Redis connection the server reset (RST: a Redis that went away, a proxy or
+    NAT dropping its connections) is not handed out again. redis-py's check as a connection
+    leaves the pool (``ensure_connection``) reconnects one with buffered data or at end of
+    file, but a reset sets an error on the stream, not its end of file; its transport is
+    closed, though. A connection whose transport is closing or closed counts as having
+    something to read, so the pool reconnects it first."""
+
+    async def can_read(self) -> bool:
+        writer = self._writer
+        if writer is not None and writer.is_closing():
+            return True
+        return await super().can_read()
+
+
+@functools.cache
+def _refusing_a_reset(connection_class: type[AbstractConnection]) -> type[AbstractConnection]:
+    """``connection_class`` (TCP, TLS or Unix socket, as the URL said) with that check."""
+    return type(f"Checked{connection_class.__name__}", (_RefusesAResetConnection, connection_class), {})
+
+
 CLOSED_CHANNELS_REMEMBERED = 4096
 # Messages the reader takes off its process inbox in one round trip (BZMPOP's COUNT): under
 # load one trip brings what has queued meanwhile instead of one trip per message (issue 14).
@@ -142,6 +166,24 @@ class RedisChannelLayer(ChannelsRedisLayer):
         self._channel_groups: dict[str, set[str]] = {}  # and back
         self._taken: dict[str, collections.deque[bytes]] = {}  # process inbox key -> taken, not yet handed on
         self._batch_pop = True  # BZMPOP (Redis 7); False after a server without it said so
+
+    def create_pool(self, index: int) -> Any:
+        """``channels_redis``'s pool for host ``index``, which never hands out a connection
+        the server closed or reset (issue 35).
+
+        redis-py 8 checks a pooled connection as it leaves the pool only while "maintenance
+        notifications" (a Redis Enterprise/Cloud feature) are off, and they are on ("auto")
+        by default: after a Redis outage every pooled connection was handed out dead, and
+        the command on it failed ("Connection closed by server") — a socket's ``group_add``
+        refused with 1013, the process inbox's reader failing every socket waiting on it —
+        until each one had been used once; a burst reached connections that had lain
+        unused since the outage, minutes later. Steps: 1. maintenance notifications off (a
+        self-hosted Redis sends none), so the check runs; 2. the connections also count a
+        reset transport as closed (``_RefusesAResetConnection``)."""
+        pool = create_pool({"maint_notifications_config": MaintNotificationsConfig(enabled=False), **self.hosts[index]})
+        if not issubclass(pool.connection_class, _RefusesAResetConnection):
+            pool.connection_class = _refusing_a_reset(pool.connection_class)
+        return pool
 
     async def receive(self, channel: str) -> dict[str, Any]:
         """The next message for one socket of this process (``specific.<process>!<socket>``).
