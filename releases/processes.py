@@ -5,12 +5,16 @@ names the release directory as ``{release}`` (``{release}/venv/bin/daphne …``)
 ``{release}/code`` in a session of its own, stopped with SIGTERM to its process group (then
 SIGKILL), and checked over HTTP: its health URL answers 200 with a JSON body whose
 ``status`` is ``ok`` and whose ``build`` is the build id the process runs (read from its
-release's ``release.json``; ``yimi_project.views.health`` reports it to loopback callers).
+release's ``release.json``; ``yimi_project.views`` reports it to loopback callers). For a
+Yimi web process that URL is the liveness answer, ``/api/health/live/`` (this process and
+its database): the readiness answer, ``/api/health/``, is 503 whenever the brain or Redis
+is down, and a switch's verify or the watchdog would take a good release for a broken one.
 
 The services of a host are listed in ``<releases root>/services.json``:
-``[{"name": "web", "argv": ["{release}/venv/bin/daphne", …], "health_url": "http://…",
-"env": {…}}]`` — the deployer's file, read by ``manage.py release switch|rollback``. A
-service runs with this process's environment plus its ``env``, and ``YIMI_DATA_DIR`` is
+``[{"name": "web", "argv": ["{release}/venv/bin/daphne", …], "health_url":
+"http://127.0.0.1:8000/api/health/live/", "env": {…}}]`` — the deployer's file, read by
+``manage.py release switch|rollback`` and the watchdog (a readiness URL there is logged,
+``release_health_url_is_readiness``). A service runs with this process's environment plus its ``env``, and ``YIMI_DATA_DIR`` is
 this process's data directory unless its ``env`` names another: the settings' default,
 ``./var`` beside the code, would be inside the release's read-only ``code/`` (a process
 as root would make a new, empty data directory there). Each service's pid is kept in
@@ -22,11 +26,13 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import signal
 import subprocess
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -35,6 +41,7 @@ from typing import Any
 from django.conf import settings
 
 from yimi_project.errors import YimiError
+from yimi_project.logs import log_event
 
 SERVICES_FILE = "services.json"
 
@@ -199,7 +206,7 @@ def load_services(root: Path) -> list[ProcessService]:
         )
     try:
         rows = json.loads(path.read_text())
-        return [
+        services = [
             ProcessService(
                 str(r["name"]), [str(a) for a in r["argv"]], health_url=str(r["health_url"]),
                 env={"YIMI_DATA_DIR": str(settings.DATA_DIR), **(r.get("env") or {})}, run_dir=root / "run",
@@ -208,3 +215,10 @@ def load_services(root: Path) -> list[ProcessService]:
         ]
     except (ValueError, KeyError, TypeError) as exc:
         raise YimiError("release_services_invalid", f"{path} is not a list of services ({exc})") from None
+    for service in services:
+        if urllib.parse.urlsplit(service.health_url).path.rstrip("/") == "/api/health":
+            log_event(
+                "release_health_url_is_readiness", level=logging.WARNING, service=service.name,
+                advice="services.json names /api/health/ (503 while the brain or Redis is down); use /api/health/live/",
+            )
+    return services

@@ -94,6 +94,46 @@ def test_a_brain_role_that_refuses_connections_is_degraded_with_the_reason(owner
     assert local["brain_answering"]["detail"].startswith(f"cannot connect to {refusing_url}/models")
 
 
+def test_liveness_is_ok_while_the_brain_is_down_and_tells_loopback_the_build(owner: Any, brain: Any, refusing_url: str) -> None:
+    """``/api/health/live/`` asks only this process and its database: a brain that does not
+    answer makes readiness 503 ``degraded`` and leaves liveness 200. Loopback peers (a switch's
+    verify, the watchdog) learn the build; the public only the status."""
+    set_brain(refusing_url)
+    assert Client(REMOTE_ADDR=PUBLIC_PEER).get("/api/health/").status_code == 503
+    public = Client(REMOTE_ADDR=PUBLIC_PEER).get("/api/health/live/")
+    assert (public.status_code, public.json()) == (200, {"status": "ok"})
+    local = Client(REMOTE_ADDR="127.0.0.1").get("/api/health/live/")
+    assert local.status_code == 200
+    assert local.json() == {"status": "ok", "database": local.json()["database"], "channel_layer": local.json()["channel_layer"], "build": None}
+
+
+def test_a_database_that_does_not_answer_is_degraded_in_json_and_nothing_else_is_asked(
+    owner: Any, brain: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The database probe failing (tests/test_outages.py takes PostgreSQL away for real):
+    both answers are JSON 503 ``database_unavailable``; the registered checks, which read the
+    database, are not asked, and neither is the session (only a loopback peer gets details)."""
+    from yimi_project import views
+
+    asked: list[str] = []
+
+    async def brain_check() -> views.HealthCheck:
+        asked.append("brain")
+        return views.HealthCheck(True)
+
+    monkeypatch.setattr(views, "_select_one", lambda timeout: False)
+    monkeypatch.setitem(views._checks, "brain", brain_check)
+    for path in ("/api/health/", "/api/health/live/"):
+        public = Client(REMOTE_ADDR=PUBLIC_PEER).get(path)
+        assert (public.status_code, public.json()) == (503, {"status": "degraded", "reasons": ["database_unavailable"]})
+        owner_client = Client(REMOTE_ADDR=PUBLIC_PEER)
+        owner_client.force_login(owner)
+        assert owner_client.get(path).json() == {"status": "degraded", "reasons": ["database_unavailable"]}
+        local = Client(REMOTE_ADDR="127.0.0.1").get(path).json()
+        assert local["database"].endswith(" (unavailable)") and local["reasons"] == ["database_unavailable"]
+    assert asked == []
+
+
 def test_the_demo_brain_down_is_degraded_and_named_demo(owner: Any, refusing_url: str) -> None:
     """What a second `./yimi up` that did not start the demo brain used to report as ok."""
     roles.import_from_environment({})

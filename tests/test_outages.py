@@ -1,6 +1,8 @@
 """Outages of what a web process depends on, for real: a daphne of this code with a TCP proxy
-the test controls (tests/tcp_proxy.py) in front of the real Redis. Issue 35: websocket
-connects refused long after a Redis outage.
+the test controls (tests/tcp_proxy.py) in front of the real Redis or the real PostgreSQL,
+and a brain that does not answer. Issue 35: websocket connects refused long after a Redis
+outage, health an HTML 500 during a PostgreSQL outage, and a brain outage that would have
+made the release watchdog roll a good release back.
 
 Every wait is a deadline for a poll on a busy 2-core machine, never a timed assertion."""
 
@@ -8,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import subprocess
 import sys
 import time
@@ -19,16 +22,19 @@ import httpx
 import pytest
 import websockets
 from django.conf import settings as django_settings
+from django.core.management import call_command
 from django.db import connection
 
 from devices.services import issue_pairing_code
 from devices.simulator import DeviceConnection, DeviceIdentity, SimulatorError, pair
-from tests.conftest import db_async, need
+from releases import pointers, processes
+from tests.conftest import db_async, need, use_brain
 from tests.ports import free_port
 from tests.process_support import (
     ROOT,
     redis_prefix,
     stop_processes,
+    subprocess_test_database_url,
     wait_for_sessions_to_end,
     worker_env,
 )
@@ -54,7 +60,7 @@ def web_process(log_name: str, env: dict[str, str]) -> Iterator[str]:
         deadline = time.monotonic() + DEADLINE_SECONDS
         while True:
             with contextlib.suppress(httpx.HTTPError):
-                httpx.get(base + "/api/health/", timeout=5)
+                httpx.get(base + "/api/health/live/", timeout=5)
                 break
             if time.monotonic() > deadline or proc.poll() is not None:
                 pytest.fail("daphne did not start:\n" + log.read_text()[-3000:])
@@ -130,3 +136,87 @@ async def test_after_a_redis_outage_every_device_connects_again_at_once(owner: A
                 assert await connect_all(identity, CONNECTS) == {"ready": CONNECTS}
         finally:
             wait_for_sessions_to_end(prefix)
+
+
+async def test_health_during_a_postgresql_outage_is_a_quick_json_503_and_ok_as_soon_as_it_is_back(owner: Any) -> None:
+    """PostgreSQL goes away under a web process whose pool would wait 120 s for a connection:
+    both health answers say ``database_unavailable`` in JSON (503) at once, not an HTML 500
+    after the pool's wait. Once PostgreSQL is back, the first answer is ``ok``: the pool
+    tried again at once, not after a backoff grown during the outage (psycopg_pool's own
+    reconnect timeout, 5 minutes, had it wait 16-66 s; this process gives up a series of
+    attempts after 1 s, well inside the health answer's wait for a connection)."""
+    need(connection.vendor == "postgresql", "the outage is PostgreSQL's (set DATABASE_URL)")
+    prefix = f"outage-pg-{owner.id}-{time.monotonic_ns()}"
+    with TcpProxy.before(subprocess_test_database_url()) as proxy:
+        env = environment(prefix, DATABASE_URL=proxy.url(subprocess_test_database_url()),
+                          YIMI_DB_POOL_TIMEOUT_SECONDS="120", YIMI_DB_POOL_RECONNECT_SECONDS="1")
+        try:
+            with web_process("daphne-postgresql-outage.log", env) as base:
+                status, body = await health(base)
+                assert (status, body["status"], body["database"]) == (200, "ok", "postgresql"), body
+                proxy.drop()
+                for path in ("/api/health/", "/api/health/live/"):
+                    status, body = await health(base, path)  # within the client's 30 s, far below the pool's 120 s
+                    assert (status, body["status"], body["reasons"], body["database"]) == (
+                        503, "degraded", ["database_unavailable"], "postgresql (unavailable)"), (path, body)
+                await asyncio.sleep(8)  # long enough for psycopg_pool's own backoff to reach 8 s between attempts
+                assert (await health(base))[1]["reasons"] == ["database_unavailable"]
+                proxy.accept()
+                for path in ("/api/health/", "/api/health/live/"):
+                    status, body = await health(base, path)
+                    assert (status, body["status"], body["database"]) == (200, "ok", "postgresql"), (path, body)
+        finally:
+            wait_for_sessions_to_end(prefix)
+
+
+def test_a_brain_outage_is_readiness_degraded_but_liveness_ok_and_the_watchdog_keeps_the_release(
+    owner: Any, tmp_path: Path
+) -> None:
+    """The brain (the model endpoint) does not answer: ``/api/health/`` is 503 ``degraded``
+    with ``brain_unreachable``, ``/api/health/live/`` is 200, and the release watchdog, which
+    asks the liveness URL (services.json), keeps the new release however long it watches:
+    an outage outside the release is not the release's fault."""
+    use_brain(f"http://127.0.0.1:{free_port()}/v1")  # nothing listens there
+    prefix = f"outage-brain-{owner.id}-{time.monotonic_ns()}"
+    try:
+        with web_process("daphne-brain-outage.log", environment(prefix, DATABASE_URL=subprocess_test_database_url())) as base:
+            readiness = httpx.get(base + "/api/health/", timeout=30)
+            body = readiness.json()
+            assert (readiness.status_code, body["status"], body["reasons"], body["brain_answering"]["answering"]) == (
+                503, "degraded", ["brain_unreachable"], False)
+            liveness = httpx.get(base + "/api/health/live/", timeout=30)
+            assert (liveness.status_code, liveness.json()) == (
+                200, {"status": "ok", "database": connection.vendor, "channel_layer": "in-memory", "build": None})
+
+            root = (tmp_path / "releases").resolve()
+            root.mkdir()
+            (root / processes.SERVICES_FILE).write_text(json.dumps([
+                {"name": "web", "argv": [sys.executable, "-c", "pass"], "health_url": base + "/api/health/live/"},
+            ]))
+            old, new = (pointers.ReleaseDir(path=root / n, build_id=f"dir:{n}", commit=n * 40) for n in ("a", "b"))
+            for release in (old, new):
+                release.path.mkdir()
+                release.write()
+            pointers.set_pointer(root, pointers.PREVIOUS, old)
+            pointers.set_pointer(root, pointers.CURRENT, new)
+            pointers.append_history(root, "switch", {"from_build": old.build_id, "to_build": new.build_id})
+            for _ in range(3):  # U is 1 ms: from the second look on, an unhealthy release would be past it
+                call_command("release_watchdog", "--root", str(root), "--once", "--unhealthy-seconds", "0.001",
+                             "--window-seconds", "60", "--restart-limit", "3")
+            assert pointers.read_pointers(root).current_build == "dir:b"
+            assert [r["kind"] for r in pointers.read_history(root)] == ["switch"]
+            state = json.loads((root / "watchdog-state.json").read_text())
+            assert state["phase"] == "watching" and state["intent"] is None and state["unhealthy_since"] is None, state
+    finally:
+        if connection.vendor == "postgresql":
+            wait_for_sessions_to_end(prefix)
+
+
+def test_a_services_json_naming_the_readiness_url_is_warned_about(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    (tmp_path / processes.SERVICES_FILE).write_text(json.dumps([
+        {"name": "web", "argv": ["daphne"], "health_url": "http://127.0.0.1:8000/api/health/"},
+        {"name": "web2", "argv": ["daphne"], "health_url": "http://127.0.0.1:8001/api/health/live/"},
+    ]))
+    assert [s.name for s in processes.load_services(tmp_path)] == ["web", "web2"]
+    warned = [r.yimi_fields for r in caplog.records if getattr(r, "yimi_fields", {}).get("service")]
+    assert [w["service"] for w in warned] == ["web"]

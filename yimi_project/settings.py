@@ -60,7 +60,7 @@ if SERVED_OVER_HTTPS:
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
     SECURE_SSL_REDIRECT = True
     # The container healthcheck and the internal listener speak plain http, not through the front.
-    SECURE_REDIRECT_EXEMPT = [r"^api/health/$", r"^internal/"]
+    SECURE_REDIRECT_EXEMPT = [r"^api/health/(live/)?$", r"^internal/"]
     SESSION_COOKIE_SECURE = True
     CSRF_COOKIE_SECURE = True
     # HSTS holds for the host on every port, for this long, once a browser that trusts the
@@ -171,6 +171,11 @@ elif DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
                 "min_size": env.int("YIMI_DB_POOL_MIN_SIZE", default=1),
                 "max_size": env.int("YIMI_DB_POOL_MAX_SIZE", default=20),
                 "timeout": env.float("YIMI_DB_POOL_TIMEOUT_SECONDS", default=30.0),
+                # A failing connection attempt is retried with a doubling delay until this
+                # many seconds have passed, then the next request that waits tries again at
+                # once: psycopg_pool's 5 minutes left the pool waiting out a 16-66 s delay
+                # after a PostgreSQL outage ended, every request failing meanwhile (issue 35).
+                "reconnect_timeout": env.float("YIMI_DB_POOL_RECONNECT_SECONDS", default=5.0),
                 "check": pooled_connection_check(env.float("YIMI_DB_POOL_CHECK_EVERY_SECONDS", default=10.0)),
             },
         }

@@ -3,11 +3,12 @@ from __future__ import annotations
 from django.contrib import admin
 from django.urls import include, path
 
-from yimi_project.views import health
+from yimi_project.views import health, health_live
 
 urlpatterns = [
     path("admin/", admin.site.urls),
-    path("api/health/", health),
+    path("api/health/", health),  # readiness: the database, Redis and the brain
+    path("api/health/live/", health_live),  # liveness: this process and its database
     path("api/", include("accounts.schema_urls")),  # /api/schema/ and /api/docs/ (owner only)
     path("api/", include("devices.urls")),
     path("api/", include("memory.urls")),
