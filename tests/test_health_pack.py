@@ -111,8 +111,8 @@ async def test_a_record_out_of_bounds_is_refused_and_nothing_is_stored(make_devi
     try:
         answer = await submit(comm, frame)
         assert (answer["type"], answer.get("code")) == ("error", "invalid_frame"), answer
-        nan = json.dumps(ride()).replace("15200", "NaN")  # JSON parsers here accept NaN: still not a number
-        assert (await submit(comm, nan)).get("code") == "invalid_frame"
+        nan = json.dumps(ride()).replace("15200", "NaN")  # Python's parser takes NaN; it is not JSON
+        assert (await submit(comm, nan)).get("code") == "malformed_json"  # docs/protocol.md, the websocket
     finally:
         await comm.disconnect()
     assert not await db_async(HealthRecord.objects.exists)()
