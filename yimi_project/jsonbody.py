@@ -30,16 +30,15 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Awaitable, Callable
 from typing import IO, Any
 
-from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponseBase, JsonResponse
 from rest_framework.parsers import BaseParser
 
 from yimi_project.errors import YimiError
+from yimi_project.middleware import BeforeViewMiddleware
 
 # How deep objects and arrays may nest, on the websockets and over HTTP.
 MAX_DEPTH = 32
@@ -186,28 +185,13 @@ def url_refusal(request: HttpRequest) -> YimiError | None:
     return None
 
 
-class TextGuardMiddleware:
+class TextGuardMiddleware(BeforeViewMiddleware):
     """Refuses a path or query string with NUL (``url_refusal``) before any view runs:
     the JSON guard's rule for the rest of a request. Sync and async."""
 
-    sync_capable = True
-    async_capable = True
-
-    def __init__(self, get_response: Callable[[HttpRequest], Any]) -> None:
-        self.get_response = get_response
-        self.is_async = iscoroutinefunction(get_response)
-        if self.is_async:
-            markcoroutinefunction(self)
-
-    def __call__(self, request: HttpRequest) -> HttpResponseBase | Awaitable[HttpResponseBase]:
-        if self.is_async:
-            return self._acall(request)
+    def before(self, request: HttpRequest) -> HttpResponseBase | None:
         refusal = url_refusal(request)
-        return self.get_response(request) if refusal is None else _refused(refusal)
-
-    async def _acall(self, request: HttpRequest) -> HttpResponseBase:
-        refusal = url_refusal(request)
-        return await self.get_response(request) if refusal is None else _refused(refusal)
+        return None if refusal is None else _refused(refusal)
 
 
 def _refused(refusal: YimiError) -> JsonResponse:

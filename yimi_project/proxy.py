@@ -19,17 +19,18 @@ daphne made them.
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Iterable
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
+from yimi_project.middleware import BeforeViewMiddleware
+
 if TYPE_CHECKING:  # settings.py imports this module: keep its imports light
-    from django.http import HttpRequest, HttpResponseBase
+    from django.http import HttpRequest
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -101,26 +102,12 @@ def apply_forwarded_headers(meta: dict[str, Any], networks: tuple[Network, ...])
         meta["REMOTE_ADDR"] = client
 
 
-class TrustedProxyMiddleware:
-    """Sync and async: only ``request.META`` is touched, before anything else reads it."""
+class TrustedProxyMiddleware(BeforeViewMiddleware):
+    """Only ``request.META`` is touched, before anything else reads it."""
 
-    sync_capable = True
-    async_capable = True
-
-    def __init__(self, get_response: Callable[[HttpRequest], Any]) -> None:
-        self.get_response = get_response
-        self.is_async = iscoroutinefunction(get_response)
-        if self.is_async:
-            markcoroutinefunction(self)
-
-    def __call__(self, request: HttpRequest) -> HttpResponseBase | Awaitable[HttpResponseBase]:
+    def before(self, request: HttpRequest) -> None:
         apply_forwarded_headers(request.META, trusted_networks(settings.YIMI_TRUSTED_PROXIES))
-        if self.is_async:
-            return self._acall(request)
-        return self.get_response(request)
-
-    async def _acall(self, request: HttpRequest) -> HttpResponseBase:
-        return await self.get_response(request)
+        return None
 
 
 def public_origin(url: str) -> tuple[str, str]:
