@@ -89,3 +89,17 @@ def copy_repo_pack(packs_dir: Path, name: str) -> Path:
 
 def deep(data: dict[str, Any]) -> dict[str, Any]:
     return copy.deepcopy(data)
+
+
+def run_with_demo_pack(device: Any, tmp_path: Path, settings: Any) -> Any:
+    """A run of ``device`` ("please do it") with the demo pack as the only pack."""
+    from brain.models import Run
+    from brain.services import accept_utterance
+    from tests.conftest import new_client_id
+
+    directory = tmp_path / "packs"
+    directory.mkdir()
+    write_pack(directory, "demo")
+    settings.YIMI_PACKS_DIR = directory
+    accepted = accept_utterance(device, new_client_id(), "please do it")
+    return Run.objects.get(id=accepted.run_id)

@@ -21,11 +21,9 @@ from django.db.models.signals import pre_save
 from django.test.utils import CaptureQueriesContext
 
 from brain.models import Run
-from brain.services import accept_utterance
 from capabilities.models import ReceiptRecord, ToolCall
 from capabilities.services import CallRequest, decide, record_receipt
-from tests.conftest import new_client_id
-from tests.gateway_support import write_pack
+from tests.gateway_support import run_with_demo_pack
 from yimi_project import statements
 from yimi_project.internal import _json_handler
 
@@ -41,12 +39,7 @@ NOTED = {"receipt_schema": 1, "status": "succeeded", "effects": [{"target": "not
 
 @pytest.fixture
 def run(make_device: Any, tmp_path: Path, settings: Any) -> Run:
-    directory = tmp_path / "packs"
-    directory.mkdir()
-    write_pack(directory, "demo")
-    settings.YIMI_PACKS_DIR = directory
-    accepted = accept_utterance(make_device().device, new_client_id(), "please do it")
-    return Run.objects.get(id=accepted.run_id)
+    return run_with_demo_pack(make_device().device, tmp_path, settings)
 
 
 def decide_and_receipt(run: Run, tool: str, arguments: dict[str, Any], result: dict[str, Any]) -> list[str]:

@@ -20,13 +20,12 @@ from django.apps import apps
 from django.test import Client
 
 from brain.models import Run
-from brain.services import accept_utterance
 from capabilities.models import ToolCall
 from devices.models import Device
 from devices.services import issue_pairing_code
 from memory.models import TimelineEntry
-from tests.conftest import db_async, internal_client, new_client_id, open_socket, pack_capability, pairing_payload
-from tests.gateway_support import write_pack
+from tests.conftest import db_async, internal_client, open_socket, pack_capability, pairing_payload
+from tests.gateway_support import run_with_demo_pack
 from tests.test_gateway_queries import post as asgi_post
 from yimi_project import call_capability, jsonbody
 from yimi_project.errors import YimiError
@@ -240,12 +239,7 @@ def test_a_nul_in_the_query_string_is_refused_before_any_view(api: Client, path:
 
 @pytest.fixture
 def run(make_device: Any, tmp_path: Path, settings: Any) -> Run:
-    directory = tmp_path / "packs"
-    directory.mkdir()
-    write_pack(directory, "demo")
-    settings.YIMI_PACKS_DIR = directory
-    accepted = accept_utterance(make_device().device, new_client_id(), "please do it")
-    return Run.objects.get(id=accepted.run_id)
+    return run_with_demo_pack(make_device().device, tmp_path, settings)
 
 
 def decide_body(run: Run) -> dict[str, Any]:
