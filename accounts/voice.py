@@ -1,7 +1,7 @@
 """Who is speaking: trust windows, calls, call anchors and the decision for one utterance.
 
 The only code that writes ``TrustWindow``, ``VoiceCall`` and ``CallAnchor``. The rules
-(seed section 3.1, DESIGN.md, docs/voice.md):
+(docs/voice.md, "Trust windows, learning, call anchors"):
 
 - A biometric attestation (Face ID / Touch ID result signed by the device key) opens a
   60-second trust window for that device. The first call whose speech starts inside it

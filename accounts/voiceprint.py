@@ -2,8 +2,8 @@
 
 The only code that writes ``VoiceprintEnrollment``, ``VoiceprintSample`` and
 ``ChannelThreshold``. Embeddings arrive as vectors computed by a voiceprint model named
-by its catalog key (``model_key``); nothing here touches audio. Rules and numbers are
-the seed's (section 3.1) and DESIGN.md's, explained in docs/voice.md.
+by its catalog key (``model_key``); nothing here touches audio. The rules and numbers
+(bands, enrollment, thresholds that only rise, learning) are docs/voice.md's, "Voice identity".
 """
 
 from __future__ import annotations

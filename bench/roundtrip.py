@@ -14,7 +14,7 @@ is text sent → first ``reply.chunk`` (or
 ``reply.done``, if every chunk of that reply was lost); throughput is texts / wall time
 of the sending phase.
 
-Owners. Yimi is one owner per instance (DESIGN.md), so a hosted load of many owners is
+Owners. Yimi is one owner per instance (one ``is_owner`` account), so a hosted load of many owners is
 many instances; starting 50 instances (50 daphnes, workers and databases) on one small
 machine would measure the machine, not Yimi. ``--owners N`` is simulated instead as N
 accounts on one instance: the instance's owner plus N-1 other accounts, each pairing its

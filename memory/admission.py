@@ -1,4 +1,4 @@
-"""Disk admission for raw writes (L5, DESIGN.md "Numbers"): a write is admitted only when
+"""Disk admission for raw writes (L5, docs/memory.md "Raw store (L5)"): a write is admitted only when
 the file system that will hold it keeps its reserve afterwards.
 
 ``admit_write(directory, size)``: free bytes ≥ ``DISK_RESERVE_BYTES`` (4 GiB) + ``size`` and

@@ -1,5 +1,5 @@
-"""The release authority's gate in the gateway (``self_change``; DESIGN "Effect categories":
-"release authority; ask only when the protected baseline is touched").
+"""The release authority's gate in the gateway (``self_change``; docs/architecture.md, "Rules":
+the release authority's, asking only when the protected baseline is touched).
 
 A ``self_change`` call changes Yimi herself; today the one such tool is the release pack's
 ``rollback`` (queue the owner's request to go back to the previous version,

@@ -38,7 +38,7 @@ EVENT_KINDS = (
     "baseline_check",  # releases.baseline.check_release: the stage and its verdict
 )
 
-FIX_LINE_MAX = 200  # DESIGN "self-repair patch": the notice carries the first line, ≤200 characters
+FIX_LINE_MAX = 200  # the owner's update notice carries the fix's first line, ≤200 characters
 
 
 def fix_line(message: str) -> str:

@@ -33,7 +33,7 @@ from yimi_project.errors import YimiError
 
 pytestmark = pytest.mark.django_db(transaction=True)  # autocommit, as in production
 
-# The budget: raise it only with a reason in docs/architecture.md ("The way of a text").
+# The budget: raise it only with a reason in docs/decisions/2026-12-03-query-budgets.md.
 ACK_QUERIES = 4  # device + owner, INSERT delivery, UPDATE told facts, UPDATE watch notices
 
 

@@ -29,7 +29,7 @@ from tests.conftest import SimDevice, db_async, new_client_id, open_socket, rece
 
 pytestmark = pytest.mark.django_db(transaction=True)  # autocommit, as in production
 
-# The budget: raise it only with a reason in docs/architecture.md ("The way of a text").
+# The budget: raise it only with a reason in docs/decisions/2026-12-03-query-budgets.md.
 def admission_queries() -> int:
     if connection.vendor == "postgresql":
         return 2  # device + owner; WITH admission, next seq, entry: INSERT run

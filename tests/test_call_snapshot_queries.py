@@ -29,7 +29,7 @@ from tests.companion_support import talk
 
 pytestmark = pytest.mark.django_db(transaction=True)  # autocommit, as in production
 
-# The budget: raise it only with a reason in docs/architecture.md ("query budget").
+# The budget: raise it only with a reason in docs/decisions/2026-12-03-query-budgets.md.
 NEW_CALL = 11  # INSERT call; BEGIN, epoch lock, persona+settings, L3, summaries, topics, recent openings, cards, INSERT snapshot, COMMIT
 RETRIED = 7  # INSERT call (refused: the call is open), its SELECT; BEGIN, epoch lock, persona+settings, the snapshot, COMMIT
 CONTINUITY_OFF = 9  # a new call without continuity: no summaries, no topics (and only the address from L3)

@@ -1,4 +1,4 @@
-"""The gateway's query budget (docs/architecture.md, capabilities/) and its internal HTTP
+"""The gateway's query budget (docs/decisions/2026-12-03-query-budgets.md) and its internal HTTP
 fast path (``yimi_project.internal.InternalJsonEndpoints``).
 
 The budget is counted, never timed: in autocommit, as in production, a decide + receipt
@@ -29,7 +29,7 @@ from yimi_project.internal import _json_handler
 
 pytestmark = pytest.mark.django_db(transaction=True)  # autocommit, as in production
 
-# The budget: raise it only with a reason in docs/architecture.md ("query budget").
+# The budget: raise it only with a reason in docs/decisions/2026-12-03-query-budgets.md.
 READ_QUERIES = 4  # run lookup, INSERT call, call lookup, INSERT receipt
 FORBIDDEN_QUERIES = 10  # + BEGIN, owner lock, last result, running, unchecked target, COMMIT
 

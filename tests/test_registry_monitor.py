@@ -1,4 +1,4 @@
-"""Monitoring Yimi-built packs (issue 18, F4 step 9; DESIGN.md "pack rollback"): the Wilson
+"""Monitoring Yimi-built packs (issue 18, F4; docs/decisions/2026-12-03-pack-monitoring.md): the Wilson
 95 % interval of the "failed + unknown" rate, at least 20 finished results on each side,
 revert iff the new lower bound exceeds the old upper bound; a failed health check reverts
 at once. The figures come from the receipt ledger, by the pack version each call was

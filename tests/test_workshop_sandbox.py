@@ -1,4 +1,4 @@
-"""The workshop sandbox enforces its limits (DESIGN.md "workshop sandbox"; issue 18).
+"""The workshop sandbox enforces its limits (``workshop/sandbox.py``: 256 MiB, 0.5 CPU, 128 processes; issue 18).
 
 Each test runs a small Python program through ``workshop.sandbox.run_sandboxed``, the way
 a build's self-test runs: real bubblewrap, a real per-run cgroup (v1 on this machine kind).

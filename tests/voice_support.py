@@ -2,7 +2,8 @@
 
 - speech from espeak-ng (+ sox to 16 kHz mono 16-bit), one voice for the owner and others
   for guests and for the "population" the speaker model is centred on;
-- a tiny but real speaker-embedding ONNX model that sherpa-onnx loads (TECH-NOTES): the
+- a tiny but real speaker-embedding ONNX model that sherpa-onnx loads (it must carry the
+  metadata sherpa-onnx reads, ``framework``, ``output_dim``, ...: without it the process dies): the
   utterance's mean log-mel spectrum, with its overall level removed, minus the mean of
   a background population of voices. Same speaker → high cosine, another voice → low;
 - the Silero VAD model shipped in the ``silero-vad`` wheel;

@@ -1,6 +1,6 @@
 """A real WebDAV server for cold-pack tests: ``wsgidav`` (on cheroot) in a child process on a
-free loopback port, serving a temporary directory with basic auth (TECH-NOTES "WebDAV for
-cold storage"; the directory browser is off). ``stop()`` and ``start()`` again on the same
+free loopback port, serving a temporary directory with basic auth (wsgidav needs a config
+file for it; the directory browser is off). ``stop()`` and ``start()`` again on the same
 port and directory stand for an outage; ``requests`` counts what the server was asked
 (method, path, Range header), read from its access log."""
 

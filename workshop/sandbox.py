@@ -11,7 +11,7 @@ unlimited:
   the secrets directory are not bound, so conversation and memory data are invisible; only
   the build's own directory is bound, read-only. The own network namespace has only a
   loopback of its own: nothing (not the host's 127.0.0.1) is reachable.
-- **limits** (DESIGN.md "workshop sandbox"): 256 MiB of memory, 0.5 CPU, at most 128
+- **limits**: 256 MiB of memory, 0.5 CPU, at most 128
   processes, through a per-run cgroup made below this process's own cgroup
   (``capabilities.mcp_host.cgroups``, which pack hosts use too). cgroup v1
   (``memory.limit_in_bytes`` and ``memory.memsw.limit_in_bytes`` when swap is accounted,

@@ -1,5 +1,5 @@
 """The one seam upward: how code below ``devices/`` reaches a device, or starts work that
-lives in a layer above it (CONVENTIONS.md, "Layers, and one seam upward").
+lives in a layer above it (docs/architecture.md, "Seams"; docs/conventions.md).
 
 Like Zulip's ``send_event``: a service never imports a consumer. It hands a frame to
 ``to_device`` or ``to_owner`` (``*_sync`` from synchronous code), which send it on the

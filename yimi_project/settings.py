@@ -441,7 +441,7 @@ YIMI_PACK_HOST_RETRY_SECONDS = env.float("YIMI_PACK_HOST_RETRY_SECONDS", default
 
 # --- the workshop (workshop/: capability_find, the pack template, sandboxed builds) --------
 # Builds' working directories; the offline indexes capability_find searches (JSON files the
-# deployer refreshes; format in docs/architecture.md "Workshop", examples in workshop/indexes/).
+# deployer refreshes; format in workshop/find.py, examples in workshop/indexes/).
 YIMI_WORKSHOP_DIR = Path(env.str("YIMI_WORKSHOP_DIR", default=str(DATA_DIR / "workshop")))
 YIMI_WORKSHOP_SKILL_INDEX = Path(env.str("YIMI_WORKSHOP_SKILL_INDEX", default=str(DATA_DIR / "workshop" / "skills-index.json")))
 YIMI_WORKSHOP_MCP_INDEX = Path(env.str("YIMI_WORKSHOP_MCP_INDEX", default=str(DATA_DIR / "workshop" / "mcp-index.json")))
@@ -502,7 +502,7 @@ IMAGE_MAX_SIDE = env.int("YIMI_IMAGE_MAX_SIDE", default=4096)  # width and heigh
 IMAGE_UPLOAD_TTL_SECONDS = 600  # an upload no image frame announced is deleted after this
 # "看看这是什么" without an ``about`` link uses the device's latest image from this many seconds before.
 IMAGE_REQUEST_WINDOW_SECONDS = env.int("YIMI_IMAGE_REQUEST_WINDOW_SECONDS", default=120)
-# Disk admission for raw writes (DESIGN.md): free bytes >= reserve + write size, free inodes >= reserve.
+# Disk admission for raw writes (memory/admission.py): free bytes >= reserve + write size, free inodes >= reserve.
 DISK_RESERVE_BYTES = env.int("YIMI_DISK_RESERVE_BYTES", default=4 * 1024**3)
 DISK_RESERVE_INODES = env.int("YIMI_DISK_RESERVE_INODES", default=500_000)
 # The L5 hot store (memory/raw_store.py, docs/memory.md "Raw store (L5)"): where originals go;
@@ -520,7 +520,7 @@ COLD_WEBDAV_USER = env.str("YIMI_COLD_WEBDAV_USER", default="yimi")
 COLD_HOT_RETENTION_SECONDS = env.float("YIMI_COLD_HOT_RETENTION_SECONDS", default=2 * 86400.0)
 COLD_MAX_UPLOAD_KBPS = env.int("YIMI_COLD_MAX_UPLOAD_KBPS", default=2000)
 HUD_CARD_MAX_CHARS = 40  # the glasses' short form of a card (devices/hud.py)
-# Releases of the platform (releases/, docs/architecture.md "Releases"): the root holding the
+# Releases of the platform (releases/, docs/architecture.md flow F5): the root holding the
 # release directories and the current/previous pointers; the JSON-lines logs (YIMI_LOG_FORMAT=
 # json) whose error/critical lines, or events named here, in the last 5 minutes keep a switch
 # waiting; the memory cgroup files (v1 memory.oom_control, v2 memory.events) whose oom_kill

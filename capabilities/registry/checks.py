@@ -1,4 +1,4 @@
-"""Static checks on a candidate pack directory (F4 step 5; DESIGN.md "registry static checks").
+"""Static checks on a candidate pack directory (flow F4: docs/architecture.md, "Flows").
 
 ``check_pack(directory, origin=...)`` walks the directory without following anything,
 and reports every rule it breaks as a ``Finding`` with a stable ``code``:

@@ -1,4 +1,4 @@
-"""Monitoring Yimi-built packs in the maintenance cycle (F4 step 9; DESIGN.md "pack rollback").
+"""Monitoring Yimi-built packs in the maintenance cycle (F4; docs/decisions/2026-12-03-pack-monitoring.md).
 
 ``monitor_cycle()`` runs from Celery beat (``capabilities.tasks.monitor_packs``). For every
 pack whose online version Yimi built (maintainer ``yimi`` or made by the workshop):

@@ -1,6 +1,6 @@
 """PCM frames and a plain signal-quality measure.
 
-The wire format is fixed (DESIGN.md): 16 kHz, 16-bit little-endian, mono PCM, 32,000
+The wire format is fixed (docs/voice.md): 16 kHz, 16-bit little-endian, mono PCM, 32,000
 bytes per second. A device declares it in ``voice.start``; anything else is refused.
 """
 
