@@ -1,4 +1,14 @@
-"""Identity and admission: the owner account and the scope of every inbound utterance."""
+"""Identity and admission: the owner account and the scope of every inbound utterance.
+
+The owner is the one account marked ``is_owner`` (a constraint allows one); ``is_owner``
+is the one answer to "may this account see or act on the owner's content", and staff or
+superuser flags grant nothing. A device speaks for the owner only if it is not a guest
+device and is paired to the owner's own account (``is_owner_device``); a device of any
+other account is admitted as ``guest`` (``not_owner_device``). Every inbound utterance
+stores an ``AdmissionRecord`` with its scope: typed text by ``text_admission``, speech by
+``voice_admission`` from the voice identity decision (which can also give
+``owner_uncertain``).
+"""
 
 from __future__ import annotations
 

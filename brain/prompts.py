@@ -1,4 +1,13 @@
-"""What the brain is told for one run."""
+"""What the brain is told for one run.
+
+An owner run gets the owner's system prompt (``OWNER_SYSTEM``, or inside a voice call the
+call's persona and background, ``brain.call_snapshot.call_prompt``), the owner-scope
+utterances and replies among the last ``BRAIN_HISTORY_ENTRIES`` (20) before the utterance
+(``brain.services.history_for``), the core profile and the session's new memory facts
+(``prepare_memory``, ``with_memory``) and the overheard ambient context. Any other scope
+gets ``GUEST_SYSTEM`` and the utterance alone: a guest never sees the owner's history or
+memory (``build_messages``).
+"""
 
 from __future__ import annotations
 

@@ -1,21 +1,22 @@
 """What the gateway asks other authorities, as interfaces capabilities/ defines and they fill
-in when Django starts (docs/architecture.md, "Layers").
+in when Django starts (docs/architecture.md, "Seams").
 
 consent/ and payments/ sit above capabilities/ (they use its ledger and its executor), and
 brain/ above them, so ``decide`` never imports any of them. Instead each registers here from
 its ``AppConfig.ready``:
 
 - brain/ binds a call to its run (``register_run_binder``; step 1 of ``decide``);
-- consent/ and payments/ register their **gates** (``register_gate``): step 6 gives a call
-  of a category they own to the gate, which allows it, blocks it or asks the owner; asking
-  opens what the owner answers (a card, an authorization) inside the gateway's transaction;
+- consent/, payments/ and releases/ register their **gates** (``register_gate``): step 6
+  gives a call of a category they own to the gate, which allows it, blocks it or asks the
+  owner; asking opens what the owner answers (a card, an authorization) inside the gateway's
+  transaction (the release gate never asks);
 - brain/ limits what an agent may do (``register_agent_limit``): a read-only self-check
   agent may call only ``observe`` tools, whatever its tool list said;
 - payments/ fills in a trusted field (``register_trusted_field``: ``payment_intent_id``)
   and reads the result of the call it was injected into (the checkout's amount).
 
-A category whose authority registered no gate is blocked with
-``<authority>_authority_missing``, as ``self_change`` is until releases/ has one.
+A category whose authority registered no gate (an app not installed) is blocked with
+``<authority>_authority_missing``.
 """
 
 from __future__ import annotations

@@ -134,8 +134,9 @@ def decide(request: CallRequest) -> Decision:
     (``capabilities.authorities``): owner_data, send, account, delete and physical to the
     consent authority (allow, ``ask`` with a card, or block; the same action already
     waiting for a card is ``already_waiting``), spend to the payment authority (a payment
-    whose authorization is already waiting is ``already_waiting`` too), and self_change is
-    blocked with ``releases_authority_missing`` until the release authority registers one.
+    whose authorization is already waiting is ``already_waiting`` too), and self_change to
+    the release authority (``releases.authority.ReleaseGate``); a category whose authority
+    registered no gate is blocked with ``<authority>_authority_missing``.
     Allowed calls get the trusted fields the tool declared in ``context_inject`` (an
     authority fills in its own, such as the payment intent); if that changed the arguments
     the result is ``rewrite``. Every decision on a bound run
@@ -180,7 +181,7 @@ def decide(request: CallRequest) -> Decision:
     fingerprint = sha256(canonical({"tool": request.tool, "args": model_args}))
     if not _serialized(tool, model_args):
         # Nothing below reads a row that deciding this call writes: no lock, no
-        # transaction, one INSERT in autocommit (docs/architecture.md, "query budget").
+        # transaction, one INSERT in autocommit (docs/decisions/2026-12-03-query-budgets.md).
         return _gate(binding, request, tool, model_args, owner_requested, overridden, budget, fingerprint, packs)
     with transaction.atomic():
         lock_owner_calls(binding.owner_id)

@@ -1,4 +1,8 @@
-"""The timeline (L4): the only code that writes ``TimelineEntry``.
+"""The timeline (L4): the code that writes ``TimelineEntry``. Two callers on the hot text
+path insert an entry inside a statement of their own, taking its number with this module's
+``seq_upsert``: ``brain.services.accept_utterance`` (a text with its admission and run) and
+``brain.services.finish_run`` (a reply while closing its run);
+docs/decisions/2026-12-03-query-budgets.md.
 
 Sequence numbers are per owner, strictly increasing and gapless. ``append_entry`` takes
 the owner's next number with one upsert of the owner's counter row (``INSERT ... ON

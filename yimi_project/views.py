@@ -1,3 +1,18 @@
+"""Health: readiness (``health``, ``GET /api/health/``) and liveness (``health_live``,
+``GET /api/health/live/``), both unauthenticated async views.
+
+Both ask this process's database first (``database_answers``: ``SELECT 1`` through the
+process's pool, waiting at most ``DATABASE_PROBE_SECONDS``, one probe at a time per
+process). Readiness also asks Redis and the checks the layers above registered
+(``register_health_check``: brain's ``brain.brain_probe.health_check``), which are not asked
+when the database did not answer, since they read it. Liveness asks nothing outside the
+process, so an outage of the brain or Redis leaves it 200: it is what the compose
+healthchecks ask and what ``services.json`` names for a release switch and the watchdog
+(docs/decisions/2026-12-03-health-readiness-and-liveness.md). The public answer is only the
+status and stable reason codes; details go to a loopback peer or the owner
+(``shows_health_details``).
+"""
+
 from __future__ import annotations
 
 import asyncio
