@@ -46,7 +46,7 @@ TASKS: tuple[Task, ...] = (
         "brain.modelrole", "brain.modelselection", "brain.modelroledraft", "brain.modelusage", "brain.personaversion",
         "brain.companionsettings", "brain.contentcard",
     )),
-    Task("packs", "Packs", ("capabilities.registeredpack", "capabilities.packcandidate", "workshop.workshopbuild")),
+    Task("packs", "Packs", ("capabilities.registeredpack", "capabilities.packcandidate", "capabilities.secretgrant", "workshop.workshopbuild")),
     Task("devices", "Devices and who may speak", (
         "devices.device", "devices.pairingcode", "devices.macoperation", "accounts.voiceprintenrollment",
         "accounts.faceenrollment", "accounts.admissionrecord", "accounts.channelthreshold", "accounts.trustwindow",
