@@ -247,7 +247,7 @@ async def _start_from_main(run: Run, goal: str) -> AgentTask:
     except YimiError as exc:
         if exc.code != "pool_full":
             raise
-    # The pool is full: the task runs now, inside this turn (seed: 改为同步委派). Its report
+    # The pool is full: the task runs now, inside this turn (a synchronous delegation). Its report
     # comes when the runner dispatches it after the reply is stored.
     task = await database_sync_to_async(agents.delegate)(run.id, goal, synchronous=True)
     log_event("delegation_synchronous", run_id=str(run.id), task_id=str(task.id))

@@ -6,7 +6,7 @@ failed validations included, takes one unit with a conditional UPDATE
 (``tool_calls_used < 120``), so concurrent sub-agents can never exceed it together.
 At most 3 sub-agents of a run are active at once, and delegation is at most 2 deep.
 A delegation that finds the pool full is not dropped: it is created ``synchronous`` and
-runs inside its delegator's turn (seed: "异步池已满……委派就改为同步执行"). A failed task
+runs inside its delegator's turn instead of waiting for a free slot. A failed task
 gets at most one read-only self-check (``start_self_check``), which may only observe.
 """
 

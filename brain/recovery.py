@@ -1,6 +1,5 @@
 """Recovery: runs whose worker died, or whose queue message was lost, are put on the queue
-again; runs older than 3 minutes are expired with a notice instead of answered late (seed
-002, inbound recovery).
+again; runs older than 3 minutes are expired with a notice instead of answered late.
 
 A run is put on the queue again only when its latest message is older than the sweep
 interval and the broker holds no message for it (``runs_on_queue``): a backlog of queued

@@ -2,8 +2,8 @@
 
 - ``export_settings``: every role with its provider key still sealed, plus the master key
   wrapped under a passphrase (scrypt, then AES-256-GCM): a backup is useless without the
-  passphrase, and the settings and their key travel together (seed: 模型设置的权威存储要和它的
-  主密钥一起备份、一起恢复).
+  passphrase, and the settings and their key travel together (the model settings' store is
+  backed up and restored with its master key).
 - ``import_settings``: refuses a backup without the wrapped key, with a wrong passphrase, or
   whose keys do not open under it, before anything is written; otherwise it makes the
   backup's roles this instance's (sealed again under this instance's master key), in one

@@ -7,7 +7,7 @@ from django.db import models
 
 
 class ToolCall(models.Model):
-    """One capability call as the gateway decided it (F2 steps 2–5), plus what
+    """One capability call as the gateway decided it (flow F2), plus what
     ``observe`` recorded about its execution. The id is the trusted call id."""
 
     class Decision(models.TextChoices):

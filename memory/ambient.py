@@ -1,4 +1,4 @@
-"""The ambient log's one writer and its reader for the brain (seed 3.5; docs/voice.md).
+"""The ambient log's one writer and its reader for the brain (docs/voice.md).
 
 - ``record`` keeps one analysed chunk of overheard speech with its source.
 - ``recent`` is what a run is told of it: the records heard in the last ``WINDOW_SECONDS``

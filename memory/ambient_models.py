@@ -1,4 +1,4 @@
-"""The ambient log: what was overheard, with its source (seed 3.5; docs/voice.md, "Ambient log").
+"""The ambient log: what was overheard, with its source (docs/voice.md, "Ambient log").
 
 Written only by ``memory.ambient``. One row per analysed chunk of ambient speech (speech
 that reached no request window): the words the server's speech recognition heard, where

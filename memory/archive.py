@@ -1,5 +1,5 @@
 """Cold packs: moving originals from the hot store to WebDAV, proving each copy, and only then
-letting hot copies go (seed 3.5; flow F7 step 10; docs/memory.md "Cold packs": the format, the
+letting hot copies go (flow F7 of docs/architecture.md; docs/memory.md "Cold packs": the format, the
 limits per round and the hot copies' retention). The only writer of
 ``ColdPack``, ``ObjectLocation`` and ``ColdAlert``; hot copies are deleted only through
 ``memory.raw_store.delete_hot_copies``.

@@ -1,5 +1,5 @@
 """L3 assertions: the only code that writes ``Assertion``, ``AssertionVersion``,
-``AssertionDependency`` and ``MemoryReceipt`` (F7 steps 3, 4 and 9).
+``AssertionDependency`` and ``MemoryReceipt`` (flow F7 of docs/architecture.md).
 
 - ``commit``: a new version, compare-and-set on the version the writer believes current,
   in one transaction under the owner's memory lock (``memory.locks``). A request id seen

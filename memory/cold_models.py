@@ -1,5 +1,5 @@
-"""L5 cold copies: packs on WebDAV and where each original is in them (seed 3.5; flow F7
-step 10). Written only by ``memory.archive``.
+"""L5 cold copies: packs on WebDAV and where each original is in them (flow F7 of
+docs/architecture.md). Written only by ``memory.archive``.
 
 A ``ColdPack`` is one ``L5P1`` file on the cold storage. Life: ``sealed`` (made and being
 uploaded; nothing relies on it yet) → ``verified`` (read back whole, its SHA-256 and every

@@ -1,4 +1,4 @@
-"""The cold pack format ``L5P1`` (seed 3.5; docs/memory.md "Cold packs"): many raw objects in one
+"""The cold pack format ``L5P1`` (docs/memory.md "Cold packs"): many raw objects in one
 file on WebDAV, each readable alone with one HTTP range request.
 
 Layout::

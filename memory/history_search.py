@@ -1,4 +1,4 @@
-"""History search: the owner's timeline (L4) searched for a run, with seed 002's limits.
+"""History search: the owner's timeline (L4) searched for a run, within fixed limits.
 
 ``lookup`` is what the memory pack's ``search_history`` tool reaches (through
 ``/internal/memory/history/search/``). Steps:
@@ -15,7 +15,7 @@
 3. the search runs over the owner's entries only, never a guest's (scope ``guest``, a guest
    device's utterances, replies to a guest device), within ``after <= created_at < before``:
    keyword list (``memory.recall.keyword_search``) and, with an embedder, a vector list
-   (cosine ≥ 0.6, about seed 002's L2 distance 0.9), fused with RRF;
+   (cosine ≥ 0.6: an L2 distance of about 0.9 between unit vectors), fused with RRF;
 4. each hit (anchor, ``★``) comes with up to 2 entries before and 2 after it (from the same
    searchable entries); windows are added best hit first while the total stays ≤ 20 lines
    (a window that does not fit is left out and counted); each line's text has its line

@@ -1,4 +1,4 @@
-"""Incremental memory injection into a brain session (seed 003; F7 step 6).
+"""Incremental memory injection into a brain session (flow F7 of docs/architecture.md).
 
 A ``MemorySession`` (one per owner and key; the runner uses ``"main"``, the owner's one
 conversation) records what the brain has been told from L3: a ``baseline`` (assertion id

@@ -1,4 +1,4 @@
-"""L2 projections: ``USER.md``, ``MEMORY.md`` and ``PERSONALITY.md`` (F7 step 5).
+"""L2 projections: ``USER.md``, ``MEMORY.md`` and ``PERSONALITY.md`` (flow F7 of docs/architecture.md).
 
 Generated from L3 and written read-only (0444) under ``settings.DATA_DIR / "memories"``:
 

@@ -1,4 +1,4 @@
-"""L5 raw originals: the hot store's index (seed 3.5, plan 9 "L5", flow F7 steps 1 and 10).
+"""L5 raw originals: the hot store's index (flow F7 of docs/architecture.md).
 
 Written only by ``memory.raw_store``. One row per original as it arrived from a device: an
 archive batch of audio (500 ms, 20 frames or 64 KiB, whichever came first), one image, one

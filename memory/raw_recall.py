@@ -1,4 +1,4 @@
-"""Recall's L5 layer (F7 step 7): find the original a question points at — an audio segment
+"""Recall's L5 layer (flow F7): find the original a question points at — an audio segment
 or an image — by time and source, and fetch it (docs/memory.md "Raw store (L5)").
 
 1. **When** (``window``): "刚才 / just now" → the last ``RECENT_SECONDS`` (15 min); "今天 /

@@ -1,5 +1,5 @@
-"""The L5 hot store: device originals on the local disk (seed 3.5, plan 9 "L5", flow F7
-steps 1 and 10; docs/memory.md "Raw store (L5)"). The only code that writes ``RawObject``
+"""The L5 hot store: device originals on the local disk (flow F7 of
+docs/architecture.md; docs/memory.md "Raw store (L5)"). The only code that writes ``RawObject``
 and the files under the hot root (``RAW_HOT_ROOT``, default ``DATA_DIR/raw``).
 
 1. **Store** (``store_original``): one original (an archive batch of audio, an image, a
@@ -377,8 +377,8 @@ class Batch:
 
 
 class ArchiveBatcher:
-    """Gather one stream's PCM frames into archive batches (seed 3.5: "500 ms, 20 frames or
-    64 KiB, whichever first"). ``add`` returns the batch that a threshold completed, or
+    """Gather one stream's PCM frames into archive batches (a batch closes at 500 ms, 20
+    frames or 64 KiB, whichever comes first). ``add`` returns the batch that a threshold completed, or
     None; ``due`` returns the gathered batch once ``max_seconds`` passed since its first
     frame (the socket calls it from a timer, so a pause in speech does not hold audio
     back); ``flush`` returns whatever is gathered. ``clock`` (seconds) is injected; ``wall``

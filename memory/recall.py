@@ -1,4 +1,4 @@
-"""Recall (F7 step 7): pick layers per question, search them, fuse ranked lists with RRF.
+"""Recall (flow F7): pick layers per question, search them, fuse ranked lists with RRF.
 
 - ``choose_layers``: L3 always; the timeline (L4) when the question points at something
   said or done at some time; L5 (raw originals) when it points at something seen or heard:

@@ -1,4 +1,4 @@
-"""The call short context (F7 step 8): what a voice call starts with.
+"""The call short context (flow F7): what a voice call starts with.
 
 Six sources — profile, notes, assertions, recent timeline, time zone, health — are read
 in parallel, each in its own thread and each given at most 1,200 ms; a source that has

@@ -1,5 +1,5 @@
 """The backup a switch takes first: the database, and the model-settings store with its
-master key (seed: 模型设置的权威存储要和它的主密钥一起备份、一起恢复).
+master key: the two are backed up together and restored together.
 
 The model settings live in the database (``brain.ModelRole``, provider keys sealed under
 the master key), so the database dump holds the store; the master key file

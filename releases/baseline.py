@@ -1,11 +1,11 @@
-"""The protected baseline (F5 step 4; seed report 4.2): a candidate whose diff touches
+"""The protected baseline (flow F5 of docs/architecture.md): a candidate whose diff touches
 payments, real clicks and ride hailing, first-send consent, identity, care and guest
 permissions, secrets and sandboxes, Mac remote access, or release and rollback asks the
 owner once, with a card; approval lets it go on, refusal ends it honestly (the release's
 state becomes ``refused``, with the reason, and it is never asked again).
 
 ``PROTECTED_BASELINE`` below is the one list, meant to be reviewed like code: each area
-the seed names, with the repository paths (a trailing ``/`` is a directory) that carry
+above, with the repository paths (a trailing ``/`` is a directory) that carry
 it. A path is protected when it equals an entry or lies under a directory entry.
 
 The card is a ``BaselineCard`` row (one per release, ever), pushed to the owner's card

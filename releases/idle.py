@@ -1,4 +1,4 @@
-"""Waiting for idle before a switch (F5 step 8, F6 step 2).
+"""Waiting for idle before a switch (flows F5 and F6).
 
 A switch stops every service, so it waits until nothing would be cut off. Each condition
 has a name and answers with what blocks it, or nothing:

@@ -1,4 +1,4 @@
-"""Memory across a rollback (seed section 4 and F6): before switching back, the owner's
+"""Memory across a rollback (flow F6): before switching back, the owner's
 current core memory is projected for the old version; on upgrading again, only the entries
 added while the old version ran are imported.
 

@@ -1,5 +1,5 @@
-"""The owner's side of releases: rollback requests (F6 step 6) and protected-baseline cards
-(F5 step 4). Registered with the releases app through ``releases.models``; written only by
+"""The owner's side of releases: rollback requests (flow F6) and protected-baseline cards
+(flow F5). Registered with the releases app through ``releases.models``; written only by
 ``releases.requested`` and ``releases.baseline``."""
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ class RollbackRequest(models.Model):
 
 
 class BaselineCard(models.Model):
-    """A candidate that touches the protected baseline asks the owner once (F5 step 4).
+    """A candidate that touches the protected baseline asks the owner once (flow F5).
 
     ``pending`` → ``approved`` | ``refused``, by a conditional UPDATE; one card per release,
     ever (asked once: a refused candidate is not asked again, it ends ``refused``).

@@ -1,4 +1,4 @@
-"""Rollback on request (F6 step 6; seed report 4.2): the owner says, in any words, that they
+"""Rollback on request (flow F6): the owner says, in any words, that they
 do not want this version. The request, with those words as the reason, is queued and
 executed at the next idle moment — only if the running version is still the one most
 recently switched in; otherwise it is refused and the owner is told why (so saying it

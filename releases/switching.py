@@ -1,4 +1,4 @@
-"""Putting a gated candidate live on this host (F5 steps 7–10, F6 steps 2–3).
+"""Putting a gated candidate live on this host (flows F5 and F6).
 
 ``switch_release``: 0. only a gated candidate (one the owner refused: ``baseline_refused``);
 1. **re-check**: the candidate's base must be the commit ``current``

@@ -1,7 +1,7 @@
-"""The release watchdog (F6 step 4-5): a process apart from Yimi that watches the version a
+"""The release watchdog (flow F6): a process apart from Yimi that watches the version a
 switch just brought in and takes it back to the previous one when it does not stay up.
 
-The rule (seed, report 4.2): with ``t_b`` the start of continuous unhealth and ``R_W(t)``
+The rule: with ``t_b`` the start of continuous unhealth and ``R_W(t)``
 the restarts within the window ``W``,
 
     (t_b is set and t - t_b >= U) or R_W(t) >= L   ->   roll back, once.
@@ -56,14 +56,15 @@ THRESHOLD_NAMES = {
 @dataclass(frozen=True)
 class Thresholds:
     """``U`` (seconds of continuous unhealth), ``W`` (the restart window, seconds) and ``L``
-    (restarts within ``W``). There are no defaults, by design (seed F6: they must be measured)."""
+    (restarts within ``W``). There are no defaults, by design: they must be measured
+    (docs/decisions/2026-12-03-watchdog-thresholds.md)."""
 
     unhealthy_seconds: float  # U
     window_seconds: float  # W
     restart_limit: int  # L
 
     @classmethod
-    def from_values(cls, u: Any, w: Any, l: Any) -> Thresholds:  # noqa: E741 - the seed's names
+    def from_values(cls, u: Any, w: Any, l: Any) -> Thresholds:  # noqa: E741 - the rule's names
         """Parse the three values; missing or invalid ones are named in one error."""
         given = {"U": u, "W": w, "L": l}
         missing = [name for name, value in given.items() if value is None or str(value).strip() == ""]

@@ -1,4 +1,4 @@
-"""Ambient context and analysis bounds (seed 3.5; docs/voice.md, "Ambient log"): ambient
+"""Ambient context and analysis bounds (docs/voice.md, "Ambient log"): ambient
 speech transcribed into the ambient log with its source over /ws/voice/ (the remote engine
 against a local /v1/audio/transcriptions server) and never turned into a run; the brain's
 recent context takes the last 600 s within 12,000 bytes, marked as overheard; the analysis

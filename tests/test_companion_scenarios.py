@@ -1,4 +1,4 @@
-"""Seed 004's twelve acceptance scenarios (issue 21), each through the real voice socket
+"""The companion's twelve acceptance scenarios (issue 21), each through the real voice socket
 against the scripted demo brain. A call is started with ``call.start`` (its snapshot
 frozen by ``brain.call_snapshot``), the owner's words arrive as ``voice.transcript`` of a
 request utterance in the call (the audio path that makes such an utterance is
@@ -30,7 +30,7 @@ from tests.conftest import db_async, device_socket, receive_until
 pytestmark = pytest.mark.django_db(transaction=True)
 FORMAT = {"encoding": "pcm_s16le", "sample_rate": 16000, "channels": 1}
 
-# The persona draft of seed 004 ("小禾"), as an owner would publish it.
+# A persona draft ("小禾"), as an owner would publish it.
 XIAOHE = {
     "name": "小禾",
     "identity": "你叫小禾，是家里的语音陪伴助手。像平等、耐心的熟人一样交流，尊重对方作为成年人的经验和选择。",
@@ -306,7 +306,7 @@ async def test_a_corrected_detail_the_newest_wins_with_its_source(phone: Phone) 
 
 
 async def test_tired_ends_the_turn_and_a_barge_in_is_recorded(phone: Phone) -> None:
-    await db_async(persona.publish)(phone.sim.device.owner_id, XIAOHE, note="seed 004 draft")
+    await db_async(persona.publish)(phone.sim.device.owner_id, XIAOHE, note="小禾 draft")
     await phone.start("tired")
     await phone.say("我以前修车床")
     messages = await phone.say("累了，不聊了")

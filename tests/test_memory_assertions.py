@@ -1,5 +1,5 @@
 """L3 assertions: compare-and-set commits under the owner's lock, replay by request id,
-re-evaluation marks, forgetting through historical dependencies (F7 steps 3, 4, 9)."""
+re-evaluation marks, forgetting through historical dependencies (flow F7)."""
 
 from __future__ import annotations
 

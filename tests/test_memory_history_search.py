@@ -1,5 +1,5 @@
-"""History search (``memory.history_search``, ``/internal/memory/history/search/``): seed
-002's limits — 3 lookups a run, 20 lines, ±2 lines of context, 300 characters a line, a time
+"""History search (``memory.history_search``, ``/internal/memory/history/search/``): its
+limits — 3 lookups a run, 20 lines, ±2 lines of context, 300 characters a line, a time
 range — the result marked as reference material, and never a guest's or another owner's line."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Incremental memory injection (seed 003): only new facts each turn; an edit, a deletion
+"""Incremental memory injection: only new facts each turn; an edit, a deletion
 or a scope change rebuilds the session; the baseline advances only after the prompt was
 accepted. Plus the runner hook that brings the core profile into every owner run."""
 

@@ -39,7 +39,7 @@ def believe(owner: Any, text: str, predicate: str = "preference.food") -> str:
 # --- reciprocal rank fusion --------------------------------------------------------------------
 
 
-def test_rrf_puts_b_before_a_in_the_seeds_example() -> None:
+def test_rrf_puts_b_before_a_with_k_60() -> None:
     image, text = ["A", "B", "C"], ["B", "C", "A"]
     fused = recall.rrf([image, text])
     assert [k for k, _ in fused] == ["B", "A", "C"]

@@ -137,7 +137,7 @@ def test_admission_refuses_on_bytes_with_an_honest_timeline_entry(owner: Any, ma
 
 
 def test_admission_refuses_on_inodes_even_with_bytes_to_spare(owner: Any, disk: Disk, settings: Any) -> None:
-    """Free inodes ≥ 500,000, whatever the free bytes (seed 3.5: 5 GiB left, too few inodes, refused)."""
+    """Free inodes ≥ 500,000, whatever the free bytes (bytes to spare, too few inodes: refused)."""
     disk.bytes, disk.inodes = 1000 * GiB, 499_999
     with pytest.raises(YimiError) as refused:
         store(owner)

@@ -1,4 +1,4 @@
-"""The registry's static checks (issue 18, F4 step 5): every rule has a failing example,
+"""The registry's static checks (issue 18, flow F4): every rule has a failing example,
 a refusal names the rule and the file but never the file's content, and a candidate's
 digest depends on its content only."""
 

@@ -1,4 +1,4 @@
-"""The registry's honesty checks (issue 18, F4 step 6): the contract runs against the fake
+"""The registry's honesty checks (issue 18, flow F4): the contract runs against the fake
 and the real implementation in the bubblewrap pack sandbox, under strace, with an empty
 network namespace. A read-only tool that writes a file, any socket that is not AF_UNIX,
 and a result that receipt validation has to change all fail; an honest pack passes."""

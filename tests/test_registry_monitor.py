@@ -31,7 +31,7 @@ def shipped(tmp_path: Path, settings: Any) -> Path:
     return use_registry(tmp_path, settings)
 
 
-def test_the_wilson_interval_matches_the_seeds_worked_example() -> None:
+def test_the_wilson_interval_matches_a_worked_example() -> None:
     for (bad, n), (low, high) in {(2, 40): (0.014, 0.165), (6, 20): (0.145, 0.519), (12, 30): (0.246, 0.577)}.items():
         got = wilson(bad, n)
         assert (round(got[0], 3), round(got[1], 3)) == (low, high)

@@ -1,4 +1,4 @@
-"""Publishing through the registry (issue 18, F4 steps 7 and 10): compare-and-swap on the
+"""Publishing through the registry (issue 18, flow F4): compare-and-swap on the
 online version, preload, activation without a restart (and its undo), revert to the previous
 version or removal of a first one, and the enable switches' precedence.
 

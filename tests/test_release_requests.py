@@ -1,5 +1,5 @@
-"""Rollback on request (F6 step 6), memory across a rollback, and the protected baseline
-(F5 step 4): real release directories and pointers under a temporary releases root, real
+"""Rollback on request (flow F6), memory across a rollback, and the protected baseline
+(flow F5): real release directories and pointers under a temporary releases root, real
 git repositories for the candidate's diff, PostgreSQL for the rows and memory."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The release watchdog (F6 steps 4-5): the pure state machine driven tick by tick with an
+"""The release watchdog (flow F6): the pure state machine driven tick by tick with an
 injected clock, injected health and restart counts, and a real state file on disk."""
 
 from __future__ import annotations

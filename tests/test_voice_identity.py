@@ -121,7 +121,7 @@ def test_leave_one_out_cosine_below_0_6_rejects_the_whole_set(owner: Any) -> Non
 
 
 def test_leave_one_out_is_checked_only_within_a_channel(owner: Any) -> None:
-    # The same person sounds very different on two channels (0.42 in the seed's measurement):
+    # The same person sounds very different on two channels (a cosine of 0.42 in one measurement):
     # each channel's set is checked on its own, so both enroll.
     enroll(owner, "phone_app", basis(0))
     enroll(owner, "glasses", basis(1))

@@ -1,4 +1,4 @@
-"""Workshop builds (F4 steps 3-4): build, self-test in the sandbox, back to the build step on
+"""Workshop builds (flow F4): build, self-test in the sandbox, back to the build step on
 failure (the repair model, bounded attempts), and the registry candidate on success.
 
 The repair model is the demo brain (the ``workshop_repair`` role falls back to ``brain``),

@@ -1,4 +1,4 @@
-"""capability_find (F4 step 2): installed packs, the local skill index, the local MCP index.
+"""capability_find (flow F4): installed packs, the local skill index, the local MCP index.
 
 A source that cannot be searched is reported and the search carries on; ranking is by
 weighted term matches, each result saying why.

@@ -106,7 +106,7 @@ def revert_answer(client: Any, **body: Any) -> Any:
 
 @pytest.mark.django_db
 def test_pack_revert_takes_a_yimi_built_pack_back_and_says_which_version_is_online(owner: Any, settings: Any, tmp_path: Path) -> None:
-    """F4 step 10 ("用回之前那版"): version 2 → version 1, then the first version is removed;
+    """The owner asks for the previous version ("用回之前那版"): version 2 → version 1, then the first version is removed;
     the answer names the version online, read back from the registry."""
     from capabilities.registry import online_digest, publish
     from tests.registry_support import candidate, use_registry

@@ -1,4 +1,4 @@
-"""Reuse vs template (F4 step 3): a reuse build writes only a manifest and a receipt wrapper
+"""Reuse vs template (flow F4): a reuse build writes only a manifest and a receipt wrapper
 of at most 200 lines; a template build copies and fills the pack template, and the pack it
 makes passes the registry's static checks and its own self-test in the workshop sandbox.
 """

@@ -1,4 +1,4 @@
-"""Workshop builds (F4 steps 3-4): build, self-test in the sandbox, repair, hand to the registry.
+"""Workshop builds (flow F4): build, self-test in the sandbox, repair, hand to the registry.
 
 A build is a ``WorkshopBuild`` row. ``start_build(spec)`` records it and runs it off the
 caller's path (a Celery task with a broker, else a thread of this process);
@@ -22,7 +22,7 @@ second worker that loses the race leaves it alone) and then, per attempt, up to
    ``workshop_repair`` model) revises the spec from the failure, and the next attempt
    starts; after the last attempt the build fails with ``selftest_failed``;
 5. **publish** (Yimi's builds: ``start_build`` and the Celery task): a candidate that
-   passed the registry's checks goes online at once with ``registry.publish`` (F4 step 7:
+   passed the registry's checks goes online at once with ``registry.publish`` (flow F4:
    no staging and no go-live confirmation for a Yimi-built pack; the registry's checks,
    the sandbox, the runtime gates and monitoring are what guard it). The publish compares
    the online version with ``built_against``: if it changed meanwhile the build fails

@@ -1,4 +1,4 @@
-"""Pack drafts: the pack template copied and filled from a build spec (F4 step 3).
+"""Pack drafts: the pack template copied and filled from a build spec (flow F4).
 
 A **build spec** (``build.json`` in a source directory, or the ``spec`` of a
 ``WorkshopBuild``) says what to build::

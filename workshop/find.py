@@ -1,4 +1,4 @@
-"""``capability_find``: is there already something that does this? (F4 step 2)
+"""``capability_find``: is there already something that does this? (flow F4)
 
 Three sources, searched in this order, each on its own:
 

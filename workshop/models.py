@@ -1,4 +1,4 @@
-"""The workshop's one table: builds (F4 steps 3-4).
+"""The workshop's one table: builds (flow F4).
 
 Only ``workshop.builds`` writes it.
 """

@@ -1,4 +1,4 @@
-"""Reverting a Yimi-built pack when the owner asks (F4 step 10: "I don't want this version").
+"""Reverting a Yimi-built pack when the owner asks ("I don't want this version").
 
 The owner says it in one sentence; the agent calls ``workshop__pack_revert`` and this takes
 the pack's online version back through the registry (``capabilities.registry.revert``): its

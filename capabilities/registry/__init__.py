@@ -1,4 +1,4 @@
-"""The pack registry (issue 18, flow F4 steps 5-10): checks, publish, monitor, rollback.
+"""The pack registry (issue 18, flow F4): checks, publish, monitor, rollback.
 
 Public entry points (other apps call only these):
 

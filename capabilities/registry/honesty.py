@@ -1,4 +1,4 @@
-"""Honesty checks (F4 step 6): does a candidate pack do what its manifest says, and no more?
+"""Honesty checks (flow F4): does a candidate pack do what its manifest says, and no more?
 
 The pack's contract cases run twice, against its fake and against its real implementation
 (``capabilities.contract.run_contract``), each host in the platform's own bubblewrap pack

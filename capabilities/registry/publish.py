@@ -1,4 +1,4 @@
-"""Publishing, reverting and switching packs (F4 steps 7 and 10), without a restart.
+"""Publishing, reverting and switching packs (flow F4), without a restart.
 
 The database is the registry's truth (``RegisteredPack.active`` is the version online,
 ``RegisteredPack.enabled`` the switch); after every change ``write_selection`` projects it

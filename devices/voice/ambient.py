@@ -1,9 +1,9 @@
-"""Ambient speech analysis within fixed bounds (seed 3.5; docs/voice.md, "Ambient log").
+"""Ambient speech analysis within fixed bounds (docs/voice.md, "Ambient log").
 
 Ambient speech (an utterance that reached no request window) is transcribed when the
 session has a server ASR engine and kept in the ambient log (``memory.ambient``) with its
-source. The work goes through one ``AnalysisScheduler`` per process, whose bounds are the
-seed's:
+source. The work goes through one ``AnalysisScheduler`` per process, whose bounds are
+fixed:
 
 - at most ``MAX_STREAMS`` (2) continuous streams — one voice socket's capture channel is
   one stream. A third is **refused**: its chunks are not analysed (``analysis_streams_full``,

@@ -1,7 +1,7 @@
-"""The realtime voice front ("fast thinking", seed section 8; docs/voice.md, "The
+"""The realtime voice front ("fast thinking"; docs/voice.md, "The
 realtime front").
 
-A client for the OpenAI Realtime websocket protocol (the seed's ``qwen-omni-realtime``
+A client for the OpenAI Realtime websocket protocol (the ``qwen-omni-realtime``
 models speak it), one connection per voice session, used only when the ``realtime``
 model role is configured (``brain.roles``). For each spoken request the voice socket
 hands over (``turn``): the utterance's audio (``input_audio_buffer.append`` /

@@ -1,4 +1,4 @@
-"""The workshop pack: Yimi's own way to find and build capabilities (flow F4 steps 2-4).
+"""The workshop pack: Yimi's own way to find and build capabilities (flow F4 of docs/architecture.md).
 
 Every tool is one request to ``/internal/workshop/`` on the platform socket with the
 capability of the call being executed (``workshop/internal_views.py``):
