@@ -5,7 +5,9 @@
   ``memory.locks.lock_owner_calls``) imports and exists, and every repository path they give
   (``capabilities/mcp_host/sandbox.py``, ``docs/decisions/...``) is there.
 - No file of the repository cites a document outside it (the old design notes lived beside
-  the repository and are not shipped with a release).
+  the repository and are not shipped with a release), by name or by its section, plan and
+  flow step numbers: a file states the rule itself or names the repository doc that does
+  (flows by name, e.g. "flow F7" of ``docs/architecture.md``). Random seeds are not citations.
 
 Read from the files of this checkout (a release's ``code/`` has no ``.git``), never ``./var``.
 """
@@ -29,6 +31,13 @@ SKIPPED_DIRS = {".git", ".venv", "venv", "var", "node_modules", "__pycache__", "
 TEXT_SUFFIXES = {".py", ".md", ".toml", ".ini", ".cfg", ".txt", ".yaml", ".yml", ".json", ".sh", ".html"}
 # Documents that are not in the repository. Spelled in pieces so this file does not cite them.
 OUTSIDE = re.compile("|".join(re.escape(p) for p in ("CONVENTIONS" + ".md", "DESIGN" + ".md", "TECH-" + "NOTES", "../" + "shared")))
+# Citations of the old product description: by its section and plan numbers, as the document ("the ..."),
+# or by flow step numbers, which only it had. Bracketed characters keep this file from matching itself.
+OUTSIDE_NUMBERED = re.compile(
+    r"\bseed (?:\d|F\d|report\b|section\b)|\bseed[']s\b|\bthe[ ]seed\b|\bseed[:,][ ](?:report\b|[^\x00-\x7f])"
+    r"|\bplan[ ]\d|\bF[1-7][ ]steps?[ ]\d|\(seed$",
+    re.IGNORECASE,
+)
 
 
 def mapped_docs() -> list[Path]:
@@ -95,5 +104,8 @@ def test_no_file_cites_a_document_outside_the_repository() -> None:
             text = path.read_text(encoding="utf-8")
         except (UnicodeDecodeError, OSError):
             continue
-        citing += [f"{path.relative_to(ROOT)}:{n}" for n, line in enumerate(text.splitlines(), 1) if OUTSIDE.search(line)]
-    assert not citing, f"cite the repository's own docs instead (docs/conventions.md, docs/decisions/): {citing}"
+        citing += [
+            f"{path.relative_to(ROOT)}:{n}" for n, line in enumerate(text.splitlines(), 1)
+            if OUTSIDE.search(line) or OUTSIDE_NUMBERED.search(line)
+        ]
+    assert not citing, f"state the rule, or cite the repository's own docs instead (docs/architecture.md, docs/conventions.md, docs/decisions/): {citing}"
