@@ -191,8 +191,7 @@ def _fire_one(rid: uuid.UUID, now: datetime) -> int:
 
 def _announce(owner_id: int, seq: int, text: str) -> None:
     try:
-        push.to_owner_sync(owner_id, {"type": "notice", "seq": seq, "code": "reminder", "text": text, "run_id": None, "reply_to_seq": None})
-        push.to_owner_sync(owner_id, {"type": "timeline.new", "seq": seq})
+        push.announce_sync(owner_id, seq=seq, code="reminder", text=text)
     except Exception as exc:  # noqa: BLE001 - the entry is committed; devices catch up with sync
         log_event("reminder_announce_failed", logging.WARNING, seq=seq, error=type(exc).__name__)
 

@@ -188,10 +188,8 @@ def send_notice(notice_id: Any) -> bool:
     if notice is None:
         return False
     entry = notice.entry
-    frame = {"type": "notice", "seq": entry.seq, "code": "watch", "text": entry.text, "notice_id": str(notice.id), "run_id": None, "reply_to_seq": None}
     try:
-        push.to_owner_sync(notice.owner_id, frame)
-        push.to_owner_sync(notice.owner_id, {"type": "timeline.new", "seq": entry.seq})
+        push.announce_sync(notice.owner_id, seq=entry.seq, code="watch", text=entry.text, notice_id=str(notice.id))
     except Exception as exc:  # noqa: BLE001 - the notice is stored and pending; the next check sends it again
         log_event("watch_notice_send_failed", logging.WARNING, notice_id=str(notice.id), error=type(exc).__name__)
         return False

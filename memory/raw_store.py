@@ -193,9 +193,7 @@ def admit(directory: Path, size: int, *, owner_id: int, now: datetime | None = N
 
 def _announce(owner_id: int, entry: TimelineEntry) -> None:
     try:
-        push.to_owner_sync(owner_id, {"type": "notice", "seq": entry.seq, "code": entry.notice_code, "text": entry.text,
-                                      "run_id": None, "reply_to_seq": None})
-        push.to_owner_sync(owner_id, {"type": "timeline.new", "seq": entry.seq})
+        push.announce_sync(owner_id, seq=entry.seq, code=entry.notice_code, text=entry.text)
     except Exception as exc:  # noqa: BLE001 - the entry is committed; devices catch up with sync
         log_event("raw_notice_push_failed", logging.WARNING, seq=entry.seq, error=type(exc).__name__)
 

@@ -40,15 +40,13 @@ def notify_owner(notice_id: str, code: str, text: str, *, owner_id: int | None =
             owner_id=owner_id, kind=TimelineEntry.Kind.NOTICE, text=text, client_id=client_id, scope="owner",
             notice_code=code[:32],
         )
-        frame = {"type": "notice", "seq": entry.seq, "code": code[:32], "text": text, "notice_id": client_id,
-                 "run_id": None, "reply_to_seq": None}
-        transaction.on_commit(lambda: _push(owner_id, frame))
+        seq, short_code = entry.seq, code[:32]
+        transaction.on_commit(lambda: _push(owner_id, seq, short_code, text, client_id))
     return entry
 
 
-def _push(owner_id: int, frame: dict[str, object]) -> None:
+def _push(owner_id: int, seq: int, code: str, text: str, notice_id: str) -> None:
     try:
-        push.to_owner_sync(owner_id, frame)
-        push.to_owner_sync(owner_id, {"type": "timeline.new", "seq": frame["seq"]})
+        push.announce_sync(owner_id, seq=seq, code=code, text=text, notice_id=notice_id)
     except Exception as exc:  # noqa: BLE001 - the notice is on the timeline; devices pull it by sequence number
         log_event("release_notice_push_failed", logging.WARNING, error=type(exc).__name__)

@@ -86,8 +86,7 @@ def _tell_owner(release: Release) -> None:
 
 def _announce(owner_id: int, seq: int, text: str) -> None:
     try:
-        push.to_owner_sync(owner_id, {"type": "notice", "seq": seq, "code": NOTICE_CODE, "text": text, "run_id": None, "reply_to_seq": None})
-        push.to_owner_sync(owner_id, {"type": "timeline.new", "seq": seq})
+        push.announce_sync(owner_id, seq=seq, code=NOTICE_CODE, text=text)
     except Exception as exc:  # noqa: BLE001 - the entry is committed; devices catch up with sync
         log_event("release_announce_failed", logging.WARNING, seq=seq, error=type(exc).__name__)
 

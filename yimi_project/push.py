@@ -105,6 +105,18 @@ def to_owner_sync(owner_id: int, frame: dict[str, Any]) -> None:
     _send_sync(owner_group(owner_id), frame)
 
 
+def announce_sync(owner_id: int, *, seq: int, code: str, text: str, notice_id: str | None = None) -> None:
+    """A notice the platform wrote on its own (a reminder, a watch, a release, a full hot
+    store: no run, no request it answers), to every device of the owner: the ``notice`` frame,
+    then the ``timeline.new`` hint. Call it after the entry is committed; a failed send raises
+    (the entry stays on the timeline and devices catch up with ``sync``; the caller logs it)."""
+    frame: dict[str, Any] = {"type": "notice", "seq": seq, "code": code, "text": text, "run_id": None, "reply_to_seq": None}
+    if notice_id is not None:
+        frame["notice_id"] = notice_id
+    to_owner_sync(owner_id, frame)
+    to_owner_sync(owner_id, {"type": "timeline.new", "seq": seq})
+
+
 # --- reply chunks, batched by time ------------------------------------------------------
 
 
