@@ -124,3 +124,40 @@ def test_a_connection_killed_server_side_is_not_handed_to_a_request(postgres: No
         cursor.execute("SELECT pg_backend_pid()")
         (now_used,) = cursor.fetchone()
     assert now_used not in pids
+
+
+def test_a_request_after_every_idle_connection_was_ended_gets_a_new_one_without_waiting_out_the_pool(postgres: None) -> None:
+    """Eight idle connections in the pool, all ended by the server at once (a restart): the
+    first failed check sweeps the others, so the request does not wait a doubling delay per
+    dead connection (1 + 2 + 4 + 8 + 16 s is past the pool's 30 s) and gets a new one."""
+    import threading
+
+    from django.db import connections
+
+    pool = connection.pool
+    assert pool is not None
+    holders = 8
+    barrier = threading.Barrier(holders)
+
+    def hold() -> None:
+        with connections["default"].cursor() as cursor:
+            cursor.execute("SELECT 1")
+            barrier.wait(timeout=GONE_DEADLINE_SECONDS)  # all eight checked out at once
+        connections["default"].close()  # back to the pool, idle
+
+    threads = [threading.Thread(target=hold) for _ in range(holders)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert pool.get_stats()["pool_available"] >= holders
+    with psycopg.connect(database_url_for_subprocesses(), autocommit=True) as admin:
+        pids = [pid for (pid,) in admin.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        ).fetchall()]
+    assert len(pids) >= holders
+    terminate(pids)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        (now_used,) = cursor.fetchone()
+    assert now_used not in pids

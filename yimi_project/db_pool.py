@@ -18,7 +18,8 @@ when there is a reason to:
 4. otherwise it is handed out as it is, without a round trip.
 
 A connection that fails the check is discarded by the pool, which gives the request
-another one (tests/test_db_pool_check.py).
+another one, and the pool's other idle connections are swept with it
+(``PooledConnectionCheck``; tests/test_db_pool_check.py).
 """
 
 from __future__ import annotations
@@ -35,13 +36,36 @@ from psycopg_pool import ConnectionPool
 CONFIRMED_AT = "_yimi_confirmed_at"  # attribute on the connection: when the empty query last passed
 
 
-def pooled_connection_check(every_seconds: float, clock: Callable[[], float] = time.monotonic) -> Callable[[Any], None]:
-    """The pool's ``check`` callback: ``check_pooled_connection`` with this interval and clock."""
+class PooledConnectionCheck:
+    """The pool's ``check`` callback: ``check_pooled_connection`` with this interval and clock.
 
-    def check(conn: Any) -> None:
-        check_pooled_connection(conn, every_seconds=every_seconds, now=clock())
+    When a connection fails it, the pool's other idle connections are swept at once
+    (``ConnectionPool.check``: each asked, the broken ones replaced) before the pool hands out
+    the next. The server usually closed them all together (a restart, a terminated database),
+    and psycopg_pool waits a doubling delay after each failed check (1, 2, 4, 8, 16 s): with
+    five dead idle connections a request waited out the pool's 30 s and failed.
+    ``yimi_project.postgresql`` binds the pool (``sweeps``)."""
 
-    return check
+    def __init__(self, every_seconds: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.every_seconds = every_seconds
+        self.clock = clock
+        self.pool: ConnectionPool | None = None
+
+    def sweeps(self, pool: ConnectionPool) -> None:
+        self.pool = pool
+
+    def __call__(self, conn: Any) -> None:
+        try:
+            check_pooled_connection(conn, every_seconds=self.every_seconds, now=self.clock())
+        except psycopg.Error:
+            if self.pool is not None:
+                self.pool.check()
+            raise
+
+
+def pooled_connection_check(every_seconds: float, clock: Callable[[], float] = time.monotonic) -> PooledConnectionCheck:
+    """The ``check`` for ``OPTIONS["pool"]`` (settings)."""
+    return PooledConnectionCheck(every_seconds, clock)
 
 
 def check_pooled_connection(conn: Any, *, every_seconds: float, now: float) -> None:

@@ -34,5 +34,7 @@ class DatabaseWrapper(base.DatabaseWrapper):
             pool = ConnectionPool(
                 kwargs=connect_kwargs, open=False, configure=self._configure_connection, check=check, **options
             )
-            self._connection_pools.setdefault(self.alias, pool)  # as Django: the first of racing threads wins
+            pool = self._connection_pools.setdefault(self.alias, pool)  # as Django: the first of racing threads wins
+            if hasattr(check, "sweeps"):
+                check.sweeps(pool)  # a failed check sweeps the pool's other idle connections
         return self._connection_pools[self.alias]
