@@ -151,9 +151,10 @@ async def test_after_redis_dropped_every_connection_the_pooled_ones_are_replaced
             idle = list(pool._available_connections)
             assert len(idle) >= 10
             proxy.drop(reset=reset)
-            for _ in range(500):  # until this loop has seen every connection end (the proxy has closed them all)
-                if all(c._writer is None or c._writer.is_closing() or c._reader.at_eof() for c in idle):
-                    break
+            deadline = time.monotonic() + 60  # a poll's bound on a busy machine, never a timed assertion
+            # until this loop has seen every connection end (the proxy has closed them all)
+            while not all(c._writer is None or c._writer.is_closing() or c._reader.at_eof() for c in idle):
+                assert time.monotonic() < deadline, "the proxy's drop never reached the pooled connections"
                 await asyncio.sleep(0.01)
             with pytest.raises(redis.exceptions.ConnectionError):
                 await layer.group_add("owner.1", channels[0])  # down: refused

@@ -20,6 +20,8 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -153,6 +155,19 @@ def children(prefix: str, controllers: tuple[str, ...] = ("memory", "pids", "cpu
     return found
 
 
+@contextmanager
+def _removed_on_failure(group: Cgroup) -> Iterator[None]:
+    """What of ``group`` was made is removed if making the rest fails (``CgroupUnavailable``)."""
+    try:
+        yield
+    except OSError as exc:
+        group.remove()
+        raise CgroupUnavailable(f"cannot create the cgroup ({exc.strerror or exc})") from None
+    except CgroupUnavailable:
+        group.remove()
+        raise
+
+
 def create_cgroup(name: str, limits: CgroupLimits, root: Path = CGROUP_ROOT) -> Cgroup:
     """Make the cgroup ``name`` below this process's own and set every limit, or raise
     ``CgroupUnavailable`` (having removed what was made)."""
@@ -167,7 +182,7 @@ def create_cgroup(name: str, limits: CgroupLimits, root: Path = CGROUP_ROOT) -> 
                 break
     if len(v1) == len(wanted):
         group = Cgroup("v1")
-        try:
+        with _removed_on_failure(group):
             for controller, directory in v1.items():
                 directory.mkdir()
                 group.dirs[controller] = directory
@@ -179,12 +194,6 @@ def create_cgroup(name: str, limits: CgroupLimits, root: Path = CGROUP_ROOT) -> 
                 _write(group.dirs["cpu"] / "cpu.cfs_period_us", str(limits.cpu_period_us))
                 _write(group.dirs["cpu"] / "cpu.cfs_quota_us", str(limits.cpu_quota_us))
             _write(group.dirs["pids"] / "pids.max", str(limits.pids))
-        except OSError as exc:
-            group.remove()
-            raise CgroupUnavailable(f"cannot create the cgroup ({exc.strerror or exc})") from None
-        except CgroupUnavailable:
-            group.remove()
-            raise
         return group
     for fstype, point, _ in mounts:
         if fstype != "cgroup2" or "" not in own:
@@ -200,7 +209,7 @@ def create_cgroup(name: str, limits: CgroupLimits, root: Path = CGROUP_ROOT) -> 
         if not set(wanted) <= enabled:
             _write(parent / "cgroup.subtree_control", " ".join(f"+{c}" for c in wanted))
         group = Cgroup("v2")
-        try:
+        with _removed_on_failure(group):
             (parent / name).mkdir()
             group.dirs[""] = parent / name
             _write(parent / name / "memory.max", str(limits.memory_bytes))
@@ -209,11 +218,5 @@ def create_cgroup(name: str, limits: CgroupLimits, root: Path = CGROUP_ROOT) -> 
             if limits.cpu_quota_us is not None:
                 _write(parent / name / "cpu.max", f"{limits.cpu_quota_us} {limits.cpu_period_us}")
             _write(parent / name / "pids.max", str(limits.pids))
-        except OSError as exc:
-            group.remove()
-            raise CgroupUnavailable(f"cannot create the cgroup ({exc.strerror or exc})") from None
-        except CgroupUnavailable:
-            group.remove()
-            raise
         return group
     raise CgroupUnavailable(f"no cgroup hierarchy with the {', '.join(wanted)} controllers is writable here")
