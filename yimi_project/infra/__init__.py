@@ -2,7 +2,8 @@
 Channels, channels_redis, daphne/autobahn, Django's database layer, psycopg or httpx is
 upgraded. Each module's docstring says what it patches, why, and what would let us drop it.
 
-Wired by settings, ``test_settings`` or ``asgi`` (no app imports them):
+Wired by settings, ``test_settings`` or ``asgi``; no app imports them (the import-linter
+contract "Framework patches are wired, not imported" in pyproject.toml):
 
 - ``channel_layers``: channels_redis's and Channels' in-memory layer: one round trip per
   group send, one reader per process inbox, no silent loss (``CHANNEL_LAYERS`` BACKEND).
