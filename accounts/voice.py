@@ -32,8 +32,8 @@ from django.utils import timezone
 from accounts import voiceprint
 from accounts.models import CallAnchor, Scope, TrustWindow, VoiceCall
 from accounts.services import device_scope_limit, is_owner_device
-from yimi_project import statements
 from yimi_project.errors import YimiError
+from yimi_project.infra import statements
 from yimi_project.logs import log_event
 
 TRUST_WINDOW_SECONDS = 60

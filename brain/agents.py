@@ -24,9 +24,9 @@ from django.utils import timezone
 
 from brain.models import AgentTask, Run
 from memory.copies import ForgottenContent, rows_in_chunks
-from yimi_project import statements
 from yimi_project.errors import YimiError
 from yimi_project.ids import uuid_or_nil
+from yimi_project.infra import statements
 
 ACTIVE = (AgentTask.State.QUEUED, AgentTask.State.RUNNING)
 

@@ -44,8 +44,8 @@ from brain import privacy_epoch, topic_state
 from brain.companion_models import CallSnapshot, CompanionSettings, ContentCard, PersonaVersion
 from memory.copies import ForgottenContent, rows_in_chunks
 from memory.models import Assertion, AssertionVersion
-from yimi_project import statements
 from yimi_project.errors import YimiError
+from yimi_project.infra import statements
 from yimi_project.logs import log_event
 
 # Where the background comes from in L3 (payload ``{"text": ...}``). A payload with
@@ -176,7 +176,7 @@ def _profile_facts(owner_id: int, *, interests: bool) -> list[tuple[str, str, in
 @cache
 def _profile_facts_sql(vendor: str, interests: bool) -> tuple[str, tuple[Any, ...]]:
     """``_profile_facts``' SELECT, built once per process from the models' ``_meta`` (the
-    ORM compiled it anew on every call start: ``yimi_project.statements``)."""
+    ORM compiled it anew on every call start: ``yimi_project.infra.statements``)."""
     quote = connection.ops.quote_name
     v, a = AssertionVersion._meta, Assertion._meta
     vt, at = quote(v.db_table), quote(a.db_table)

@@ -22,9 +22,10 @@ from typing import Any
 
 import httpx
 
-from brain import http11, usage
+from brain import usage
 from brain.roles import RoleSettings
 from brain.usage import CallContext, TokenUsage
+from yimi_project.infra import http11
 
 
 class BrainError(Exception):
@@ -137,7 +138,7 @@ async def _record_usage(
 # instead of a connect for each call. A connection belongs to the loop it was opened on,
 # hence one pool per loop. Any other loop (``async_to_sync``'s, made for one call and then
 # dropped) gets a connection for the call, closed after it: a kept connection would keep its
-# dead loop, and a socket, alive for good. Calls go over ``brain.http11`` (asyncio streams
+# dead loop, and a socket, alive for good. Calls go over ``yimi_project.infra.http11`` (asyncio streams
 # and h11); an endpoint that an environment proxy applies to over httpx, with one kept client
 # per loop in the same way.
 _clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient] = weakref.WeakKeyDictionary()

@@ -25,8 +25,8 @@ from django.utils import timezone
 
 from brain.companion_models import CompanionSettings, PrivacyEpoch
 from memory import source_changes
-from yimi_project import statements
 from yimi_project.errors import YimiError
+from yimi_project.infra import statements
 from yimi_project.logs import log_event
 
 CONTINUITY_OFF = "continuity_off"
@@ -79,7 +79,7 @@ def read_locked(owner_id: int) -> int:
 
 @cache
 def _locking_read(vendor: str) -> str:
-    """``read_locked``'s statement, built once (``yimi_project.statements``): the ORM's
+    """``read_locked``'s statement, built once (``yimi_project.infra.statements``): the ORM's
     ``select_for_update(no_key=True)`` SELECT of the owner's value (the lock clause only
     where the database has one, as the ORM does)."""
     sql = (f"SELECT {statements.column(PrivacyEpoch, 'value')} FROM {connection.ops.quote_name(PrivacyEpoch._meta.db_table)} "

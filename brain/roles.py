@@ -36,8 +36,8 @@ from django.utils import timezone
 from brain import keyring
 from brain.models import Run
 from brain.role_models import ROLE_NAMES, ModelRole, ModelRoleRevision, ModelSettingsImport, RoleSource
-from yimi_project import statements
 from yimi_project.errors import YimiError
+from yimi_project.infra import statements
 from yimi_project.logs import log_event
 from yimi_project.secrets import read_secret
 

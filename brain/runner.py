@@ -41,8 +41,9 @@ from capabilities import services as capability_services
 from capabilities import truth
 from capabilities.models import ReceiptRecord, ToolCall
 from memory.models import TimelineEntry
-from yimi_project import push, statements
+from yimi_project import push
 from yimi_project.errors import YimiError
+from yimi_project.infra import statements
 from yimi_project.leaks import redact_markers
 from yimi_project.logs import log_event
 

@@ -29,7 +29,7 @@ from capabilities.authorities import RunBinding
 from capabilities.models import ReceiptRecord, ToolCall
 from memory import services as timeline
 from memory.models import ImageRecord, TimelineEntry
-from yimi_project import statements
+from yimi_project.infra import statements
 
 if TYPE_CHECKING:  # the device that spoke, from the consumer above (devices/)
     from devices.models import Device

@@ -42,7 +42,7 @@ from brain.topic_models import CallSummary, TopicState
 from memory import source_changes
 from memory.assertions import payload_text
 from memory.models import Assertion, AssertionVersion, TimelineEntry
-from yimi_project import statements
+from yimi_project.infra import statements
 from yimi_project.logs import log_event
 
 SUMMARIES_READ = 3  # the latest summaries the next call looks at (the newest becomes latest_summary)
@@ -153,7 +153,7 @@ def current_states(owner_id: int, *, exclude_call: int | None = None) -> dict[st
 @cache
 def _current_states_sql(vendor: str, exclude_call: bool) -> tuple[str, tuple[Any, ...]]:
     """``current_states``' SELECT, built once per process from ``_meta`` (it is on the way
-    of every call start: ``yimi_project.statements``). PostgreSQL: DISTINCT ON, one row per
+    of every call start: ``yimi_project.infra.statements``). PostgreSQL: DISTINCT ON, one row per
     topic from the (owner, topic_key) index; elsewhere the newest ``TOPIC_ROWS_READ`` valid
     rows, the newest of each topic kept by the caller."""
     quote = connection.ops.quote_name

@@ -58,8 +58,8 @@ from django.db.models.functions import TruncDate
 from django.utils import timezone
 
 from brain.usage_models import ModelUsage
-from yimi_project import statements
 from yimi_project.errors import YimiError
+from yimi_project.infra import statements
 from yimi_project.logs import log_event
 
 MILLION = Decimal(1_000_000)

@@ -36,8 +36,9 @@ from brain.services import close_scheduled_run, create_scheduled_run
 from capabilities.client import call_tool
 from memory.models import TimelineEntry
 from memory.services import append_entry
-from yimi_project import push, statements
+from yimi_project import push
 from yimi_project.errors import YimiError
+from yimi_project.infra import statements
 from yimi_project.logs import log_event
 
 MIN_INTERVAL_SECONDS = 60

@@ -27,9 +27,10 @@ from capabilities.models import ReceiptRecord, ToldFact, ToolCall
 from capabilities.receipts import needs_check, normalize, unknown_receipt
 from memory.copies import ForgottenContent, redacted_text, rows_in_chunks
 from memory.locks import lock_owner_calls
-from yimi_project import call_capability, statements
+from yimi_project import call_capability
 from yimi_project.errors import YimiError
 from yimi_project.ids import NIL, uuid_or_nil
+from yimi_project.infra import statements
 from yimi_project.logs import log_event
 
 TRUSTED_FIELDS = (

@@ -137,7 +137,7 @@ class DeviceConsumer(AsyncWebsocketConsumer):
                     await self.disconnect(CLOSE_TRY_AGAIN_LATER)
             finally:
                 # However it ended: the channel layer forgets this socket's inbox and groups
-                # (yimi_project.channel_layers; a layer without the hook has nothing to forget).
+                # (yimi_project.infra.channel_layers; a layer without the hook has nothing to forget).
                 forget = getattr(self.channel_layer, "forget_channel", None)
                 if forget is not None and getattr(self, "channel_name", None):
                     forget(self.channel_name)

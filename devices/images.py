@@ -56,7 +56,7 @@ class ImageUploadView(APIView):
 
     def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
         """Read the body before authentication checks its signature; a body larger than
-        ``IMAGE_MAX_BYTES`` never gets here: ``yimi_project.body_limit`` refuses it
+        ``IMAGE_MAX_BYTES`` never gets here: ``yimi_project.infra.body_limit`` refuses it
         (``image_too_large``) before Django spools it, and this check is the second line."""
         declared = request.META.get("CONTENT_LENGTH") or "0"
         if declared.isdigit() and int(declared) > settings.IMAGE_MAX_BYTES:

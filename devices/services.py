@@ -25,9 +25,10 @@ from devices import signatures
 from devices.models import Delivery, Device, PairingCode, PairingGuessSlot, SignedRequestNonce
 from memory.models import TimelineEntry
 from memory.services import visible_entries
-from yimi_project import push, statements
+from yimi_project import push
 from yimi_project.errors import YimiError
 from yimi_project.ids import uuid_or_nil
+from yimi_project.infra import statements
 from yimi_project.logs import log_event
 
 # Crockford's base32 without I, L, O, U: easy to read aloud and to type.

@@ -23,7 +23,7 @@ from django.utils import timezone
 
 from memory.ambient_models import AmbientRecord
 from memory.copies import ForgottenContent, rows_in_chunks
-from yimi_project import statements
+from yimi_project.infra import statements
 
 WINDOW_SECONDS = 600
 BUDGET_BYTES = 12_000

@@ -42,8 +42,8 @@ from memory.models import (
     MemorySession,
     TimelineEntry,
 )
-from yimi_project import statements
 from yimi_project.errors import YimiError
+from yimi_project.infra import statements
 from yimi_project.logs import log_event
 
 CORE_PROFILE = "core_profile.entry"

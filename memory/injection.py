@@ -39,7 +39,7 @@ from django.utils import timezone
 
 from memory import assertions
 from memory.models import Assertion, MemorySession
-from yimi_project import statements
+from yimi_project.infra import statements
 from yimi_project.logs import log_event
 
 SCOPES_WITH_FACTS = ("owner",)

@@ -28,8 +28,8 @@ from django.db import connection, transaction
 from memory.assertions import CORE_PROFILE, SPEAKING_PREFERENCES
 from memory.locks import lock_owner_memory
 from memory.models import Assertion, AssertionVersion
-from yimi_project import statements
 from yimi_project.files import fsync_dir, write_atomically
+from yimi_project.infra import statements
 from yimi_project.logs import log_event
 
 USER_MD, MEMORY_MD, PERSONALITY_MD = "USER.md", "MEMORY.md", "PERSONALITY.md"

@@ -35,7 +35,7 @@ from memory import assertions, raw_recall
 from memory.embeddings import Embedder, configured_embedder, index_timeline, nearest
 from memory.models import TimelineEntry
 from memory.services import serialize_entry
-from yimi_project import statements
+from yimi_project.infra import statements
 
 RRF_K = 60
 LIST_MAX = 100

@@ -22,8 +22,8 @@ from django.db import connection, transaction
 from django.db.models import Max, Q, QuerySet
 
 from memory.models import TimelineCounter, TimelineEntry
-from yimi_project import statements
 from yimi_project.errors import YimiError
+from yimi_project.infra import statements
 
 
 # Atomic without a savepoint of its own: every caller appends inside its own transaction

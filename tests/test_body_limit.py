@@ -1,12 +1,12 @@
 """Request bodies beyond their path's limit are refused before Django reads them
-(yimi_project/body_limit.py): by the declared length, and by counting what arrives."""
+(yimi_project/infra/body_limit.py): by the declared length, and by counting what arrives."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
-from yimi_project.body_limit import BodyLimit
+from yimi_project.infra.body_limit import BodyLimit
 
 
 class App:

@@ -22,9 +22,10 @@ import pytest
 from asgiref.sync import async_to_sync
 
 from brain import client as brain_client
-from brain import http11, roles
+from brain import roles
 from brain.client import BrainError, complete, keep_client_on
 from tests.conftest import script
+from yimi_project.infra import http11
 
 pytestmark = pytest.mark.django_db(transaction=True)  # usage records are written from other threads
 

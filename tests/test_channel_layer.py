@@ -1,4 +1,4 @@
-"""The Redis channel layer's ``group_send`` (yimi_project/channel_layers.py) against a real
+"""The Redis channel layer's ``group_send`` (yimi_project/infra/channel_layers.py) against a real
 Redis: what channels_redis's does — expired members and messages forgotten, a process
 inbox filled up to its capacity — in two round trips per host."""
 
@@ -17,7 +17,7 @@ from django.conf import settings as django_settings
 
 from tests.conftest import need
 from tests.tcp_proxy import TcpProxy
-from yimi_project.channel_layers import RedisChannelLayer
+from yimi_project.infra.channel_layers import RedisChannelLayer
 
 EXPIRY = 60
 

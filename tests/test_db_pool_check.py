@@ -1,4 +1,4 @@
-"""The connection pool's health check (yimi_project/db_pool.py, README "Database
+"""The connection pool's health check (yimi_project/infra/db_pool.py, README "Database
 connections"): a connection the server closed is never handed to a request, and a healthy
 one is handed out without a round trip to ask."""
 
@@ -15,7 +15,7 @@ from django.db import connection
 
 from tests.conftest import need
 from tests.process_support import database_url_for_subprocesses
-from yimi_project.db_pool import check_pooled_connection
+from yimi_project.infra.db_pool import check_pooled_connection
 
 pytestmark = pytest.mark.django_db(transaction=True)  # autocommit: the request's connection comes from the pool
 

@@ -23,7 +23,7 @@ from brain.services import accept_utterance
 from tests.conftest import db_async, need, new_client_id, open_socket, receive_until
 from tests.process_support import publishing_to, redis_prefix
 from yimi_project import push
-from yimi_project.channel_layers import SocketInbox
+from yimi_project.infra.channel_layers import SocketInbox
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -188,7 +188,7 @@ def test_a_full_inbox_logs_what_it_drops_and_tells_the_device_to_sync(events: An
 def _redis_layer(prefix: str, *, process_capacity: int) -> dict[str, Any]:
     return {
         "default": {
-            "BACKEND": "yimi_project.channel_layers.RedisChannelLayer",
+            "BACKEND": "yimi_project.infra.channel_layers.RedisChannelLayer",
             "CONFIG": {
                 "hosts": [{"address": django_settings.REDIS_URL, "socket_timeout": django_settings.CHANNEL_LAYER_SOCKET_TIMEOUT_SECONDS}],
                 "prefix": prefix,

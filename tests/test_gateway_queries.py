@@ -24,7 +24,7 @@ from brain.models import Run
 from capabilities.models import ReceiptRecord, ToolCall
 from capabilities.services import CallRequest, decide, record_receipt
 from tests.gateway_support import run_with_demo_pack
-from yimi_project import statements
+from yimi_project.infra import statements
 from yimi_project.internal import _json_handler
 
 pytestmark = pytest.mark.django_db(transaction=True)  # autocommit, as in production
@@ -82,7 +82,7 @@ def test_a_receipt_replayed_in_autocommit_returns_the_stored_record(run: Run) ->
     assert ReceiptRecord.objects.filter(call_id=decision.call_id).count() == 1
 
 
-# --- yimi_project.statements ---------------------------------------------------------------
+# --- yimi_project.infra.statements ---------------------------------------------------------------
 
 
 def test_statements_insert_and_fetch_as_the_orm_would(run: Run) -> None:

@@ -11,7 +11,7 @@ import pytest
 from django.db import connection
 
 from tests.process_support import ROOT
-from yimi_project import statements
+from yimi_project.infra import statements
 
 pytestmark = pytest.mark.django_db
 

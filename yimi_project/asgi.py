@@ -12,11 +12,11 @@ django_asgi_app = get_asgi_application()
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
 from devices.routing import websocket_urlpatterns  # noqa: E402
-from yimi_project import websocket_transport  # noqa: E402
-from yimi_project.body_limit import BodyLimit  # noqa: E402
+from yimi_project.infra import websocket_transport  # noqa: E402
+from yimi_project.infra.body_limit import BodyLimit  # noqa: E402
 from yimi_project.internal import InternalJsonEndpoints  # noqa: E402
 
-# Oversized messages close with 1009, and 1013 can be sent (yimi_project/websocket_transport.py).
+# Oversized messages close with 1009, and 1013 can be sent (yimi_project/infra/websocket_transport.py).
 websocket_transport.install()
 
 application = ProtocolTypeRouter(

@@ -61,7 +61,7 @@ def timeline_new(seq: int, *, known_to_socket: str | None = None, known_to_devic
     ``seq`` already is not sent it (its consumer drops it): ``known_to_socket``, the channel
     of the socket whose ``text.ack``/``image.ack`` carried it, and ``known_to_device``, the
     device whose sockets got the ``reply.done``/``notice`` that carried it. Only the hint
-    itself is spared: merged with another (``yimi_project.channel_layers``), it goes to
+    itself is spared: merged with another (``yimi_project.infra.channel_layers``), it goes to
     every socket."""
     message: dict[str, Any] = {"type": "timeline.new", "seq": seq}
     if known_to_socket is not None:

@@ -14,7 +14,7 @@ from pathlib import Path
 import environ
 from django.core.exceptions import ImproperlyConfigured
 
-from yimi_project.db_pool import pooled_connection_check
+from yimi_project.infra.db_pool import pooled_connection_check
 from yimi_project.proxy import public_origin, trusted_networks
 from yimi_project.secrets import load_or_create_internal_token, load_or_create_secret_key, read_secret
 
@@ -150,11 +150,11 @@ elif DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
     # (up to the pool timeout) instead of opening a connection per thread until PostgreSQL
     # refuses everyone. Every process's pool counts against the server's max_connections:
     # README "Database connections". Django keeps no connection of its own (CONN_MAX_AGE 0).
-    # A connection is checked as it leaves the pool by yimi_project.db_pool (a dead one is
+    # A connection is checked as it leaves the pool by yimi_project.infra.db_pool (a dead one is
     # never handed out) without a round trip per checkout, not by CONN_HEALTH_CHECKS
     # (psycopg_pool's empty query every time): Django's backend with the pool's "check"
-    # from the options (yimi_project/postgresql).
-    DATABASES["default"]["ENGINE"] = "yimi_project.postgresql"
+    # from the options (yimi_project/infra/postgresql).
+    DATABASES["default"]["ENGINE"] = "yimi_project.infra.postgresql"
     _prepare_threshold = env.str("YIMI_DB_PREPARE_THRESHOLD", default="5").strip()
     DATABASES["default"]["CONN_MAX_AGE"] = 0
     DATABASES["default"]["CONN_HEALTH_CHECKS"] = False
@@ -195,7 +195,7 @@ CHANNEL_PREFIX = env.str("YIMI_CHANNEL_PREFIX", default="yimi")
 # ConnectionPool.from_url(address, **rest): the layer's own read timeout, twice the pop.
 # Not in REDIS_URL: Celery shares that URL and kombu refuses ?socket_timeout=.
 CHANNEL_LAYER_SOCKET_TIMEOUT_SECONDS = 10.0
-# Capacity (yimi_project.channel_layers): each socket's inbox holds WS_SOCKET_CAPACITY
+# Capacity (yimi_project.infra.channel_layers): each socket's inbox holds WS_SOCKET_CAPACITY
 # messages (timeline.new coalesced to one); on Redis all sockets of a web process share one
 # inbox, sized for WS_SOCKETS_PER_PROCESS of them. What does not fit is logged
 # (frame_undelivered) and recovered by the device with sync.
@@ -209,7 +209,7 @@ CHANNEL_LAYER_MAX_CONNECTIONS = env.int("YIMI_CHANNEL_LAYER_MAX_CONNECTIONS", de
 if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
-            "BACKEND": "yimi_project.channel_layers.RedisChannelLayer",
+            "BACKEND": "yimi_project.infra.channel_layers.RedisChannelLayer",
             "CONFIG": {
                 "hosts": [{"address": REDIS_URL, "socket_timeout": CHANNEL_LAYER_SOCKET_TIMEOUT_SECONDS,
                            "max_connections": CHANNEL_LAYER_MAX_CONNECTIONS}],
@@ -221,7 +221,7 @@ if REDIS_URL:
     }
 else:
     CHANNEL_LAYERS = {
-        "default": {"BACKEND": "yimi_project.channel_layers.InMemoryChannelLayer", "CONFIG": {"capacity": WS_SOCKET_CAPACITY}}
+        "default": {"BACKEND": "yimi_project.infra.channel_layers.InMemoryChannelLayer", "CONFIG": {"capacity": WS_SOCKET_CAPACITY}}
     }
 
 CELERY_BROKER_URL = REDIS_URL or None
@@ -496,7 +496,7 @@ YIMI_EMBEDDING_MODEL = env.str("YIMI_EMBEDDING_MODEL", default="")
 
 # --- images from devices (memory/images.py, devices/images.py; docs/protocol.md "Images") -------
 IMAGE_MAX_BYTES = env.int("YIMI_IMAGE_MAX_BYTES", default=4 * 1024 * 1024)  # one upload, JPEG or PNG
-# Any other HTTP request body (yimi_project/body_limit.py; refused before Django reads it).
+# Any other HTTP request body (yimi_project/infra/body_limit.py; refused before Django reads it).
 MAX_REQUEST_BYTES = env.int("YIMI_MAX_REQUEST_BYTES", default=64 * 1024 * 1024)  # the owner uploads enrollment photos in the console
 IMAGE_MAX_SIDE = env.int("YIMI_IMAGE_MAX_SIDE", default=4096)  # width and height, each
 IMAGE_UPLOAD_TTL_SECONDS = 600  # an upload no image frame announced is deleted after this

@@ -45,9 +45,9 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":  # noqa: F405
 DATABASES["default"]["CONN_MAX_AGE"] = 0  # noqa: F405
 if DATABASES["default"]["ENGINE"].endswith("postgresql"):  # noqa: F405
     # The production settings' backend with a cheaper flush after each transactional test
-    # (rows deleted, not every table truncated): yimi_project/test_postgresql/base.py.
+    # (rows deleted, not every table truncated): yimi_project/infra/test_postgresql/base.py.
     YIMI_TEST_BASE_DB_ENGINE = DATABASES["default"]["ENGINE"]  # noqa: F405
-    DATABASES["default"]["ENGINE"] = "yimi_project.test_postgresql"  # noqa: F405
+    DATABASES["default"]["ENGINE"] = "yimi_project.infra.test_postgresql"  # noqa: F405
     # The test database's commits do not wait for their WAL to reach the disk: a crash could
     # lose the last commits of a database that is thrown away anyway, and nothing a test sees
     # changes. Through libpq's PGOPTIONS, so the processes the tests start (daphne, Celery,

@@ -24,6 +24,18 @@ Yimi's Redis layer sends a group message in one round trip, naming the group ins
 its members, and each process hands it to its own sockets in the group (``group_send``);
 one reader task per process inbox hands every message to its socket's inbox (``receive``).
 Every process of an instance runs this code: an upgrade restarts them together.
+
+Patches: ``channels_redis``'s ``RedisChannelLayer`` (``receive``, ``group_send``, its Redis
+pool) and Channels' ``InMemoryChannelLayer`` (``send``, ``group_send``), wired by
+``CHANNEL_LAYERS["default"]["BACKEND"]`` in settings. Why: as shipped, a group send took
+four round trips and each received message four more, every waiting socket raced for one
+lock (~10% of a web process's CPU per text, issue 14), a full inbox dropped its oldest
+message without a trace, and redis-py handed out pooled connections a Redis outage had
+killed (issue 35; docs/decisions/2026-12-03-channel-layer.md). Drop it when
+``channels_redis`` receives through one reader per process inbox, sends to a group in one
+round trip, reports what does not fit instead of dropping it, and never hands out a dead
+connection; the ``timeline.new`` coalescing would then move to the device consumer.
+Tests: tests/test_channel_layer.py, tests/test_delivery.py, tests/test_outages.py.
 """
 
 from __future__ import annotations

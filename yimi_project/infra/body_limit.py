@@ -6,6 +6,12 @@ client from filling the disk. ``BodyLimit`` wraps the HTTP application: a body d
 (``Content-Length``) or received beyond the limit for its path is refused with 413 and the
 stable error body, and nothing more of it is read. Image uploads get ``IMAGE_MAX_BYTES``
 (``image_too_large``); every other path ``YIMI_MAX_REQUEST_BYTES`` (``payload_too_large``).
+
+Replaces: the unbounded read of Django's ``ASGIHandler.read_body`` (Django's
+``DATA_UPLOAD_MAX_MEMORY_SIZE`` applies only once a view reads the body, after it is on
+disk); ``yimi_project.asgi`` wraps the HTTP application in it. Drop it when Django's ASGI
+handler refuses an oversized body before spooling it, with a limit per path.
+Tests: tests/test_body_limit.py.
 """
 
 from __future__ import annotations

@@ -1,12 +1,17 @@
-"""Django's PostgreSQL backend (``ENGINE = "yimi_project.postgresql"``), with one change:
+"""Django's PostgreSQL backend (``ENGINE = "yimi_project.infra.postgresql"``), with one change:
 the connection pool takes its ``check`` callback from ``OPTIONS["pool"]["check"]``.
 
 Django 5.2 builds the psycopg pool with ``check=ConnectionPool.check_connection`` when
 ``CONN_HEALTH_CHECKS`` is on (an empty query, a round trip, on every checkout) and
 ``check=None`` otherwise, and passes ``OPTIONS["pool"]`` beside it, so a ``check`` there
 is an error. Here a ``check`` in the pool options replaces Django's choice
-(settings: ``yimi_project.db_pool.pooled_connection_check``); without one the pool is
+(settings: ``yimi_project.infra.db_pool.pooled_connection_check``); without one the pool is
 exactly Django's.
+
+Why: Django's own choice is a round trip on every checkout or no check at all (see
+``yimi_project.infra.db_pool``). Drop it when Django passes a ``check`` from the pool options
+to psycopg_pool itself (or offers a cheaper check); settings' ENGINE then goes back to
+``django.db.backends.postgresql``. Tests: tests/test_db_pool_check.py, tests/test_db_pool.py.
 """
 
 from __future__ import annotations

@@ -25,6 +25,11 @@ never sent again (the endpoint may be working on it: a second would be a second,
 call). Every failure is a ``StreamError``: ``StreamTimeout`` for a timeout,
 ``StreamBroken`` for the rest (refused, reset, TLS, a request h11 refuses to write, a
 response that is not HTTP/1.1).
+
+Replaces: httpx (with httpcore and anyio) for a model call's streamed POST; ``brain.client``
+calls it by name (docs/decisions/2026-12-03-model-calls-over-h11.md). Drop it when httpx's
+own CPU per streamed request comes near a bare h11 exchange (the figures above);
+``brain.client`` then calls httpx for every endpoint. Tests: tests/test_brain_client_loops.py.
 """
 
 from __future__ import annotations

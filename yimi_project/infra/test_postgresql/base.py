@@ -15,7 +15,12 @@ indexes that costs ~0.5 s per test even when the test wrote three rows. Here the
 
 Sequences are not reset, as ``TRUNCATE`` without ``RESTART IDENTITY`` leaves them; a test that
 asks for reset sequences (``reset_sequences=True``) gets Django's own statements.
-Production never uses this backend."""
+Production never uses this backend.
+
+Patches: Django's ``DatabaseOperations.sql_flush`` for the test database only (ENGINE in
+``test_settings``). Why: the truncating flush cost ~0.5 s per transactional test
+(docs/decisions/2026-12-03-test-database-flush.md). Drop it when Django's flush stops
+giving every table new files, or the suite stops paying for it."""
 
 from __future__ import annotations
 

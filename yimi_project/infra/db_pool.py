@@ -20,6 +20,14 @@ when there is a reason to:
 A connection that fails the check is discarded by the pool, which gives the request
 another one, and the pool's other idle connections are swept with it
 (``PooledConnectionCheck``; tests/test_db_pool_check.py).
+
+Replaces: psycopg_pool's ``ConnectionPool.check_connection``, the check Django installs with
+``CONN_HEALTH_CHECKS``; settings put ``pooled_connection_check`` in ``OPTIONS["pool"]`` and
+the backend ``yimi_project.infra.postgresql`` hands it to the pool. Why: one round trip per
+checkout on every hot path, and after a restart psycopg_pool's doubling delay per failed
+check made a request wait out the pool's 30 s
+(docs/decisions/2026-12-03-postgresql-statements-and-pool.md). Drop it when psycopg_pool checks a connection leaving the pool without a round trip and
+sweeps its idle connections once one fails; settings then go back to ``CONN_HEALTH_CHECKS``.
 """
 
 from __future__ import annotations
@@ -44,7 +52,7 @@ class PooledConnectionCheck:
     the next. The server usually closed them all together (a restart, a terminated database),
     and psycopg_pool waits a doubling delay after each failed check (1, 2, 4, 8, 16 s): with
     five dead idle connections a request waited out the pool's 30 s and failed.
-    ``yimi_project.postgresql`` binds the pool (``sweeps``)."""
+    ``yimi_project.infra.postgresql`` binds the pool (``sweeps``)."""
 
     def __init__(self, every_seconds: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.every_seconds = every_seconds

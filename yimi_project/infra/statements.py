@@ -17,6 +17,15 @@ the database computes in it or another row's new key.
 ``insert`` falls back to ``Model.save(force_insert=True)`` where the shortcut would change
 behaviour: a model with its own ``save``, a model with ``pre_save``/``post_save``
 receivers, or a database that cannot return the new primary key from an INSERT.
+
+Replaces: the ORM's SQL compilation, for the hot paths' shapes only; the apps call it by
+name (everything else stays on the ORM). Why: building the gateway's four statements took as
+long as PostgreSQL took to run them (docs/decisions/2026-12-03-statements-built-once.md).
+It leans on Django's internals, to check on a Django or psycopg upgrade: ``Model._state``,
+``Model.from_db``, ``Field.pre_save``/``get_db_prep_save``/``get_db_converters``,
+``connection.ops`` and ``features``, psycopg's ``prepare_threshold`` (``custom_plans``).
+Drop it when the ORM keeps a query's compiled SQL per shape, so the hot paths can go back
+to it. Tests: tests/test_prepared_statements.py, tests/test_gateway_queries.py.
 """
 
 from __future__ import annotations
