@@ -30,7 +30,7 @@ class Task:
 TASKS: tuple[Task, ...] = (
     Task("timeline", "What Yimi heard and did", (
         "memory.timelineentry", "brain.run", "brain.agenttask", "capabilities.toolcall", "capabilities.receiptrecord",
-        "devices.delivery", "devices.voiceutterance", "accounts.voicecall", "brain.callsnapshot",
+        "devices.delivery", "devices.voiceutterance", "accounts.voicecall", "companion.callsnapshot",
     )),
     Task("cards", "Cards and permissions", (
         "consent.consentcard", "payments.paymentintent", "consent.rememberedconsent", "consent.ridepermission",
@@ -40,11 +40,11 @@ TASKS: tuple[Task, ...] = (
     )),
     Task("memory", "Memory", (
         "memory.assertion", "memory.place", "memory.locationreport", "memory.healthrecord", "memory.rawobject",
-        "memory.coldpack", "memory.coldalert", "brain.privacyepoch",
+        "memory.coldpack", "memory.coldalert", "companion.privacyepoch",
     )),
     Task("models", "Models and persona", (
-        "brain.modelrole", "brain.modelselection", "brain.modelroledraft", "brain.modelusage", "brain.personaversion",
-        "brain.companionsettings", "brain.contentcard",
+        "brain.modelrole", "brain.modelselection", "brain.modelroledraft", "brain.modelusage", "companion.personaversion",
+        "companion.companionsettings", "companion.contentcard",
     )),
     Task("packs", "Packs", ("capabilities.registeredpack", "capabilities.packcandidate", "capabilities.secretgrant", "workshop.workshopbuild")),
     Task("devices", "Devices and who may speak", (

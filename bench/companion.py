@@ -82,9 +82,10 @@ def main() -> None:
     from accounts import voice as identity
     from accounts.models import VoiceCall
     from accounts.services import ensure_owner
-    from brain import call_snapshot, topic_state
-    from brain.topic_extractor import EXTRACTOR_VERSION
-    from brain.topic_models import CallSummary, TopicState
+    from companion import snapshot as call_snapshot
+    from companion import topics as topic_state
+    from companion.extractor import EXTRACTOR_VERSION
+    from companion.models import CallSummary, TopicState
     from devices.models import Device
     from memory import assertions
     from memory.assertions import CommitRequest
@@ -155,7 +156,7 @@ def main() -> None:
         call = identity.start_call(device, f"bench-{i}", "phone_app")  # the same, still open: reused
         call_snapshot.prepare(call)
 
-    from brain.companion_models import CompanionSettings
+    from companion.models import CompanionSettings
 
     def orm_one(_: int) -> None:
         CompanionSettings.objects.filter(owner_id=owner.pk).values_list("continuity_enabled", flat=True).first()

@@ -15,7 +15,6 @@ from django.utils.safestring import mark_safe
 from accounts.owner_admin import ReadOnlyInline, ReadOnlyOwnerAdmin, clip
 from brain import (
     catalog_admin,  # noqa: F401  (registers the local-models settings page)
-    companion_admin,  # noqa: F401  (registers the companion pages: personas, cards, snapshots)
     reminders,
     role_drafts_admin,  # noqa: F401  (registers the model drafts page)
     roles_admin,  # noqa: F401  (registers the model roles page)

@@ -1,7 +1,7 @@
 """What the brain is told for one run.
 
 An owner run gets the owner's system prompt (``OWNER_SYSTEM``, or inside a voice call the
-call's persona and background, ``brain.call_snapshot.call_prompt``), the owner-scope
+call's persona and background, ``companion.snapshot.call_prompt``), the owner-scope
 utterances and replies among the last ``BRAIN_HISTORY_ENTRIES`` (20) before the utterance
 (``brain.services.history_for``), the core profile and the session's new memory facts
 (``prepare_memory``, ``with_memory``) and the overheard ambient context. Any other scope
@@ -77,7 +77,7 @@ def skills_block(packs: list[Any], budget: int) -> str:
 def build_messages(scope: str, utterance: str, history: list[TimelineEntry], *, system: str | None = None) -> list[dict[str, Any]]:
     """The run's messages. ``system``: the owner's system prompt when it is not
     ``OWNER_SYSTEM`` — in a voice call, the call's persona and background
-    (``brain.call_snapshot.call_prompt``); never used for a guest."""
+    (``companion.snapshot.call_prompt``); never used for a guest."""
     if scope != "owner":
         return [{"role": "system", "content": GUEST_SYSTEM}, {"role": "user", "content": utterance}]
     messages: list[dict[str, Any]] = [{"role": "system", "content": system or OWNER_SYSTEM}]

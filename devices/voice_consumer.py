@@ -20,9 +20,11 @@ from django.utils import timezone
 
 from accounts import voice as identity
 from accounts.models import VoiceCall
-from brain import call_events, call_snapshot, roles
+from brain import roles
 from brain.dispatch import dispatch_run
-from brain.topic_tasks import dispatch_call_summary
+from companion import events as call_events
+from companion import snapshot as call_snapshot
+from companion.tasks import dispatch_call_summary
 from devices import push_to_talk
 from devices import services as device_services
 from devices.consumers import DeviceConsumer
@@ -48,7 +50,7 @@ class VoiceConsumer(DeviceConsumer):
     speaker: tts.ReplySpeaker | None = None  # speaks the replies of runs started here (devices/voice/tts.py)
     front: realtime.RealtimeFront | None = None  # the realtime front, when configured (devices/voice/realtime.py)
     _checked_at: float | None = None  # when an audio frame last re-checked the device (None: none has yet)
-    _audio_heard: bool = False  # the open call's first played audio was recorded (brain.call_events)
+    _audio_heard: bool = False  # the open call's first played audio was recorded (companion.events)
     archive: raw_store.ArchiveBatcher | None = None  # the stream's archive batches (memory/raw_store.py), owner devices only
 
     # The clock of the audio frames' device re-check (tests replace it).
@@ -423,7 +425,7 @@ class VoiceConsumer(DeviceConsumer):
         call_events.record(call, "reconnect" if call.started_at < asked else "start")
         self._audio_heard = False
         # The call's frozen snapshot (persona version, opening, background, card); reused when
-        # this call is started again, e.g. after a reconnect (brain.call_snapshot).
+        # this call is started again, e.g. after a reconnect (companion.snapshot).
         prepared = await database_sync_to_async(call_snapshot.prepare)(call)
         call_events.record(call, "snapshot_failed" if prepared.snapshot.fallback else "snapshot_built", state=prepared.state)
         self.call = call
@@ -432,7 +434,7 @@ class VoiceConsumer(DeviceConsumer):
 
     async def _hang_up(self, call: VoiceCall) -> None:
         """End the call (``identity.end_call``); the hang-up that ended it records the
-        ``end`` event and sends the end-of-call summary (``brain.topic_tasks``), off the
+        ``end`` event and sends the end-of-call summary (``companion.tasks``), off the
         audio path."""
         if await database_sync_to_async(identity.end_call)(call):
             call_events.record(call, "end")

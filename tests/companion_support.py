@@ -81,7 +81,7 @@ class TranscribedCall:
         return self.call
 
     def summarize(self) -> Any:
-        from brain.topic_state import summarize_call
+        from companion.topics import summarize_call
 
         if self.call.ended_at is None:
             self.hang_up()
@@ -101,6 +101,6 @@ def talk(device: Any, call_id: str, turns: list[tuple[str, str]]) -> Transcribed
 
 def states(owner_id: int) -> dict[str, tuple[str, str]]:
     """Each topic's current (state, quote)."""
-    from brain.topic_state import current_states
+    from companion.topics import current_states
 
     return {key: (row.state, row.quote) for key, row in current_states(owner_id).items()}

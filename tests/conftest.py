@@ -69,7 +69,7 @@ DB_FIXTURES = ("transactional_db", "db", "django_db_reset_sequences", "django_db
 
 @pytest.fixture(autouse=True)
 def _call_events_stored_with_their_test(request: pytest.FixtureRequest) -> Iterator[None]:
-    """Call events (``brain.call_events``) a test recorded are written before its database
+    """Call events (``companion.events``) a test recorded are written before its database
     is emptied. The buffer is the process's and its writer thread wakes every 0.5 s, so
     without this a call's last events would wait into the next test, whose first flush
     (one bulk insert) they would fail: their calls are gone. The test's database fixture is
@@ -81,7 +81,7 @@ def _call_events_stored_with_their_test(request: pytest.FixtureRequest) -> Itera
     if uses_db is not None:
         request.getfixturevalue(uses_db)
     yield
-    from brain import call_events
+    from companion import events as call_events
 
     call_events.flush()
 

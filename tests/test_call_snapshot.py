@@ -13,9 +13,10 @@ from typing import Any
 import pytest
 
 from accounts.models import User, VoiceCall
-from brain import call_snapshot, persona, privacy_epoch
-from brain.call_snapshot import Background, build_opening
-from brain.companion_models import CallSnapshot, ContentCard, PrivacyEpoch
+from companion import persona, privacy_epoch
+from companion import snapshot as call_snapshot
+from companion.models import CallSnapshot, ContentCard, PrivacyEpoch
+from companion.snapshot import Background, build_opening
 from memory import assertions, erasure
 from memory.assertions import CommitRequest
 from memory.services import append_entry
@@ -191,7 +192,7 @@ def test_forgetting_moves_the_epoch_and_the_snapshot_is_invalid_at_once(make_dev
     result = assertions.forget(owner_id, lathe, request_id="f")
     assert privacy_epoch.current(owner_id) == before + 1
     assert PrivacyEpoch.objects.get(owner_id=owner_id).reason == "memory_forgotten"
-    assert result.redacted["brain.call_snapshots"] == 1  # the copy in the frozen background is gone too
+    assert result.redacted["companion.call_snapshots"] == 1  # the copy in the frozen background is gone too
     redacted = CallSnapshot.objects.get(pk=snap.pk)
     assert "修车床的手艺" not in str(redacted.background) + redacted.opening and "[forgotten]" in redacted.opening
     prompt = call_snapshot.call_prompt(owner_id, sim.device.id)

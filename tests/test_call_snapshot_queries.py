@@ -1,5 +1,5 @@
 """The query budget of call start (issue 21): ``accounts.voice.start_call`` +
-``brain.call_snapshot.prepare`` sit before the call's first audio.
+``companion.snapshot.prepare`` sit before the call's first audio.
 
 Counted, never timed, in autocommit as in production: a new call is the statements the
 design cannot do without — the call's INSERT; then, in one transaction, the privacy epoch's
@@ -21,8 +21,9 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from accounts import voice as identity
-from brain import call_snapshot, privacy_epoch
-from brain.companion_models import CallSnapshot, ContentCard
+from companion import privacy_epoch
+from companion import snapshot as call_snapshot
+from companion.models import CallSnapshot, ContentCard
 from memory import assertions
 from memory.assertions import CommitRequest
 from tests.companion_support import talk

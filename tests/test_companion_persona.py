@@ -13,11 +13,12 @@ import pytest
 from django.db import IntegrityError, transaction
 
 from accounts.models import User, VoiceCall
-from brain import call_snapshot, persona, privacy_epoch
-from brain.companion_models import ContentCard, PersonaVersion
 from brain.prompts import OWNER_SYSTEM
 from brain.runner import execute_run
 from brain.services import accept_utterance
+from companion import persona, privacy_epoch
+from companion import snapshot as call_snapshot
+from companion.models import ContentCard, PersonaVersion
 from memory import assertions, preferences
 from memory.assertions import CommitRequest
 from tests.conftest import db_async, new_client_id
@@ -191,23 +192,23 @@ async def test_a_run_in_a_call_gets_the_calls_prompt_and_the_speaking_preference
 @pytest.mark.django_db
 def test_the_owner_publishes_renames_and_points_back_in_the_admin(client: Any, owner: Any) -> None:
     client.force_login(owner)
-    form = client.get("/admin/brain/personaversion/add/")
+    form = client.get("/admin/companion/personaversion/add/")
     assert form.status_code == 200 and "Yimi (依米)" in form.content.decode()  # prefilled with the effective version
     body = {**{k: v for k, v in XIAOHE.items() if k != "examples"}, "examples": json.dumps(XIAOHE["examples"], ensure_ascii=False), "note": "pilot"}
-    assert client.post("/admin/brain/personaversion/add/", body).status_code == 302
+    assert client.post("/admin/companion/personaversion/add/", body).status_code == 302
     assert effective_numbers(owner) == [2] and persona.effective(owner.pk).name == "小禾"
-    refused = client.post("/admin/brain/personaversion/add/", {**body, "name": ""})
+    refused = client.post("/admin/companion/personaversion/add/", {**body, "name": ""})
     assert refused.status_code == 200 and PersonaVersion.objects.filter(owner=owner).count() == 2
-    assert client.post("/admin/brain/personaversion/add/", {**body, "name": "阿禾", "note": "renamed"}).status_code == 302
+    assert client.post("/admin/companion/personaversion/add/", {**body, "name": "阿禾", "note": "renamed"}).status_code == 302
     assert persona.effective(owner.pk).name == "阿禾"
     one = PersonaVersion.objects.get(owner=owner, version=3)
-    assert client.post("/admin/brain/personaversion/", {"action": "point_back", "_selected_action": [one.pk]}).status_code == 302
+    assert client.post("/admin/companion/personaversion/", {"action": "point_back", "_selected_action": [one.pk]}).status_code == 302
     assert effective_numbers(owner) == [2]
-    assert client.post(f"/admin/brain/personaversion/{one.pk}/change/", {**body, "name": "改"}).status_code == 403  # never edited
+    assert client.post(f"/admin/companion/personaversion/{one.pk}/change/", {**body, "name": "改"}).status_code == 403  # never edited
     assert PersonaVersion.objects.get(pk=one.pk).name == "阿禾"
     staff = User.objects.create_user("reviewer", password="x" * 12, is_staff=True, is_superuser=True)
     client.force_login(staff)
-    assert client.get("/admin/brain/personaversion/").status_code == 403  # the owner's persona is the owner's
+    assert client.get("/admin/companion/personaversion/").status_code == 403  # the owner's persona is the owner's
 
 
 @pytest.mark.django_db
@@ -216,11 +217,11 @@ def test_a_card_changed_in_the_admin_gets_a_new_version_and_a_bad_one_is_refused
     card = ContentCard.objects.get(id="story-kite")
     body = {"mode": "story", "title": card.title, "opening": "讲个短故事，是编的：风筝。", "followups": json.dumps(card.followups, ensure_ascii=False),
             "source": "", "tags": "[]", "estimated_duration": 200, "active": "on"}
-    assert client.post(f"/admin/brain/contentcard/{card.pk}/change/", body).status_code == 302
+    assert client.post(f"/admin/companion/contentcard/{card.pk}/change/", body).status_code == 302
     changed = ContentCard.objects.get(id="story-kite")
     assert (changed.version, changed.opening, changed.estimated_duration) == (2, "讲个短故事，是编的：风筝。", 200)
-    bad = client.post(f"/admin/brain/contentcard/{card.pk}/change/", {**body, "followups": json.dumps(["x" * 201])})
+    bad = client.post(f"/admin/companion/contentcard/{card.pk}/change/", {**body, "followups": json.dumps(["x" * 201])})
     assert bad.status_code == 200 and "invalid_card" in bad.content.decode() and ContentCard.objects.get(id="story-kite").version == 2
-    assert client.get("/admin/brain/callsnapshot/").status_code == 200 and client.get("/admin/brain/companionsettings/add/").status_code == 200
-    assert client.post("/admin/brain/companionsettings/add/", {}).status_code == 302  # unchecked: continuity off
+    assert client.get("/admin/companion/callsnapshot/").status_code == 200 and client.get("/admin/companion/companionsettings/add/").status_code == 200
+    assert client.post("/admin/companion/companionsettings/add/", {}).status_code == 302  # unchecked: continuity off
     assert not privacy_epoch.continuity_enabled(owner.pk) and privacy_epoch.current(owner.pk) == 1

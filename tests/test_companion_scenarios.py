@@ -1,6 +1,6 @@
 """The companion's twelve acceptance scenarios (issue 21), each through the real voice socket
 against the scripted demo brain. A call is started with ``call.start`` (its snapshot
-frozen by ``brain.call_snapshot``), the owner's words arrive as ``voice.transcript`` of a
+frozen by ``companion.snapshot``), the owner's words arrive as ``voice.transcript`` of a
 request utterance in the call (the audio path that makes such an utterance is
 test_voice_session's), every reply is a real run whose prompt the demo brain records, and
 hang-up sends the end-of-call summary. The assertions are on the frozen snapshot, the
@@ -17,10 +17,13 @@ from channels.testing import WebsocketCommunicator
 from django.utils import timezone
 
 from accounts.models import VoiceCall
-from brain import call_events, call_snapshot, persona, privacy_epoch, topic_state, topic_tasks
-from brain.companion_models import CallSnapshot, ContentCard
 from brain.fake_server import Rule
-from brain.topic_models import CallEvent, CallSummary, TopicState
+from companion import events as call_events
+from companion import persona, privacy_epoch
+from companion import snapshot as call_snapshot
+from companion import tasks as topic_tasks
+from companion import topics as topic_state
+from companion.models import CallEvent, CallSnapshot, CallSummary, ContentCard, TopicState
 from devices.models import VoiceUtterance
 from devices.signatures import auth_message
 from memory.models import TimelineEntry

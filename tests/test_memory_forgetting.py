@@ -50,7 +50,7 @@ def test_the_forget_result_counts_every_place_looked_in(owner: Any) -> None:
     aid = commit(owner, {"text": PAYLOAD}, "c-1")
     result = assertions.forget(owner.pk, aid, request_id="f-1")
     assert result.redacted == {
-        "brain.agent_tasks": 0, "brain.call_snapshots": 0, "capabilities.receipts": 0, "capabilities.tool_calls": 0,
+        "brain.agent_tasks": 0, "capabilities.receipts": 0, "capabilities.tool_calls": 0, "companion.call_snapshots": 0,
         "consent.card_previews": 0, "consent.cards_withdrawn": 0, "memory.ambient_log": 0,
     }
     assert "one-way digests" in " ".join(result.payload()["not_erased"])
@@ -155,7 +155,7 @@ def test_forgetting_through_the_gateway_leaves_no_copy_anywhere_in_the_database(
 
         assert places_holding(PAYLOAD, MARK) == []
         assert MemoryReceipt.objects.get(kind="forget").result["redacted"] == {
-            "brain.agent_tasks": 1, "brain.call_snapshots": 0, "capabilities.receipts": 2, "capabilities.tool_calls": 2,
+            "brain.agent_tasks": 1, "capabilities.receipts": 2, "capabilities.tool_calls": 2, "companion.call_snapshots": 0,
             "consent.card_previews": 1, "consent.cards_withdrawn": 1, "memory.ambient_log": 0,
         }
         assert "Copies redacted: brain.agent_tasks 1, capabilities.receipts 2" in forget.receipt["content"]["text"]

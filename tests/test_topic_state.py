@@ -1,4 +1,4 @@
-"""The end-of-call summary and topic progress (brain.topic_state, brain.topic_extractor):
+"""The end-of-call summary and topic progress (companion.topics, companion.extractor):
 one test per rule of issue 21's "After the call" and "Privacy epoch"."""
 
 from __future__ import annotations
@@ -10,9 +10,10 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from brain import privacy_epoch, topic_state
-from brain.topic_extractor import EXTRACTOR_VERSION, Turn, extract
-from brain.topic_models import CallSummary, TopicState
+from companion import privacy_epoch
+from companion import topics as topic_state
+from companion.extractor import EXTRACTOR_VERSION, Turn, extract
+from companion.models import CallSummary, TopicState
 from memory import source_changes
 from tests.companion_support import TranscribedCall, second_owner_device, states, talk
 
@@ -185,7 +186,7 @@ def test_a_cooldown_expires(phone: Any) -> None:
 def test_first_audio_latency_and_counts_per_owner_on_an_injected_clock(phone: Any) -> None:
     from django.core.management import call_command
 
-    from brain import call_events
+    from companion import events as call_events
 
     clock = {"now": timezone.now()}
     buffer = call_events.EventBuffer(clock=lambda: clock["now"], background=False)
@@ -213,7 +214,7 @@ def test_first_audio_latency_and_counts_per_owner_on_an_injected_clock(phone: An
 
 
 def test_an_unknown_event_kind_is_refused() -> None:
-    from brain import call_events
+    from companion import events as call_events
 
     with pytest.raises(ValueError):
         call_events.EventBuffer(background=False).record(1, 1, "lunch")

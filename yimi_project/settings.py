@@ -88,6 +88,7 @@ INSTALLED_APPS = [
     "devices",
     "memory",
     "brain",
+    "companion",
     "consent",
     "payments",
     "capabilities",

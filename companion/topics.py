@@ -3,14 +3,14 @@ the continuity the next call's snapshot is built with (issue 21, part two).
 
 The only writer of ``CallSummary`` and ``TopicState``. Three entry points:
 
-- ``summarize_call`` (the Celery task ``brain.tasks.summarize_call``, sent at hang-up):
-  reads the call's transcript, runs the deterministic extractor (``brain.topic_extractor``)
+- ``summarize_call`` (the Celery task ``brain.tasks.summarize_call`` of ``companion.tasks``,
+  sent at hang-up): reads the call's transcript, runs the deterministic extractor (``companion.extractor``)
   and writes one summary and its topic rows, idempotent on (call, transcript version,
   extractor version), and only if the owner's privacy epoch did not move meanwhile.
-- ``continuity_for`` (called by ``brain.call_snapshot`` at call start): the latest summary,
+- ``continuity_for`` (called by ``companion.snapshot`` at call start): the latest summary,
   one thread to resume, the topics to avoid, details already told and the facts, these
   read from the *current* L3 versions.
-- ``invalidate`` (registered with ``brain.privacy_epoch``): inside the transaction that
+- ``invalidate`` (registered with ``companion.privacy_epoch``): inside the transaction that
   moves the epoch, marks the summaries and topic rows derived from a source that was
   forgotten, edited or erased (all of them when continuity is turned off).
 
@@ -34,11 +34,10 @@ from django.db.models import F
 from django.utils import timezone
 
 from accounts.models import VoiceCall
-from brain import privacy_epoch
-from brain.companion_models import CallSnapshot
-from brain.topic_extractor import COOLDOWN, EXTRACTOR_VERSION, Change, Extraction, Turn, extract, is_detail
-from brain.topic_extractor import label as topic_label
-from brain.topic_models import CallSummary, TopicState
+from companion import privacy_epoch
+from companion.extractor import COOLDOWN, EXTRACTOR_VERSION, Change, Extraction, Turn, extract, is_detail
+from companion.extractor import label as topic_label
+from companion.models import CallSnapshot, CallSummary, TopicState
 from memory import source_changes
 from memory.assertions import payload_text
 from memory.models import Assertion, AssertionVersion, TimelineEntry

@@ -1,7 +1,7 @@
 """The companion in the admin (issue 21): persona versions (publish, rename by publishing,
 point back), content cards, the continuity switch, and, read-only, call snapshots and the
-privacy epoch. Every write goes through the services: ``brain.persona``,
-``brain.content_cards``, ``brain.privacy_epoch``."""
+privacy epoch. Every write goes through the services: ``companion.persona``,
+``companion.content_cards``, ``companion.privacy_epoch``."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from django.core.exceptions import ValidationError
 from django.http import HttpRequest
 
 from accounts.owner_admin import OwnerContentAdmin, ReadOnlyOwnerAdmin, clip
-from brain import content_cards, persona, privacy_epoch
-from brain.call_snapshot import is_valid
-from brain.companion_models import CallSnapshot, CompanionSettings, ContentCard, PersonaVersion, PrivacyEpoch
+from companion import content_cards, persona, privacy_epoch
+from companion.models import CallSnapshot, CompanionSettings, ContentCard, PersonaVersion, PrivacyEpoch
+from companion.snapshot import is_valid
 from yimi_project.errors import YimiError
 
 PERSONA_FIELDS = ("name", "identity", "rhythm", "fact_boundaries", "examples", "note")
@@ -113,7 +113,7 @@ class ContentCardAdmin(OwnerContentAdmin):
 
 @admin.register(CompanionSettings)
 class CompanionSettingsAdmin(OwnerContentAdmin):
-    """The continuity switch; turning it off moves the privacy epoch (brain.privacy_epoch)."""
+    """The continuity switch; turning it off moves the privacy epoch (companion.privacy_epoch)."""
 
     fields = ("continuity_enabled",)
     list_display = ("owner", "continuity_enabled", "updated_at")

@@ -22,7 +22,7 @@ from typing import Any
 from django.db import close_old_connections, connection
 from django.utils import timezone
 
-from brain.topic_models import CallEvent, CallSummary
+from companion.models import CallEvent, CallSummary
 from yimi_project.logs import log_event
 
 FLUSH_SECONDS = 0.5

@@ -3,7 +3,7 @@
 Per owner, over the last N days (7 by default): calls, first-audio latency p50/p95 (call
 start → the device's first ``played`` in the call), snapshot failures, reconnects,
 barge-ins, and from the calls' summaries the repeated questions, short-reply loops and
-refused topics Yimi raised (``brain.call_events.report``). Events still in a web
+refused topics Yimi raised (``companion.events.report``). Events still in a web
 process's buffer (at most ``FLUSH_SECONDS`` old) are not in the database yet.
 """
 
@@ -16,7 +16,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 
-from brain import call_events
+from companion import events
 
 COLUMNS = (
     ("owner", "owner"), ("calls", "calls"), ("first_audio_n", "played"), ("first_audio_p50_ms", "first audio p50 ms"),
@@ -39,7 +39,7 @@ class Command(BaseCommand):
             raise CommandError("--days must be at least 1")
         since = timezone.now() - timedelta(days=opts["days"])
         self.stderr.write(f"reading call events and summaries since {since.isoformat(timespec='seconds')} …")
-        rows = call_events.report(since=since, owner_id=opts.get("owner"))
+        rows = events.report(since=since, owner_id=opts.get("owner"))
         if opts["json"]:
             for row in rows:
                 self.stdout.write(json.dumps(row))

@@ -3,7 +3,7 @@
 The only code that writes ``PersonaVersion``. A version is never edited: ``publish``
 writes the next one and makes it effective, ``rename`` publishes a copy with a new name,
 ``point_back`` makes the version before the effective one effective again. A call freezes
-the version effective at its start (``brain.call_snapshot``), so none of these changes a
+the version effective at its start (``companion.snapshot``), so none of these changes a
 call in progress; the next call start applies them.
 
 ``render`` turns a version into the persona part of a call's system prompt: it is always
@@ -17,7 +17,7 @@ from typing import Any
 
 from django.db import IntegrityError, transaction
 
-from brain.companion_models import PersonaVersion
+from companion.models import PersonaVersion
 from yimi_project.errors import YimiError
 from yimi_project.logs import log_event
 

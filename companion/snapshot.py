@@ -2,9 +2,9 @@
 ``call.start`` and kept for the whole call.
 
 The only code that writes ``CallSnapshot``. ``prepare`` (called by the voice socket's
-``call.start``) resolves the effective persona version (``brain.persona``), reads the
+``call.start``) resolves the effective persona version (``companion.persona``), reads the
 owner's authorized background (``read_background``: how to address the owner, interests
-from L3, and the continuity of ``brain.topic_state``: the latest summary, one thread to
+from L3, and the continuity of ``companion.topics``: the latest summary, one thread to
 resume, topics to avoid), lets ``build_opening`` choose the opening line and at most one
 content card, and stores all of it with the owner's privacy epoch. Everything it reads is
 local and already prepared: no model, no outside service, no weather, no location.
@@ -39,9 +39,9 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from accounts.models import User, VoiceCall
-from brain import persona as personas
-from brain import privacy_epoch, topic_state
-from brain.companion_models import CallSnapshot, CompanionSettings, ContentCard, PersonaVersion
+from companion import persona as personas
+from companion import privacy_epoch, topics
+from companion.models import CallSnapshot, CompanionSettings, ContentCard, PersonaVersion
 from memory.copies import ForgottenContent, rows_in_chunks
 from memory.models import Assertion, AssertionVersion
 from yimi_project.errors import YimiError
@@ -215,7 +215,7 @@ def read_background(owner_id: int, *, continuity: bool) -> Background:
         bg.sources.append({"kind": "assertion", "id": address[0], "version": address[2]})
     if not continuity:
         return bg
-    state = topic_state.continuity_for(owner_id, enabled=True, facts=False)
+    state = topics.continuity_for(owner_id, enabled=True, facts=False)
     bg.avoid_topics = [t for t in (clean(x, AVOID_CHARS) for x in (state.get("avoid_topics") or [])[:MAX_AVOID]) if t]
     seen: set[str] = set()
     for aid, predicate, version, payload in facts:
@@ -578,7 +578,7 @@ def call_prompt(owner_id: int, device_id: Any) -> str | None:
 def redact_payload(owner_id: int, content: ForgottenContent) -> dict[str, int]:
     """Redact copies of forgotten memory payloads in the owner's call snapshots (opening
     and background). Memory's ``forget`` and timeline erasure call this (``memory.copies``,
-    through the brain's redactor) inside their transaction."""
+    through this app's redactor, ``CompanionConfig.ready``) inside their transaction."""
     changed = 0
     rows = CallSnapshot.objects.filter(owner_id=owner_id).only("id", "opening", "background")
     for chunk in rows_in_chunks(rows):

@@ -12,7 +12,7 @@ from typing import Any
 from django.db import transaction
 from django.db.models import F
 
-from brain.companion_models import ContentCard
+from companion.models import ContentCard
 from yimi_project.errors import YimiError
 from yimi_project.logs import log_event
 

@@ -23,7 +23,7 @@ from django.db.models import F
 from django.db.transaction import TransactionManagementError
 from django.utils import timezone
 
-from brain.companion_models import CompanionSettings, PrivacyEpoch
+from companion.models import CompanionSettings, PrivacyEpoch
 from memory import source_changes
 from yimi_project.errors import YimiError
 from yimi_project.infra import statements
@@ -110,7 +110,7 @@ def bump(owner_id: int, reason: str, *, change: source_changes.SourceChange | No
 
 
 def on_source_change(change: source_changes.SourceChange) -> None:
-    """Memory's listener (registered in ``BrainConfig.ready``): every forget, edit or erase moves the epoch."""
+    """Memory's listener (registered in ``CompanionConfig.ready``): every forget, edit or erase moves the epoch."""
     bump(change.owner_id, change.reason, change=change)
 
 
