@@ -86,9 +86,9 @@ def main() -> None:
     from brain.topic_extractor import EXTRACTOR_VERSION
     from brain.topic_models import CallSummary, TopicState
     from devices.models import Device
-    from memory import assertions
-    from memory.assertions import CommitRequest
-    from memory.services import append_entry
+    from memory.assertions import store as assertions
+    from memory.assertions.store import CommitRequest
+    from memory.timeline.entries import append_entry
 
     owner = ensure_owner("owner", "benchmark-password").user  # type: ignore[union-attr]
     other = get_user_model().objects.create_user("other", password="benchmark-password")

@@ -32,14 +32,14 @@ class BrainConfig(AppConfig):
 
     def ready(self) -> None:
         # Here, not at the top: these modules import models, which exist only once the app
-        # registry is ready (memory.embeddings is a layer below; no cycle is being dodged).
+        # registry is ready (memory.timeline.embeddings is a layer below; no cycle is being dodged).
         from brain import brain_probe, call_snapshot, privacy_epoch, topic_state
         from brain.agents import agent_categories, redact_payload
         from brain.dispatch import start_payment
         from brain.execution_tasks import execute_payment_task
         from brain.services import run_binding
         from brain.vector_index import effective_embedder
-        from memory import embeddings
+        from memory.timeline import embeddings
 
         # forgetting redacts the copies in this app's tables: sub-agent tasks and call snapshots
         copies.register("brain", lambda owner_id, content: {**redact_payload(owner_id, content), **call_snapshot.redact_payload(owner_id, content)},

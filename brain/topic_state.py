@@ -40,7 +40,7 @@ from brain.topic_extractor import COOLDOWN, EXTRACTOR_VERSION, Change, Extractio
 from brain.topic_extractor import label as topic_label
 from brain.topic_models import CallSummary, TopicState
 from memory import source_changes
-from memory.assertions import payload_text
+from memory.assertions.store import payload_text
 from memory.models import Assertion, AssertionVersion, TimelineEntry
 from yimi_project import statements
 from yimi_project.logs import log_event

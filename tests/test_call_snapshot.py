@@ -16,9 +16,10 @@ from accounts.models import User, VoiceCall
 from brain import call_snapshot, persona, privacy_epoch
 from brain.call_snapshot import Background, build_opening
 from brain.companion_models import CallSnapshot, ContentCard, PrivacyEpoch
-from memory import assertions, erasure
-from memory.assertions import CommitRequest
-from memory.services import append_entry
+from memory.assertions import store as assertions
+from memory.assertions.store import CommitRequest
+from memory.timeline import erasure
+from memory.timeline.entries import append_entry
 from tests import voice_support
 from tests.conftest import db_async, receive_until
 from tests.test_voice_session import open_voice, start

@@ -23,8 +23,8 @@ from django.test.utils import CaptureQueriesContext
 from accounts import voice as identity
 from brain import call_snapshot, privacy_epoch
 from brain.companion_models import CallSnapshot, ContentCard
-from memory import assertions
-from memory.assertions import CommitRequest
+from memory.assertions import store as assertions
+from memory.assertions.store import CommitRequest
 from tests.companion_support import talk
 
 pytestmark = pytest.mark.django_db(transaction=True)  # autocommit, as in production

@@ -18,8 +18,9 @@ from brain.companion_models import ContentCard, PersonaVersion
 from brain.prompts import OWNER_SYSTEM
 from brain.runner import execute_run
 from brain.services import accept_utterance
-from memory import assertions, preferences
-from memory.assertions import CommitRequest
+from memory.assertions import preferences
+from memory.assertions import store as assertions
+from memory.assertions.store import CommitRequest
 from tests.conftest import db_async, new_client_id
 from yimi_project.errors import YimiError
 
