@@ -26,7 +26,7 @@ from django.conf import settings
 from django.db import connection, transaction
 
 from memory.assertions.models import Assertion, AssertionVersion
-from memory.assertions.store import CORE_PROFILE, SPEAKING_PREFERENCES
+from memory.assertions.predicates import CORE_PROFILE, SPEAKING_PREFERENCES
 from memory.locks import lock_owner_memory
 from yimi_project import statements
 from yimi_project.files import fsync_dir, write_atomically

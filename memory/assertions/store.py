@@ -35,16 +35,14 @@ from django.utils import timezone
 from memory import copies, source_changes
 from memory.assertions import speaking_rules
 from memory.assertions.models import Assertion, AssertionDependency, AssertionVersion, MemoryReceipt, MemorySession
+from memory.assertions.predicates import CORE_DOCS, CORE_PROFILE, PROJECTED_PREDICATES, SPEAKING_PREFERENCES
+from memory.assertions.projections import regenerate as regenerate_projections
 from memory.locks import lock_owner_memory
 from memory.timeline.models import TimelineEntry
 from yimi_project import statements
 from yimi_project.errors import YimiError
 from yimi_project.logs import log_event
 
-CORE_PROFILE = "core_profile.entry"
-SPEAKING_PREFERENCES = "speaking.preferences"
-PROJECTED_PREDICATES = (CORE_PROFILE, SPEAKING_PREFERENCES)
-CORE_DOCS = ("user", "memory")  # USER.md, MEMORY.md
 ACTORS = ("owner", "agent", "operator", "import")
 
 PREDICATE = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*$")
@@ -410,10 +408,8 @@ def _check_sources(request: CommitRequest) -> list[str]:
 
 
 def _regenerate_projections(owner_id: int) -> None:
-    from memory.assertions.projections import regenerate
-
     try:
-        regenerate(owner_id)
+        regenerate_projections(owner_id)
     except Exception as exc:
         log_event("projection_regeneration_failed", error=type(exc).__name__)
 
