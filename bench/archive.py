@@ -33,8 +33,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.support import percentile  # noqa: E402
-from memory import coldpack  # noqa: E402
-from memory.webdav import WebDAV  # noqa: E402
+from memory.archive import coldpack  # noqa: E402
+from memory.archive.webdav import WebDAV  # noqa: E402
 from tests.webdav_support import PASSWORD, USER, WsgiDAVServer  # noqa: E402
 
 RATE = 16000
@@ -74,7 +74,7 @@ def originals(audio: bytes, seconds: float) -> list[bytes]:
 
 
 def seal_all(objects: list[bytes], codec: str) -> tuple[list[bytes], float]:
-    """Packs sealed near 8 MiB as the migration seals them (``memory.archive._seal``):
+    """Packs sealed near 8 MiB as the migration seals them (``memory.archive.cold_store._seal``):
     originals coded in groups of up to ``FFMPEG_GROUP``, a group ending once its raw bytes
     would take the pack to 8 MiB; (packs, seconds spent)."""
     packs: list[bytes] = []

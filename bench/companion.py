@@ -87,9 +87,9 @@ def main() -> None:
     from companion.extractor import EXTRACTOR_VERSION
     from companion.models import CallSummary, TopicState
     from devices.models import Device
-    from memory import assertions
-    from memory.assertions import CommitRequest
-    from memory.services import append_entry
+    from memory.assertions import store as assertions
+    from memory.assertions.store import CommitRequest
+    from memory.timeline.entries import append_entry
 
     owner = ensure_owner("owner", "benchmark-password").user  # type: ignore[union-attr]
     other = get_user_model().objects.create_user("other", password="benchmark-password")

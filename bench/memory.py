@@ -4,7 +4,7 @@
 
 Uses a fresh database (``yimi_bench_memory`` by default, dropped and created) and one owner.
 
-1. Commits per second through ``memory.assertions.commit`` (advisory lock, compare-and-set,
+1. Commits per second through ``memory.assertions.store.commit`` (advisory lock, compare-and-set,
    receipt, re-evaluation walk) with 1 and with 8 concurrent writers (threads, one
    connection each) on the same owner, each writer versioning its own assertion.
 2. Forgetting in a dependency graph of 10,000 assertions (each concluded from 1-2 earlier
@@ -74,10 +74,11 @@ def main() -> None:
 
     call_command("migrate", verbosity=0)
     from accounts.services import ensure_owner
-    from memory import assertions, recall
-    from memory.assertions import CommitRequest, Dependency
-    from memory.embeddings import HashingEmbedder, index_timeline, nearest
+    from memory import recall
+    from memory.assertions import store as assertions
+    from memory.assertions.store import CommitRequest, Dependency
     from memory.models import TimelineCounter, TimelineEntry
+    from memory.timeline.embeddings import HashingEmbedder, index_timeline, nearest
 
     owner = ensure_owner("owner", "benchmark-password").user  # type: ignore[union-attr]
     rows: list[tuple[str, str, str]] = []

@@ -59,8 +59,9 @@ def main() -> None:
 
     call_command("migrate", verbosity=0)
     from accounts.services import ensure_owner
-    from memory import raw_store, recall
-    from memory.raw_models import RawObject
+    from memory import recall
+    from memory.archive import raw_store
+    from memory.archive.models import RawObject
 
     owner = ensure_owner("owner", "benchmark-password").user  # type: ignore[union-attr]
     capture = raw_store.Capture(owner.pk, None, "phone_app", "bench phone")

@@ -32,14 +32,14 @@ class BrainConfig(AppConfig):
 
     def ready(self) -> None:
         # Here, not at the top: these modules import models, which exist only once the app
-        # registry is ready (memory.embeddings is a layer below; no cycle is being dodged).
+        # registry is ready (memory.timeline.embeddings is a layer below; no cycle is being dodged).
         from brain import brain_probe
         from brain.agents import agent_categories, redact_payload
         from brain.dispatch import start_payment
         from brain.execution_tasks import execute_payment_task
         from brain.services import run_binding
         from brain.vector_index import effective_embedder
-        from memory import embeddings
+        from memory.timeline import embeddings
 
         copies.register("brain", redact_payload, models=("brain.AgentTask",))  # forgetting redacts the copies in sub-agent tasks
         embeddings.register_catalog_embedder(effective_embedder)  # recall embeds with the catalog's model

@@ -13,7 +13,7 @@ inside change nothing, leaving sets ``outside``.
 
 What drives it: every stored location report that is the owner's latest
 (``on_location_report``, called by the device socket) — the state is computed here from
-the report and the place (``memory.location.place_state``) and recorded with
+the report and the place (``memory.personal.location.place_state``) and recorded with
 ``watches.observe_state``. A report coarser than the place (accuracy radius larger than
 the place's radius) tells nothing and changes nothing. As a fallback (a report stored but
 its evaluation lost, e.g. the process died in between) the watch is also checked like any
@@ -34,8 +34,8 @@ from django.utils import timezone
 from brain import watches
 from brain.models import Run
 from brain.schedule_models import Watch
-from memory import location
-from memory.location_models import LocationReport, Place
+from memory.personal import location
+from memory.personal.models import LocationReport, Place
 from yimi_project.errors import YimiError
 
 TOOL = "location__where"

@@ -24,7 +24,7 @@ from rest_framework.views import APIView
 
 from accounts.models import User
 from brain import geofences
-from memory import location
+from memory.personal import location
 from yimi_project.errors import YimiError
 from yimi_project.internal import PackCall, json_object, pack_owner, require_call
 

@@ -16,9 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from memory import ambient, injection, projections
+from memory.assertions import injection, projections
+from memory.assertions.projections import body
 from memory.models import TimelineEntry
-from memory.projections import body
+from memory.personal import ambient
 from yimi_project.logs import log_event
 
 OWNER_SYSTEM = (
@@ -95,9 +96,9 @@ def build_messages(scope: str, utterance: str, history: list[TimelineEntry], *, 
 
 @dataclass
 class RunMemory:
-    profile: Any = None  # memory.projections.CoreProfile, owner scope only
-    plan: Any = None  # memory.injection.InjectionPlan
-    ambient: str = ""  # memory.ambient.recent: overheard speech of the last 600 s, owner scope only
+    profile: Any = None  # memory.assertions.projections.CoreProfile, owner scope only
+    plan: Any = None  # memory.assertions.injection.InjectionPlan
+    ambient: str = ""  # memory.personal.ambient.recent: overheard speech of the last 600 s, owner scope only
 
 
 def prepare_memory(owner_id: int, scope: str, anchor_seq: int) -> RunMemory:

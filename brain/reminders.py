@@ -13,7 +13,7 @@ from django.conf import settings
 from django.db import IntegrityError, models, transaction
 from django.utils import timezone
 
-from memory.services import append_entry
+from memory.timeline.entries import append_entry
 from yimi_project import push
 from yimi_project.errors import YimiError
 from yimi_project.logs import log_event

@@ -27,8 +27,8 @@ from brain.models import AgentTask, Run
 from brain.trace import now_ms
 from capabilities.authorities import RunBinding
 from capabilities.models import ReceiptRecord, ToolCall
-from memory import services as timeline
 from memory.models import ImageRecord, TimelineEntry
+from memory.timeline import entries as timeline
 from yimi_project.infra import statements
 
 if TYPE_CHECKING:  # the device that spoke, from the consumer above (devices/)
@@ -145,7 +145,7 @@ class Claimed:
     """A run just claimed (its inbound entry loaded), and what the claim's statement also
     read for its turn: whether its device is in an open voice call (else there is no call
     snapshot to look for) and whether an attached image names its request (else
-    ``memory.images.image_for_request`` skips that lookup)."""
+    ``memory.personal.images.image_for_request`` skips that lookup)."""
 
     run: Run
     in_call: bool
@@ -366,7 +366,7 @@ def _finish_in_one_statement(run: Run, *, state: str, text: str, kind: str, erro
     (BEGIN, the lock, the append, the closing UPDATE, COMMIT): ``closed`` is the closing
     UPDATE made conditional (``state`` running or queued and ``attempts`` as claimed: the
     lock's check), which locks the run row first as the lock did; only if it closed the
-    run is the owner's next number taken (``memory.services.seq_upsert``, ``only_with``,
+    run is the owner's next number taken (``memory.timeline.entries.seq_upsert``, ``only_with``,
     the counter row locked second, as before) and the entry inserted. The entry's key is
     drawn from its sequence up front (``nextval``), so the closing UPDATE can point at the
     entry it goes with (``result_entry``, a deferred foreign key: checked when the statement

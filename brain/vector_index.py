@@ -4,11 +4,11 @@ embedding model, rebuilt whenever that model is switched.
 Text embedding models need their own runtime (the deployer runs one next to Yimi, e.g. a
 local text-embeddings server serving the catalog's files); Yimi talks to it through the
 OpenAI-compatible ``POST {endpoint}/embeddings``. The index is a derived copy stored in
-memory's vector store (``memory.embeddings``, one row per timeline entry and model), the
+memory's vector store (``memory.timeline.embeddings``, one row per timeline entry and model), the
 same rows recall searches; a rebuild replaces a model's rows in one transaction.
 
 Once its index is rebuilt, the catalog's effective embedding model is recall's embedder
-(``effective_embedder``, registered with ``memory.embeddings`` in ``BrainConfig.ready``:
+(``effective_embedder``, registered with ``memory.timeline.embeddings`` in ``BrainConfig.ready``:
 memory sits below brain and never imports it).
 """
 
@@ -23,8 +23,8 @@ import numpy as np
 from accounts.services import get_owner
 from brain import catalog, model_settings
 from brain.catalog import CatalogEntry
-from memory import services as timeline
-from memory.embeddings import model_vectors, replace_model_vectors
+from memory.timeline import entries as timeline
+from memory.timeline.embeddings import model_vectors, replace_model_vectors
 from yimi_project.errors import YimiError
 from yimi_project.logs import log_event
 
@@ -37,7 +37,7 @@ def rebuild_vector_index(model_id: str, version: str) -> str:
     """Rebuild the index for one embedding model; returns ``effective``, ``superseded`` or ``failed``.
 
     Steps: 1. find the entry and verify its files' digests; 2. read the owner's timeline
-    page by page (``memory.services.page_after``), keeping utterances and replies;
+    page by page (``memory.timeline.entries.page_after``), keeping utterances and replies;
     3. embed them in batches of 32 through the model's runtime, recording progress
     done/total after each batch — if the selection moved on (another switch), stop;
     4. write the index files to a temporary directory and move it into place;

@@ -1,6 +1,6 @@
 """The vision turn: "看看这是什么" with an image goes to the ``vision`` model role.
 
-Which image (``memory.images.image_for_request``): the device's image whose ``about`` is
+Which image (``memory.personal.images.image_for_request``): the device's image whose ``about`` is
 this request's id; else, when the words ask about something seen, the same device's latest
 image from the last ``IMAGE_REQUEST_WINDOW_SECONDS`` (120 s). No image: the ordinary main
 turn.
@@ -33,8 +33,8 @@ from brain.client import BrainError, complete
 from brain.models import Run
 from brain.usage import CallContext
 from capabilities import truth
-from memory import images
-from memory.image_models import ImageRecord
+from memory.personal import images
+from memory.personal.models import ImageRecord
 from yimi_project.errors import YimiError
 from yimi_project.logs import log_event
 
@@ -46,7 +46,7 @@ VISION_SYSTEM = (
 
 
 def image_for_run(run: Run, *, may_be_linked: bool = True) -> ImageRecord | None:
-    """The image this run's request is about, if any (``memory.images.image_for_request``;
+    """The image this run's request is about, if any (``memory.personal.images.image_for_request``;
     ``may_be_linked=False``: the claim read that no image names this request)."""
     inbound = run.inbound
     return images.image_for_request(

@@ -35,7 +35,7 @@ from brain.schedule_models import Watch, WatchNotice
 from brain.services import close_scheduled_run, create_scheduled_run
 from capabilities.client import call_tool
 from memory.models import TimelineEntry
-from memory.services import append_entry
+from memory.timeline.entries import append_entry
 from yimi_project import push
 from yimi_project.errors import YimiError
 from yimi_project.infra import statements

@@ -39,7 +39,7 @@ from companion.extractor import COOLDOWN, EXTRACTOR_VERSION, Change, Extraction,
 from companion.extractor import label as topic_label
 from companion.models import CallSnapshot, CallSummary, TopicState
 from memory import source_changes
-from memory.assertions import payload_text
+from memory.assertions.store import payload_text
 from memory.models import Assertion, AssertionVersion, TimelineEntry
 from yimi_project.infra import statements
 from yimi_project.logs import log_event

@@ -15,7 +15,7 @@ class DevicesConfig(AppConfig):
         from devices.images import register_image_analyzer
         from devices.services import owner_devices_preferring
         from devices.switch_signers import DeviceSwitchSigners
-        from memory import archive
+        from memory.archive import cold_store as archive
 
         model_settings.register_switch_signers(DeviceSwitchSigners())  # who may sign a local-model switch
         push.register_device_chooser(owner_devices_preferring)  # where cards go (yimi_project.push.owner_devices)

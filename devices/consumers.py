@@ -40,8 +40,9 @@ from devices import images as device_images
 from devices import services as device_services
 from devices.models import Device
 from devices.signatures import challenge_message
-from memory import health, location, raw_store
-from memory import services as timeline
+from memory.archive import raw_store
+from memory.personal import health, location
+from memory.timeline import entries as timeline
 from payments import services as payments
 from releases import baseline as release_baseline
 from yimi_project import jsonbody, push
@@ -546,7 +547,7 @@ class DeviceConsumer(AsyncWebsocketConsumer):
         await self._send({"type": "device.state.ok", "id": frame.get("id"), "riding": state.riding})
 
     async def _on_location_report(self, frame: dict[str, Any]) -> None:
-        """A signed location report from the owner's phone (memory.location), then the
+        """A signed location report from the owner's phone (memory.personal.location), then the
         owner's geofences (brain.geofences): ``location.report.ok``."""
         assert self.device is not None
         device, nonce = self.device, self.nonce
@@ -565,7 +566,7 @@ class DeviceConsumer(AsyncWebsocketConsumer):
         })
 
     async def _on_health_record(self, frame: dict[str, Any]) -> None:
-        """A health record from the owner's watch or phone (memory.health): ``health.record.ok``."""
+        """A health record from the owner's watch or phone (memory.personal.health): ``health.record.ok``."""
         assert self.device is not None
         device = self.device
 
@@ -607,7 +608,7 @@ class DeviceConsumer(AsyncWebsocketConsumer):
         "mac.hello": mac_relay.on_hello,
         "mac.pause": mac_relay.on_pause,
         "mac.result": mac_relay.on_result,
-        # location and health (memory.location, memory.health)
+        # location and health (memory.personal.location, memory.personal.health)
         "location.report": _on_location_report,
         "health.record": _on_health_record,
     }

@@ -319,7 +319,7 @@ def enroll_from_photos(owner: Any, name: str, photos: Sequence[bytes]) -> FaceEn
 
 
 def image_analyzer(image: Any) -> list[dict[str, Any]]:
-    """The analyzer for attached images (``memory.images.register_image_analyzer``; ``image``
+    """The analyzer for attached images (``memory.personal.images.register_image_analyzer``; ``image``
     is its ``StoredImage``): the enrolled people recognized, each ``{name, score, box,
     model}``. Only images admitted as the owner's are looked at: a guest's photo never
     learns who the owner enrolled. No face model in the catalog: nobody is recognized."""

@@ -5,7 +5,7 @@ Why two steps: a websocket message is limited to 64 KiB (and 1 MiB at the transp
 photo is up to 4 MiB. ``POST /api/images/`` carries the raw JPEG or PNG bytes, signed like
 every device request (``yimi-http-v2``: the body's SHA-256 is in the signature), and
 answers ``image_id``; the ``image`` frame then puts it on the timeline with its capture
-time and the request it is about. The storage and every check are ``memory.images``.
+time and the request it is about. The storage and every check are ``memory.personal.images``.
 
 ``register_image_analyzer`` is re-exported here: the faces module registers its analyzer,
 which gets each attached image and returns the people it recognized.
@@ -26,8 +26,8 @@ from rest_framework.views import APIView
 from accounts.models import Scope
 from accounts.services import device_scope_limit
 from devices.models import Device
-from memory import images
-from memory.images import register_image_analyzer, unregister_image_analyzer  # noqa: F401  (the faces hook)
+from memory.personal import images
+from memory.personal.images import register_image_analyzer, unregister_image_analyzer  # noqa: F401  (the faces hook)
 from yimi_project.api_schema import responses
 from yimi_project.errors import YimiError
 
@@ -109,7 +109,7 @@ def _captured_at(value: Any, now: datetime) -> datetime | None:
 
 
 def attach_from_frame(device: Device, frame: dict[str, Any], *, now: datetime | None = None) -> images.AttachedImage:
-    """Parse an ``image`` frame and attach its upload (``memory.images.attach_image``)."""
+    """Parse an ``image`` frame and attach its upload (``memory.personal.images.attach_image``)."""
     now = now or datetime.now(tz=UTC)
     client_id, image_id, about, keep = frame.get("id"), frame.get("image_id"), frame.get("about"), frame.get("keep")
     if not isinstance(client_id, str) or not 1 <= len(client_id) <= 64:

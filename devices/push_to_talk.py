@@ -9,7 +9,7 @@ the hold here, one ``PushToTalkHold`` row per voice session: ``hold`` on ``down`
 (the device vanished, the web process died) is no hold past ``expires_at``, the same
 ``PTT_HOLD_SECONDS`` (120 s) the request window and the analysis hold end at.
 
-``busy`` is the check ``memory.archive`` asks before each new pack; devices registers it
+``busy`` is the check ``memory.archive.cold_store`` asks before each new pack; devices registers it
 from ``DevicesConfig.ready`` (memory must not import devices). A pack already uploading
 finishes: the check is only asked between packs.
 """
@@ -46,7 +46,7 @@ def release(session_id: str) -> bool:
 
 
 def busy(owner_id: int, *, now: datetime | None = None) -> str | None:
-    """``memory.archive``'s busy check: ``"push_to_talk"`` while any of the owner's
+    """``memory.archive.cold_store``'s busy check: ``"push_to_talk"`` while any of the owner's
     sessions holds the key (and the hold has not expired), else None."""
     now = now or timezone.now()
     return REASON if PushToTalkHold.objects.filter(owner_id=owner_id, expires_at__gt=now).exists() else None

@@ -24,7 +24,7 @@ from capabilities.services import acknowledge_entry
 from devices import signatures
 from devices.models import Delivery, Device, PairingCode, PairingGuessSlot, SignedRequestNonce
 from memory.models import TimelineEntry
-from memory.services import visible_entries
+from memory.timeline.entries import visible_entries
 from yimi_project import push
 from yimi_project.errors import YimiError
 from yimi_project.ids import uuid_or_nil

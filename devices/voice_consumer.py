@@ -32,8 +32,8 @@ from devices.voice import ambient, asr, audio, config, realtime, tts
 from devices.voice import services as voice_services
 from devices.voice.services import SessionStatus
 from devices.voice.session import SAMPLE_RATE, StreamOutput, Utterance, VoiceSession, ms
-from memory import raw_store
-from memory.ambient import AmbientSource
+from memory.archive import raw_store
+from memory.personal.ambient import AmbientSource
 from yimi_project import push
 from yimi_project.errors import YimiError
 from yimi_project.logs import log_event
@@ -50,8 +50,8 @@ class VoiceConsumer(DeviceConsumer):
     speaker: tts.ReplySpeaker | None = None  # speaks the replies of runs started here (devices/voice/tts.py)
     front: realtime.RealtimeFront | None = None  # the realtime front, when configured (devices/voice/realtime.py)
     _checked_at: float | None = None  # when an audio frame last re-checked the device (None: none has yet)
-    _audio_heard: bool = False  # the open call's first played audio was recorded (companion.events)
-    archive: raw_store.ArchiveBatcher | None = None  # the stream's archive batches (memory/raw_store.py), owner devices only
+    _audio_heard: bool = False  # the open call's first played audio was recorded (brain.call_events)
+    archive: raw_store.ArchiveBatcher | None = None  # the stream's archive batches (memory/archive/raw_store.py), owner devices only
 
     # The clock of the audio frames' device re-check (tests replace it).
     recheck_clock = staticmethod(time.monotonic)
@@ -110,7 +110,7 @@ class VoiceConsumer(DeviceConsumer):
         output = await sync_to_async(self.session.feed, thread_sensitive=False)(samples)
         await self._process(output)
 
-    # --- the archive (L5 hot store, memory/raw_store.py) ------------------------------------------
+    # --- the archive (L5 hot store, memory/archive/raw_store.py) ------------------------------------------
 
     def _open_archive(self) -> None:
         """An owner device's stream is archived as it arrives; a guest's is not kept."""
@@ -276,7 +276,7 @@ class VoiceConsumer(DeviceConsumer):
     async def _analyse_ambient(self, utt: Utterance, outcome: Any) -> dict[str, Any]:
         """Ambient speech goes to the process's bounded analysis (devices/voice/ambient.py)
         when the session has a server ASR engine, and only once its original is durably
-        archived (memory/raw_store.py); what ``voice.utterance`` says of it: ``analysis``
+        archived (memory/archive/raw_store.py); what ``voice.utterance`` says of it: ``analysis``
         ``queued`` (with ``chunks`` and ``dropped``), ``refused`` (with ``code``:
         ``storage_full`` when its original was not stored), or ``off`` (no engine, or a
         guest device: nothing is transcribed)."""

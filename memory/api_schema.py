@@ -1,7 +1,7 @@
 """The request and response bodies of the memory and timeline API (``memory.views``) as the
 OpenAPI schema shows them (``/api/schema/``). They describe what the services return
-(``memory.services.serialize_entry``, ``memory.assertions`` ``_serialize``/``history``/
-``CommitResult``/``ForgetPreview``/``ForgetResult``, ``memory.preferences.current``,
+(``memory.timeline.entries.serialize_entry``, ``memory.assertions.store`` ``_serialize``/``history``/
+``CommitResult``/``ForgetPreview``/``ForgetResult``, ``memory.assertions.preferences.current``,
 ``memory.recall.RecallResult``, ``memory.short_context``); no view validates with them.
 docs/memory.md is the reference for what each field means."""
 
@@ -11,14 +11,14 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter
 from rest_framework import serializers
 
-from memory.assertions import PREDICATE, REQUEST_ID
+from memory.assertions.store import PREDICATE, REQUEST_ID
 from yimi_project.api_schema import PARSE_ERRORS
 
 JSON = serializers.JSONField
 
 
 def request_id_field(**kwargs: object) -> serializers.RegexField:
-    """An idempotency key as ``memory.assertions`` checks it (``REQUEST_ID``)."""
+    """An idempotency key as ``memory.assertions.store`` checks it (``REQUEST_ID``)."""
     return serializers.RegexField(REQUEST_ID.pattern, max_length=64, **kwargs)  # type: ignore[arg-type]
 # Every endpoint here: a signed device request or the owner's session (docs/protocol.md).
 AUTH_ERRORS = ("not_authenticated", "request_replayed", "forbidden")

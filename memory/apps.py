@@ -6,7 +6,9 @@ class MemoryConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from memory import ambient, archive, checks, copies  # noqa: F401 (checks registers itself)
+        from memory import checks, copies  # noqa: F401 (checks registers itself)
+        from memory.archive import cold_store
+        from memory.personal import ambient
 
         copies.register("memory", ambient.redact_payload, models=("memory.AmbientRecord",))  # forgetting redacts the ambient log's copies too
-        archive.register_if_configured()  # cold packs: the hot store's reclaimer, cold reader, verifier and eraser
+        cold_store.register_if_configured()  # cold packs: the hot store's reclaimer, cold reader, verifier and eraser

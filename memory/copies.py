@@ -175,7 +175,7 @@ def register(app: str, redactor: Redactor, *, models: Iterable[str] = ()) -> Non
     """Called from an app's ``AppConfig.ready``: ``redactor`` redacts copies in ``app``'s
     tables, those of ``models`` (labels, ``"app.Model"``), which ``manage.py
     forget_compact`` rewrites so the redacted bytes leave their files
-    (``memory.forget_compaction``)."""
+    (``memory.assertions.forget_compaction``)."""
     _REDACTORS[app] = redactor
     _MODELS[app] = tuple(models)
 

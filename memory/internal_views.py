@@ -16,7 +16,7 @@ and acts for that call's owner only:
 - forgetting needs a call decided as ``delete`` (asked on a card unless the owner
   requested it) on the same ``assertion_id``;
 - a history search (``history/search/``) needs a call of ``memory__search_history`` and
-  counts towards that call's run's lookups (``memory.history_search``).
+  counts towards that call's run's lookups (``memory.timeline.history_search``).
 
 Anything else is refused with ``forbidden`` and changes nothing. Errors are
 ``{"error": {"code", "message"}}``.
@@ -29,7 +29,8 @@ from uuid import UUID
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from memory import history_search, views
+from memory import views
+from memory.timeline import history_search
 from yimi_project.errors import YimiError
 from yimi_project.internal import PackCall, pack_owner, require_call
 

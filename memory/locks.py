@@ -13,7 +13,7 @@ released when the transaction ends (commit or rollback); other owners are not bl
   and same-payee check, then the insert), so concurrent auto-payments are counted.
 
 - ``archive_round_lock``: one cold-pack migration round at a time per owner
-  (``memory.archive``). Not transaction-scoped: a round uploads for seconds and holds no
+  (``memory.archive.cold_store``). Not transaction-scoped: a round uploads for seconds and holds no
   transaction, so it is a *session* lock, tried (a second round returns at once) and
   released when the round ends; in-process (a thread lock) on SQLite.
 

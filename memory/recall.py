@@ -3,10 +3,10 @@
 - ``choose_layers``: L3 always; the timeline (L4) when the question points at something
   said or done at some time; L5 (raw originals) when it points at something seen or heard:
   the original (an audio segment or an image) found by time and source and fetched from
-  the hot store or its cold pack (``memory.raw_recall``). If only L3 was chosen and it
+  the hot store or its cold pack (``memory.archive.raw_recall``). If only L3 was chosen and it
   finds nothing, the timeline is searched too.
 - Timeline search: a keyword list (``keyword_search``) and, when an embedding model is
-  configured, a vector list (``memory.embeddings.nearest``), merged by reciprocal rank
+  configured, a vector list (``memory.timeline.embeddings.nearest``), merged by reciprocal rank
   fusion ``1/(60 + rank)``, rank from 0, at most 100 items per list. An item whose original
   no longer exists is skipped where it stands: the list is not back-filled from below.
 - Keyword search: the question is cut into terms (Latin words; CJK runs as bigrams) and
@@ -31,10 +31,11 @@ from typing import Any, TypeVar
 from django.db import connection
 from django.db.models import QuerySet
 
-from memory import assertions, raw_recall
-from memory.embeddings import Embedder, configured_embedder, index_timeline, nearest
-from memory.models import TimelineEntry
-from memory.services import serialize_entry
+from memory.archive import raw_recall
+from memory.assertions import store as assertions
+from memory.timeline.embeddings import Embedder, configured_embedder, index_timeline, nearest
+from memory.timeline.entries import serialize_entry
+from memory.timeline.models import TimelineEntry
 from yimi_project.infra import statements
 
 RRF_K = 60

@@ -26,8 +26,10 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from django.db import connections
 
 from accounts.models import User
-from memory import ambient, assertions, health, projections
-from memory.models import TimelineEntry
+from memory.assertions import projections
+from memory.assertions import store as assertions
+from memory.personal import ambient, health
+from memory.timeline.models import TimelineEntry
 from yimi_project.logs import log_event
 
 SOURCE_TIMEOUT_SECONDS = 1.2
@@ -64,7 +66,7 @@ def timeline_source(owner_id: int) -> str:
         .values_list("kind", "text")[:RECENT_ENTRIES]
     )
     said = "\n".join(f"{'Yimi' if kind == 'reply' else 'Owner'}: {' '.join(text.split())[:200]}" for kind, text in reversed(rows))
-    # Then what was overheard in the last 600 s, marked as such (memory.ambient): still six sources.
+    # Then what was overheard in the last 600 s, marked as such (memory.personal.ambient): still six sources.
     overheard = ambient.recent(owner_id).text
     return f"{said}\n{overheard}" if said and overheard else said or overheard
 
@@ -79,7 +81,7 @@ def time_zone_source(owner_id: int) -> str:
 
 
 def health_source(owner_id: int) -> str:
-    """The stored health records (``memory.health``: the latest daily summary and today's
+    """The stored health records (``memory.personal.health``: the latest daily summary and today's
     activities, at most 600 characters), then health facts the owner confirmed as L3
     assertions with predicates ``health.*``."""
     records = health.short_context(owner_id)

@@ -5,9 +5,9 @@ from __future__ import annotations
 from celery import shared_task
 
 from accounts.services import get_owner
-from memory import archive
-from memory.embeddings import configured_embedder, index_timeline
-from memory.projections import regenerate
+from memory.archive import cold_store as archive
+from memory.assertions.projections import regenerate
+from memory.timeline.embeddings import configured_embedder, index_timeline
 
 
 @shared_task(name="memory.tasks.regenerate_projections")
@@ -28,7 +28,7 @@ def index_timeline_embeddings_task(limit: int = 2000) -> int:
 
 @shared_task(name="memory.tasks.archive_round")
 def archive_round_task() -> dict[str, object]:
-    """One cold-pack migration round and the due hot-copy releases (memory.archive); beat
+    """One cold-pack migration round and the due hot-copy releases (memory.archive.cold_store); beat
     runs it every minute. Without cold storage configured it does nothing."""
     owner = get_owner()
     if owner is None:

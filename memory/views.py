@@ -12,8 +12,10 @@ from rest_framework.views import APIView
 
 from accounts.services import is_owner
 from memory import api_schema as bodies
-from memory import assertions, preferences, recall, short_context
-from memory.services import page_after, serialize_entry
+from memory import recall, short_context
+from memory.assertions import preferences
+from memory.assertions import store as assertions
+from memory.timeline.entries import page_after, serialize_entry
 from yimi_project.api_schema import PARSE_ERRORS, responses
 from yimi_project.errors import YimiError
 

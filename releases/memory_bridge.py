@@ -3,14 +3,14 @@ current core memory is projected for the old version; on upgrading again, only t
 added while the old version ran are imported.
 
 The projection is kept with the release it is for: ``<release dir>/memory/USER.md`` and
-``MEMORY.md`` (the format of ``memory.projections``: sections separated by ``§``), and
+``MEMORY.md`` (the format of ``memory.assertions.projections``: sections separated by ``§``), and
 ``projected.json``, the digests of every entry as projected. The old version reads and
 writes those two files; the database is not restored by a rollback, so nothing else of
 memory needs carrying.
 
 Upgrading again, ``import_added_meanwhile`` reads the two files as the old version left
 them, drops every entry whose digest was projected (it came from here, so it is already
-in L3), and imports the rest through ``memory.core_import`` (actor ``import``). Its
+in L3), and imports the rest through ``memory.assertions.core_import`` (actor ``import``). Its
 request ids come from the entry's text, so running it twice replays the first run's
 commits and adds nothing.
 """
@@ -24,8 +24,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from accounts.services import get_owner
-from memory import core_import
-from memory.projections import MEMORY_MD, USER_MD, render
+from memory.assertions import core_import
+from memory.assertions.projections import MEMORY_MD, USER_MD, render
 from releases import pointers
 from yimi_project.errors import YimiError
 from yimi_project.files import write_atomically
@@ -37,7 +37,7 @@ DOCS = {USER_MD: "user", MEMORY_MD: "memory"}
 
 
 def entry_digest(doc: str, entry: str) -> str:
-    """The same normalisation ``memory.core_import`` keys its request ids on."""
+    """The same normalisation ``memory.assertions.core_import`` keys its request ids on."""
     return hashlib.sha256(f"{doc}\n{' '.join(entry.split())}".encode()).hexdigest()
 
 

@@ -11,7 +11,7 @@ from django.db import transaction
 
 from accounts.services import get_owner
 from memory.models import TimelineCounter, TimelineEntry
-from memory.services import append_entry
+from memory.timeline.entries import append_entry
 from yimi_project import push
 from yimi_project.logs import log_event
 

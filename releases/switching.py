@@ -31,7 +31,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from accounts.services import get_owner
-from memory.services import append_entry
+from memory.timeline.entries import append_entry
 from releases import backup as release_backup
 from releases import baseline, idle, memory_bridge, pointers
 from releases import services as release_services

@@ -47,7 +47,7 @@ class TranscribedCall:
 
     def _utterance(self, text: str, scope: str) -> Any:
         from devices.models import VoiceUtterance
-        from memory.services import append_entry
+        from memory.timeline.entries import append_entry
 
         entry = append_entry(owner_id=self.device.owner_id, kind="utterance", text=text, device_id=self.device.id,
                              client_id=f"voice-{uuid.uuid4().hex}", scope=scope)
@@ -67,7 +67,7 @@ class TranscribedCall:
         return self._utterance(text, "guest")
 
     def yimi(self, text: str) -> Any:
-        from memory.services import append_entry
+        from memory.timeline.entries import append_entry
 
         assert self.last is not None, "Yimi replies to an utterance"
         return append_entry(owner_id=self.device.owner_id, kind="reply", text=text, device_id=self.device.id,

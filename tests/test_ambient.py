@@ -18,13 +18,14 @@ from brain.models import Run
 from devices.models import VoiceUtterance
 from devices.voice import ambient
 from devices.voice.ambient import CHUNK_OVERLAP, CHUNK_SAMPLES, AnalysisScheduler, chunk_bounds
-from memory import ambient as ambient_log
-from memory import assertions, short_context
-from memory.ambient import AmbientSource
-from memory.ambient_models import AmbientRecord
-from memory.assertions import CommitRequest
+from memory import short_context
+from memory.assertions import store as assertions
+from memory.assertions.store import CommitRequest
 from memory.copies import REDACTED
 from memory.models import TimelineEntry
+from memory.personal import ambient as ambient_log
+from memory.personal.ambient import AmbientSource
+from memory.personal.models import AmbientRecord
 from tests import test_asr, voice_support
 from tests.conftest import db_async, receive_until
 from tests.test_asr import TranscriptionServer, utterance

@@ -32,8 +32,8 @@ from capabilities.services import CallRequest, decide, record_receipt
 from consent.models import ConsentCard
 from devices.services import authenticate_challenge, revoke_device
 from devices.signatures import auth_message
-from memory import assertions
-from memory.assertions import CommitRequest
+from memory.assertions import store as assertions
+from memory.assertions.store import CommitRequest
 from memory.models import Assertion, AssertionVersion
 from tests.conftest import need
 from tests.gateway_support import manifest, write_pack

@@ -32,7 +32,7 @@ from capabilities.manifest import PackSet, load_packs
 from capabilities.mcp_host import runtime
 from capabilities.models import ToolCall
 from capabilities.services import CallRequest, decide, record_gateway_receipt, record_receipt
-from memory import assertions
+from memory.assertions import store as assertions
 from tests.conftest import internal_client, new_client_id
 from tests.gateway_support import manifest, write_pack
 from yimi_project import call_capability

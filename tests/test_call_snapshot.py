@@ -17,9 +17,10 @@ from companion import persona, privacy_epoch
 from companion import snapshot as call_snapshot
 from companion.models import CallSnapshot, ContentCard, PrivacyEpoch
 from companion.snapshot import Background, build_opening
-from memory import assertions, erasure
-from memory.assertions import CommitRequest
-from memory.services import append_entry
+from memory.assertions import store as assertions
+from memory.assertions.store import CommitRequest
+from memory.timeline import erasure
+from memory.timeline.entries import append_entry
 from tests import voice_support
 from tests.conftest import db_async, receive_until
 from tests.test_voice_session import open_voice, start

@@ -24,8 +24,8 @@ from accounts import voice as identity
 from companion import privacy_epoch
 from companion import snapshot as call_snapshot
 from companion.models import CallSnapshot, ContentCard
-from memory import assertions
-from memory.assertions import CommitRequest
+from memory.assertions import store as assertions
+from memory.assertions.store import CommitRequest
 from tests.companion_support import talk
 
 pytestmark = pytest.mark.django_db(transaction=True)  # autocommit, as in production

@@ -23,7 +23,7 @@ from brain import catalog, model_settings
 from brain.models import ModelSelection, ModelSwitch
 from devices.voice import engines
 from devices.voice import services as voice_services
-from memory import services as timeline
+from memory.timeline import entries as timeline
 from tests import voice_support
 from tests.voice_support import (
     SPEAKER_METADATA,
@@ -317,7 +317,7 @@ def test_embedding_switch_becomes_effective_only_after_the_index_rebuild(
     assert len(seqs) == 40 and vectors.shape == (40, 16) and meta_read["model"] == "text-embed@2"
     assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0)
     # recall searches the same rows, with the catalog's effective model as its embedder
-    from memory.embeddings import configured_embedder, nearest
+    from memory.timeline.embeddings import configured_embedder, nearest
 
     embedder = configured_embedder()
     assert embedder is not None and embedder.name == "text-embed@2" and embedder.dim == 16

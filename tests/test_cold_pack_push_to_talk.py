@@ -16,8 +16,8 @@ import pytest
 from devices import push_to_talk
 from devices.push_to_talk_models import PushToTalkHold
 from devices.voice.ambient import PTT_HOLD_SECONDS
-from memory import archive
-from memory.cold_models import ColdPack, ObjectLocation
+from memory.archive import cold_store as archive
+from memory.archive.models import ColdPack, ObjectLocation
 from tests import voice_support
 from tests.conftest import db_async, receive_until
 from tests.test_cold_packs import T0, Clock, Now, ServerDAV, cold, hot_intact, store, three  # noqa: F401  (fixture)

@@ -20,11 +20,11 @@ from django.test import Client
 from django.utils import timezone
 
 from accounts.voice import end_call, start_call
-from memory import archive, coldpack, raw_store
-from memory.cold_models import ColdAlert, ColdPack, ObjectLocation
-from memory.raw_models import RawObject
+from memory.archive import cold_store as archive
+from memory.archive import coldpack, raw_store
+from memory.archive.models import ColdAlert, ColdPack, ObjectLocation, RawObject
+from memory.archive.webdav import WebDAV
 from memory.tasks import archive_round_task
-from memory.webdav import WebDAV
 from tests.conftest import need_program
 from tests.webdav_support import PASSWORD, USER, WsgiDAVServer, webdav  # noqa: F401  (fixture)
 from yimi_project.errors import YimiError

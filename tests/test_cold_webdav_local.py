@@ -24,9 +24,9 @@ from django.db import connections
 
 from brain import dispatch
 from brain.dispatch import stop_embedded_sweeper
-from memory import archive
-from memory import webdav as cold_webdav
-from memory.cold_models import ColdPack
+from memory.archive import cold_store as archive
+from memory.archive import webdav as cold_webdav
+from memory.archive.models import ColdPack
 from tests.conftest import db_async, need_program, open_socket
 from tests.ports import free_port
 from tests.test_cold_packs import Clock, Now, cold, three  # noqa: F401  (fixture)

@@ -19,8 +19,9 @@ from brain.services import accept_utterance
 from companion import persona, privacy_epoch
 from companion import snapshot as call_snapshot
 from companion.models import ContentCard, PersonaVersion
-from memory import assertions, preferences
-from memory.assertions import CommitRequest
+from memory.assertions import preferences
+from memory.assertions import store as assertions
+from memory.assertions.store import CommitRequest
 from tests.conftest import db_async, new_client_id
 from yimi_project.errors import YimiError
 

@@ -331,8 +331,8 @@ async def test_tired_ends_the_turn_and_a_barge_in_is_recorded(phone: Phone) -> N
 
 
 async def test_forgetting_and_another_owner_never_leak(phone: Phone) -> None:
-    from memory import assertions
-    from memory.assertions import CommitRequest
+    from memory.assertions import store as assertions
+    from memory.assertions.store import CommitRequest
 
     await phone.start("secret")
     await phone.say("别聊我老伴")

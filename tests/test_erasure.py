@@ -1,4 +1,4 @@
-"""Erasing timeline entries (the ``erasure`` pack, ``memory.erasure``): the preview is
+"""Erasing timeline entries (the ``erasure`` pack, ``memory.timeline.erasure``): the preview is
 exactly what is erased, a set that changed after the preview is refused, the entries'
 embeddings and image originals go with them, the copies the platform kept are redacted
 (every table scanned), and other owners' entries are untouched."""
@@ -16,11 +16,11 @@ from django.utils import timezone
 from accounts.models import User
 from brain.services import accept_utterance
 from capabilities.contract import run_contract
-from memory import erasure
-from memory import images as image_store
-from memory.embeddings import HashingEmbedder, index_timeline
 from memory.models import MemoryReceipt, TimelineEmbedding, TimelineEntry
-from memory.services import append_entry
+from memory.personal import images as image_store
+from memory.timeline import erasure
+from memory.timeline.embeddings import HashingEmbedder, index_timeline
+from memory.timeline.entries import append_entry
 from tests.conftest import internal_client, new_client_id, pack_capability
 from tests.test_images import picture
 from tests.test_memory_forgetting import places_holding

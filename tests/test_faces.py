@@ -327,7 +327,7 @@ def test_the_faces_page_is_403_for_staff_who_are_not_the_owner(owner: Any, face_
 
 
 class Attached:
-    """Shaped like ``memory.images.StoredImage``: what the image analyzer is given."""
+    """Shaped like ``memory.personal.images.StoredImage``: what the image analyzer is given."""
 
     def __init__(self, data: bytes, owner_id: int, scope: str) -> None:
         self.data, self.owner_id, self.scope = data, owner_id, scope
@@ -351,7 +351,7 @@ def test_an_owner_photo_attached_from_the_glasses_names_the_enrolled_person(owne
     photo of Eileen Collins and Grace Hopper is stored and attached, and the vision turn's
     facts name only the enrolled person."""
     from brain.vision import people_fact
-    from memory import images as image_store
+    from memory.personal import images as image_store
 
     faces.enroll_from_photos(owner, "王阿姨", collins_photos())
     glasses = make_device("glasses")

@@ -1,5 +1,5 @@
 """The ``health`` pack and its platform side: ``health.record`` frames from the owner's watch
-and phone (``memory.health``), bounded and stored per owner, read by the pack's ``read``
+and phone (``memory.personal.health``), bounded and stored per owner, read by the pack's ``read``
 tool and by the call short context's health source."""
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ from django.utils import timezone
 
 from capabilities.contract import run_contract
 from capabilities.manifest import load_pack
-from memory import health, short_context
-from memory.health_models import HealthRecord
+from memory import short_context
+from memory.personal import health
+from memory.personal.models import HealthRecord
 from tests.conftest import db_async, internal_client, new_client_id, pack_capability, receive_until
 from tests.test_location_pack import device_of_kind
 from tests.test_owner_mac import open_device

@@ -9,7 +9,7 @@ from django.test import Client
 
 from devices.models import SignedRequestNonce
 from devices.services import accept_request_nonce
-from memory.services import append_entry
+from memory.timeline.entries import append_entry
 from yimi_project.errors import YimiError
 
 pytestmark = pytest.mark.django_db

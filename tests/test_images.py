@@ -16,10 +16,10 @@ from django.test import Client
 from PIL import Image
 
 from brain import roles, vision
-from memory import admission
-from memory import images as image_store
-from memory.image_models import ImageRecord
+from memory.archive import admission
 from memory.models import TimelineEntry
+from memory.personal import images as image_store
+from memory.personal.models import ImageRecord
 from tests.conftest import db_async, open_socket, receive_until, script
 
 pytestmark = pytest.mark.django_db(transaction=True)

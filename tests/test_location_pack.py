@@ -1,5 +1,5 @@
 """The ``location`` pack and its platform side: signed location reports from the owner's
-phone (``memory.location``), named places, haversine distances, and arrival geofences as
+phone (``memory.personal.location``), named places, haversine distances, and arrival geofences as
 watches (``brain.geofences``), over a real websocket and through the gateway."""
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from brain.schedule_models import Watch, WatchNotice
 from brain.services import accept_utterance
 from capabilities.contract import run_contract
 from capabilities.manifest import load_pack
-from memory import location
-from memory.location_models import LocationReport, Place
+from memory.personal import location
+from memory.personal.models import LocationReport, Place
 from tests.conftest import db_async, internal_client, new_client_id, pack_capability, receive_until
 from tests.test_owner_console import logged_in
 from tests.test_owner_mac import open_device

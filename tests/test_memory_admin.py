@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from django.test import Client
 
-from memory import assertions
-from memory.assertions import CommitRequest, Dependency
+from memory.assertions import store as assertions
+from memory.assertions.store import CommitRequest, Dependency
 from memory.models import Assertion, AssertionVersion
 
 

@@ -13,7 +13,7 @@ import pytest
 from django.test import Client
 
 from memory.models import Assertion
-from memory.services import append_entry
+from memory.timeline.entries import append_entry
 from tests.conftest import internal_client, pack_capability
 from tests.memory_support import hold_source_deadlines
 from yimi_project.errors import HTTP_STATUS

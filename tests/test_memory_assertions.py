@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from django.db import connection, transaction
 
-from memory import assertions
-from memory.assertions import CommitRequest, Dependency
+from memory.assertions import store as assertions
+from memory.assertions.store import CommitRequest, Dependency
 from memory.locks import MEMORY_LOCK_SPACE, lock_owner_memory
 from memory.models import (
     Assertion,
@@ -20,7 +20,7 @@ from memory.models import (
     AssertionVersion,
     MemoryReceipt,
 )
-from memory.services import append_entry
+from memory.timeline.entries import append_entry
 from tests.conftest import need
 from yimi_project.errors import YimiError
 

@@ -11,7 +11,7 @@ from django.test.utils import CaptureQueriesContext
 
 from memory import recall
 from memory.models import TimelineEntry
-from memory.services import append_entry
+from memory.timeline.entries import append_entry
 from tests.conftest import need
 
 pytestmark = pytest.mark.django_db

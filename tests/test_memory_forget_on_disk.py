@@ -21,8 +21,10 @@ from django.db import DatabaseError, connection
 
 from brain.services import accept_utterance
 from capabilities.models import ToolCall
-from memory import assertions, copies, forget_compaction
-from memory.assertions import CommitRequest
+from memory import copies
+from memory.assertions import forget_compaction
+from memory.assertions import store as assertions
+from memory.assertions.store import CommitRequest
 from tests.conftest import need, new_client_id
 from yimi_project.errors import YimiError
 

@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 
 from brain.services import accept_utterance
-from memory import assertions, copies
-from memory.assertions import CommitRequest
+from memory import copies
+from memory.assertions import store as assertions
+from memory.assertions.store import CommitRequest
 from memory.copies import REDACTED, ForgottenContent
 from memory.models import Assertion, AssertionVersion, MemoryReceipt
 from tests.conftest import new_client_id

@@ -1,4 +1,4 @@
-"""History search (``memory.history_search``, ``/internal/memory/history/search/``): its
+"""History search (``memory.timeline.history_search``, ``/internal/memory/history/search/``): its
 limits — 3 lookups a run, 20 lines, ±2 lines of context, 300 characters a line, a time
 range — the result marked as reference material, and never a guest's or another owner's line."""
 
@@ -12,9 +12,10 @@ from typing import Any
 
 import pytest
 
-from memory import history_search, recall
+from memory import recall
 from memory.models import HistoryLookup, TimelineEntry
-from memory.services import append_entry
+from memory.timeline import history_search
+from memory.timeline.entries import append_entry
 from tests.conftest import internal_client
 
 URL = "/internal/memory/history/search/"

@@ -14,8 +14,9 @@ from django.test.utils import CaptureQueriesContext
 
 from brain.runner import execute_run
 from brain.services import accept_utterance
-from memory import assertions, injection, preferences
-from memory.assertions import CommitRequest
+from memory.assertions import injection, preferences
+from memory.assertions import store as assertions
+from memory.assertions.store import CommitRequest
 from memory.models import MemorySession
 from tests.conftest import db_async, new_client_id, script
 

@@ -125,7 +125,7 @@ def test_history_search_through_the_gateway_allows_three_lookups_a_run(internal_
 
     from capabilities.client import call_tool
     from capabilities.mcp_host import runtime
-    from memory.services import append_entry
+    from memory.timeline.entries import append_entry
 
     runtime.reset_for_tests()
     try:

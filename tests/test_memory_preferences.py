@@ -7,8 +7,9 @@ from typing import Any
 
 import pytest
 
-from memory import assertions, preferences, speaking_rules
-from memory.assertions import CommitRequest
+from memory.assertions import preferences, speaking_rules
+from memory.assertions import store as assertions
+from memory.assertions.store import CommitRequest
 from memory.models import Assertion, AssertionVersion
 from yimi_project.errors import YimiError
 

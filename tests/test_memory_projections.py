@@ -11,9 +11,10 @@ from typing import Any
 import pytest
 from django.core.management import CommandError, call_command
 
-from memory import assertions, preferences, projections
-from memory.assertions import CommitRequest
-from memory.core_import import import_entries, parse_entries
+from memory.assertions import preferences, projections
+from memory.assertions import store as assertions
+from memory.assertions.core_import import import_entries, parse_entries
+from memory.assertions.store import CommitRequest
 from memory.models import Assertion
 
 

@@ -11,9 +11,11 @@ from typing import Any
 import pytest
 from django.db import connection
 
-from memory import assertions, recall, short_context
-from memory.assertions import CommitRequest
-from memory.embeddings import (
+from memory import recall, short_context
+from memory.assertions import store as assertions
+from memory.assertions.store import CommitRequest
+from memory.models import TimelineEmbedding
+from memory.timeline.embeddings import (
     Embedder,
     HashingEmbedder,
     configured_embedder,
@@ -21,8 +23,7 @@ from memory.embeddings import (
     nearest,
     register_embedder,
 )
-from memory.models import TimelineEmbedding
-from memory.services import append_entry
+from memory.timeline.entries import append_entry
 from tests.memory_support import SourceDeadlines, hold_source_deadlines
 
 
@@ -157,7 +158,7 @@ def deadlines(monkeypatch: Any) -> SourceDeadlines:
 
 
 def fill(owner: Any) -> None:
-    from memory import preferences
+    from memory.assertions import preferences
 
     owner.time_zone = "Asia/Shanghai"
     owner.save(update_fields=["time_zone"])
@@ -227,7 +228,7 @@ def test_short_context_leaves_out_a_failing_source(owner: Any, settings: Any, tm
 
 
 def test_vectors_written_by_another_process_are_picked_up(owner: Any) -> None:
-    from memory.embeddings import to_bytes
+    from memory.timeline.embeddings import to_bytes
 
     embedder = HashingEmbedder()
     say(owner, "明天下午三点开会")

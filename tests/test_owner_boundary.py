@@ -23,7 +23,7 @@ from accounts.voiceprint import EnrollmentSegment
 from brain.services import accept_utterance
 from devices.models import Device, PairingCode
 from devices.services import issue_pairing_code
-from memory import assertions
+from memory.assertions import store as assertions
 from tests.conftest import SimDevice, new_keypair
 from yimi_project.errors import YimiError
 

@@ -23,8 +23,9 @@ from brain.models import AgentTask, Run
 from brain.services import accept_utterance
 from capabilities.models import ReceiptRecord, ToolCall
 from devices.services import revoke_device
-from memory import assertions, preferences
-from memory.assertions import CommitRequest
+from memory.assertions import preferences
+from memory.assertions import store as assertions
+from memory.assertions.store import CommitRequest
 from memory.models import Assertion, AssertionVersion, TimelineEntry
 
 pytestmark = pytest.mark.django_db

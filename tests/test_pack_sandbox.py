@@ -24,7 +24,7 @@ from brain.services import accept_utterance
 from capabilities.client import call_tool
 from capabilities.mcp_host import runtime
 from capabilities.models import ReceiptRecord, ToolCall
-from memory import assertions
+from memory.assertions import store as assertions
 from tests.conftest import need, new_client_id
 from tests.gateway_support import manifest, write_pack
 

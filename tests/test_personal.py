@@ -137,8 +137,8 @@ def test_personal_contract_fake() -> None:
 
 @pytest.mark.django_db(transaction=True)
 def test_personal_contract_real_against_radicale_and_the_platform(internal_listener: Any, owner: Any, tmp_path: Path, carddav: RadicaleServer) -> None:
-    from memory import assertions
-    from memory.assertions import CommitRequest
+    from memory.assertions import store as assertions
+    from memory.assertions.store import CommitRequest
 
     assertions.commit(CommitRequest(owner.pk, "profile-1", "core_profile.entry", {"text": "主人住在杭州", "doc": "user"}, 0))
     paths = platform_paths(tmp_path, secrets_dir=secrets_for(tmp_path, carddav), internal_socket=Path(os.fspath(internal_listener)))

@@ -38,8 +38,8 @@ from capabilities.models import ReceiptRecord, ToolCall
 from capabilities.services import CallRequest, Decision, decide
 from consent import services as consent
 from consent.models import ConsentCard
-from memory import assertions
-from memory.assertions import CommitRequest, Dependency
+from memory.assertions import store as assertions
+from memory.assertions.store import CommitRequest, Dependency
 from memory.models import Assertion, AssertionDependency, MemoryReceipt
 from payments import services as payments
 from payments.models import PaymentAuthorization, PaymentIntent, UnlockLease

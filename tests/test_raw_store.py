@@ -1,4 +1,4 @@
-"""The L5 hot store (memory/raw_store.py; docs/memory.md "Raw store (L5)"): durable originals
+"""The L5 hot store (memory/archive/raw_store.py; docs/memory.md "Raw store (L5)"): durable originals
 with their source, disk admission on bytes AND inodes (an injected statvfs) with one reclaim
 and an honest refusal, the owner told first when space is tight, archive batches at 500 ms /
 20 frames / 64 KiB on an injected clock, reads from the hot copy or the cold reader, hot copies
@@ -19,10 +19,10 @@ import numpy as np
 import pytest
 
 from devices.voice import ambient
-from memory import admission, raw_store
+from memory.archive import admission, raw_store
+from memory.archive.models import RawObject
+from memory.archive.raw_store import ArchiveBatcher, Capture
 from memory.models import TimelineEntry
-from memory.raw_models import RawObject
-from memory.raw_store import ArchiveBatcher, Capture
 from tests import test_asr, voice_support
 from tests.conftest import db_async, receive_until
 from tests.test_asr import TranscriptionServer, utterance
@@ -432,9 +432,9 @@ def test_recall_finds_the_original_by_time_and_source_and_fetches_it(owner: Any,
     cold reader or is said to be unavailable; an erased one is skipped."""
     from django.utils import timezone
 
-    from memory import ambient as ambient_log
     from memory import recall
-    from memory.ambient import AmbientSource
+    from memory.personal import ambient as ambient_log
+    from memory.personal.ambient import AmbientSource
 
     glasses, phone = make_device("glasses").device, make_device("phone").device
     now = timezone.now()
@@ -508,7 +508,7 @@ async def test_a_sensor_event_is_kept_as_its_original_or_said_not_stored(make_de
     assert await db_async(RawObject.objects.count)() == 1
 
 
-# --- erasure of originals through memory.erasure, and images as originals -------------------------------------------
+# --- erasure of originals through memory.timeline.erasure, and images as originals -------------------------------------------
 
 
 def test_erasing_a_closed_time_range_erases_its_originals_and_says_what_remains(
@@ -516,7 +516,7 @@ def test_erasing_a_closed_time_range_erases_its_originals_and_says_what_remains(
 ) -> None:
     from django.utils import timezone
 
-    from memory import erasure
+    from memory.timeline import erasure
 
     now = timezone.now()
     inside = [store(owner, at=now - timedelta(minutes=10)), store(owner, kind="sensor", at=now - timedelta(minutes=9))]
@@ -540,8 +540,8 @@ def test_erasing_a_closed_time_range_erases_its_originals_and_says_what_remains(
 def test_a_kept_image_becomes_an_original_and_erasing_its_entry_erases_it(
     owner: Any, make_device: Any, disk: Disk, django_capture_on_commit_callbacks: Any
 ) -> None:
-    from memory import erasure
-    from memory import images as image_store
+    from memory.personal import images as image_store
+    from memory.timeline import erasure
     from tests.test_images import picture
 
     glasses = make_device("glasses", capture_channels=["glasses"]).device
@@ -561,7 +561,7 @@ def test_a_kept_image_becomes_an_original_and_erasing_its_entry_erases_it(
 
 
 def test_a_guests_image_is_not_an_original(owner: Any, make_device: Any, disk: Disk) -> None:
-    from memory import images as image_store
+    from memory.personal import images as image_store
     from tests.test_images import picture
 
     guest = make_device("phone", guest=True).device

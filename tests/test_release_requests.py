@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from memory import assertions
+from memory.assertions import store as assertions
+from memory.assertions.projections import render
 from memory.models import Assertion, TimelineEntry
-from memory.projections import render
 from releases import baseline, idle, memory_bridge, pointers, requested
 from releases.models import Release, ReleaseEvent
 from releases.request_models import BaselineCard, RollbackRequest
@@ -72,7 +72,7 @@ def note(owner: Any, text: str, key: str) -> None:
 
 
 def memory_entries(owner: Any) -> list[str]:
-    from memory import core_import
+    from memory.assertions import core_import
 
     return core_import.parse_entries(render(owner.id)["MEMORY.md"])
 

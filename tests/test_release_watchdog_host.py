@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from django.core.management import CommandError, call_command
 
-from memory import assertions
+from memory.assertions import store as assertions
 from memory.models import TimelineEntry
 from releases import pointers, watchdog_host
 from releases.models import Release

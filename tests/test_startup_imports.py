@@ -26,7 +26,7 @@ def test_a_process_imports_neither_the_mcp_sdk_nor_pillow_until_it_needs_them() 
     Pillow about 0.15 s, on a machine where the whole start took 5.4 s. The SDK is imported
     where a pack host is started or spoken to (``runtime._start``, ``host_parameters``, the
     contract, the registry's preload), Pillow where an upload is decoded
-    (``memory.images.inspect_image``): a process that does neither does not pay for them.
+    (``memory.personal.images.inspect_image``): a process that does neither does not pay for them.
     The pack host and image tests still run those paths."""
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "yimi_project.settings"}
     out = subprocess.run([sys.executable, "-c", STARTUP_IMPORTS], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)

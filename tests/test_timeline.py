@@ -9,7 +9,7 @@ from django.db import connection, connections
 from django.test.utils import CaptureQueriesContext
 
 from memory.models import TimelineCounter, TimelineEntry
-from memory.services import append_entry, page_after
+from memory.timeline.entries import append_entry, page_after
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

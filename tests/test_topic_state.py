@@ -133,8 +133,8 @@ def test_erasing_a_quoted_utterance_invalidates_its_rows_and_summary_in_the_bump
 
 
 def test_facts_come_from_the_current_l3_version_once_and_an_edit_invalidates_the_summary(phone: Any) -> None:
-    from memory import assertions
-    from memory.assertions import CommitRequest
+    from memory.assertions import store as assertions
+    from memory.assertions.store import CommitRequest
 
     call = TranscribedCall(phone, "c1")
     said = call.owner("我在红星机床厂干了三十年")

@@ -18,7 +18,7 @@ from devices.models import Delivery, Device
 from devices.services import revoke_device
 from devices.signatures import auth_message, challenge_message, verify
 from memory.models import TimelineEntry
-from memory.services import append_entry
+from memory.timeline.entries import append_entry
 from tests.conftest import SOCKET_TIMEOUT, SimDevice, db_async, new_client_id, new_keypair, open_socket, receive_until, script
 from yimi_project import push
 

@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
-from memory.webdav_serving import wsgidav_config
+from memory.archive.webdav_serving import wsgidav_config
 from tests.ports import free_port
 
 USER, PASSWORD = "yimi", "webdav-test-password"
@@ -28,7 +28,7 @@ BIN = Path(sys.executable).parent
 
 
 def config(root: Path, port: int, user: str, password: str) -> dict[str, Any]:
-    """The platform's own configuration (memory/webdav_serving.py), logging every request."""
+    """The platform's own configuration (memory/archive/webdav_serving.py), logging every request."""
     return {**wsgidav_config(root, "127.0.0.1", port, user, password), "verbose": 3}
 
 

@@ -48,7 +48,7 @@ HTTP_STATUS = {
     "mac_timeout": 504,
     # the executor API (phone pack model steps; docs/protocol.md "Internal endpoint for a pack's model steps")
     "executor_model_failed": 502,
-    # erasing the timeline (memory.erasure; docs/protocol.md "Internal endpoints")
+    # erasing the timeline (memory.timeline.erasure; docs/protocol.md "Internal endpoints")
     "erasure_changed": 409,
     "erasure_too_large": 422,
     "nothing_to_erase": 409,

@@ -260,7 +260,7 @@ CELERY_BEAT_SCHEDULE = {
     "index-timeline-embeddings": {"task": "memory.tasks.index_timeline_embeddings", "schedule": 60.0},
     "regenerate-projections": {"task": "memory.tasks.regenerate_projections", "schedule": 300.0},
     "monitor-packs": {"task": "capabilities.tasks.monitor_packs", "schedule": 300.0},  # pack registry (capabilities/registry/monitor.py)
-    "archive-round": {"task": "memory.tasks.archive_round", "schedule": ARCHIVE_ROUND_SECONDS},  # cold packs (memory/archive.py)
+    "archive-round": {"task": "memory.tasks.archive_round", "schedule": ARCHIVE_ROUND_SECONDS},  # cold packs (memory/archive/cold_store.py)
     # The owner's rollback requests, executed at the next idle moment (releases/requested.py).
     "execute-rollback-requests": {"task": "releases.tasks.execute_rollback_requests", "schedule": 60.0},
 }
@@ -495,7 +495,7 @@ VOICE_TRANSCRIPT_WAIT_SECONDS = 60
 # The embedding model (from the local model catalog) for timeline vector search; empty: keyword only.
 YIMI_EMBEDDING_MODEL = env.str("YIMI_EMBEDDING_MODEL", default="")
 
-# --- images from devices (memory/images.py, devices/images.py; docs/protocol.md "Images") -------
+# --- images from devices (memory/personal/images.py, devices/images.py; docs/protocol.md "Images") -------
 IMAGE_MAX_BYTES = env.int("YIMI_IMAGE_MAX_BYTES", default=4 * 1024 * 1024)  # one upload, JPEG or PNG
 # Any other HTTP request body (yimi_project/infra/body_limit.py; refused before Django reads it).
 MAX_REQUEST_BYTES = env.int("YIMI_MAX_REQUEST_BYTES", default=64 * 1024 * 1024)  # the owner uploads enrollment photos in the console
@@ -503,16 +503,16 @@ IMAGE_MAX_SIDE = env.int("YIMI_IMAGE_MAX_SIDE", default=4096)  # width and heigh
 IMAGE_UPLOAD_TTL_SECONDS = 600  # an upload no image frame announced is deleted after this
 # "看看这是什么" without an ``about`` link uses the device's latest image from this many seconds before.
 IMAGE_REQUEST_WINDOW_SECONDS = env.int("YIMI_IMAGE_REQUEST_WINDOW_SECONDS", default=120)
-# Disk admission for raw writes (memory/admission.py): free bytes >= reserve + write size, free inodes >= reserve.
+# Disk admission for raw writes (memory/archive/admission.py): free bytes >= reserve + write size, free inodes >= reserve.
 DISK_RESERVE_BYTES = env.int("YIMI_DISK_RESERVE_BYTES", default=4 * 1024**3)
 DISK_RESERVE_INODES = env.int("YIMI_DISK_RESERVE_INODES", default=500_000)
-# The L5 hot store (memory/raw_store.py, docs/memory.md "Raw store (L5)"): where originals go;
+# The L5 hot store (memory/archive/raw_store.py, docs/memory.md "Raw store (L5)"): where originals go;
 # below the warning levels (above the reserve) the owner is told, at most once per interval.
 RAW_HOT_ROOT = Path(env.str("YIMI_RAW_HOT_ROOT", default=str(DATA_DIR / "raw")))
 DISK_WARN_BYTES = env.int("YIMI_DISK_WARN_BYTES", default=DISK_RESERVE_BYTES + 2 * 1024**3)
 DISK_WARN_INODES = env.int("YIMI_DISK_WARN_INODES", default=DISK_RESERVE_INODES + 100_000)
 RAW_NOTICE_INTERVAL_SECONDS = env.int("YIMI_RAW_NOTICE_INTERVAL_SECONDS", default=6 * 3600)
-# Cold packs on WebDAV (memory/archive.py, docs/memory.md "Cold packs"): the collection packs
+# Cold packs on WebDAV (memory/archive/cold_store.py, docs/memory.md "Cold packs"): the collection packs
 # go under (empty: no cold storage, hot copies stay), its user; the password is the
 # cold_webdav_password file in the secrets directory. Hot copies stay this long after their
 # pack verified; pack starts are spaced as if uploads ran at COLD_MAX_UPLOAD_KBPS.

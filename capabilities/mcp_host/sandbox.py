@@ -8,7 +8,7 @@ platform's ``HostManager`` and the contract runner alike) is started through
   as uid/gid 65534, with ``--die-with-parent`` and ``--new-session``;
 - read-only: the system directories (``/usr`` and its ``/bin``, ``/lib``... links, a few
   files of ``/etc``), the Python installation and virtual environment, the
-  ``capabilities`` package (the host and ``packkit``), ``memory/speaking_rules.py`` (pure
+  ``capabilities`` package (the host and ``packkit``), ``memory/assertions/speaking_rules.py`` (pure
   rules the memory pack's fake shares with the platform) and the packs directory;
 - nothing else of the host: not the data directory, not the secrets directory, not the
   platform's ``/proc`` (the sandbox has its own), not the repository's other code;
@@ -64,7 +64,8 @@ CAPABILITIES_DIR = REPO_ROOT / "capabilities"
 # the simulated Mac's sandbox executor (and its simulated desktop) the owner-mac and desktop
 # packs' fakes run (as device_sim mac does).
 SHARED_MODULES = (
-    REPO_ROOT / "memory" / "__init__.py", REPO_ROOT / "memory" / "speaking_rules.py",
+    REPO_ROOT / "memory" / "__init__.py", REPO_ROOT / "memory" / "assertions" / "__init__.py",
+    REPO_ROOT / "memory" / "assertions" / "speaking_rules.py",
     REPO_ROOT / "devices" / "__init__.py", REPO_ROOT / "devices" / "mac_sandbox.py", REPO_ROOT / "devices" / "mac_desktop.py",
 )
 SANDBOX_UID = 65534

@@ -1,7 +1,7 @@
 """Ambient speech analysis within fixed bounds (docs/voice.md, "Ambient log").
 
 Ambient speech (an utterance that reached no request window) is transcribed when the
-session has a server ASR engine and kept in the ambient log (``memory.ambient``) with its
+session has a server ASR engine and kept in the ambient log (``memory.personal.ambient``) with its
 source. The work goes through one ``AnalysisScheduler`` per process, whose bounds are
 fixed:
 
@@ -43,8 +43,8 @@ from channels.db import database_sync_to_async
 
 from devices.voice import asr
 from devices.voice.audio import SAMPLE_RATE
-from memory import ambient as ambient_log
-from memory.ambient import AmbientSource
+from memory.personal import ambient as ambient_log
+from memory.personal.ambient import AmbientSource
 from yimi_project.errors import YimiError
 from yimi_project.logs import log_event
 

@@ -8,7 +8,7 @@ volume, not the platform's data volume) on ``0.0.0.0:YIMI_COLD_PORT`` inside the
 network, with basic auth for ``YIMI_COLD_WEBDAV_USER`` and the password in
 ``/run/secrets/cold_webdav_password``, the same secret the platform's services read. No
 directory browser. Standard library, wsgidav, cheroot and the platform's Django-free
-``memory/webdav_serving.py`` (the configuration ``manage.py cold_webdav`` uses too): no Django.
+``memory/archive/webdav_serving.py`` (the configuration ``manage.py cold_webdav`` uses too): no Django.
 
 Point ``YIMI_COLD_WEBDAV_URL`` at storage elsewhere to do without it (docker/README.md).
 """
@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the platform's code (/app in the image)
 
-from memory.webdav_serving import wsgidav_config  # noqa: E402
+from memory.archive.webdav_serving import wsgidav_config  # noqa: E402
 
 
 def _interrupt(signum: int, frame: object) -> None:

@@ -16,8 +16,9 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 from accounts.services import get_owner
-from memory import archive, raw_store
-from memory.raw_models import RawObject
+from memory.archive import cold_store as archive
+from memory.archive import raw_store
+from memory.archive.models import RawObject
 from yimi_project.errors import YimiError
 
 

@@ -18,8 +18,8 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from memory import webdav
-from memory.webdav_serving import wsgidav_config
+from memory.archive import webdav
+from memory.archive.webdav_serving import wsgidav_config
 
 HOST = "127.0.0.1"
 DEFAULT_PORT = 8766

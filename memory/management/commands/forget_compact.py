@@ -1,5 +1,5 @@
 """``manage.py forget_compact``: after forgetting, rewrite the tables that held the
-forgotten texts so their bytes leave the table files (``memory.forget_compaction``;
+forgotten texts so their bytes leave the table files (``memory.assertions.forget_compaction``;
 docs/memory.md "Forgetting on disk").
 
 PostgreSQL: ``VACUUM FULL`` of each table (with its TOAST table and indexes), then
@@ -16,7 +16,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from memory import forget_compaction
+from memory.assertions import forget_compaction
 from yimi_project.errors import YimiError
 
 

@@ -15,7 +15,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from accounts.models import User
 from accounts.services import get_owner
-from memory.core_import import import_entries
+from memory.assertions.core_import import import_entries
 
 
 class Command(BaseCommand):

@@ -11,7 +11,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 from accounts.services import get_owner
-from memory import projections
+from memory.assertions import projections
 
 
 class Command(BaseCommand):

@@ -2,7 +2,7 @@
 
 It loads ``server/tools.py`` and replaces its ``call`` with ``FakePlatform.call``, which
 keeps a few timeline entries in memory and applies the platform's rules
-(``memory.erasure``): criteria combined with AND (at least one), a digest over exactly the
+(``memory.timeline.erasure``): criteria combined with AND (at least one), a digest over exactly the
 selected set, an erase that compares the digest again and refuses a changed set
 (``erasure_changed``), a replay by digest, and a result by token or id. Its tokens are not
 signed (the fake holds no key). Entries: 1 "fake line one", 2 "fake line two" (with an

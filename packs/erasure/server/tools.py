@@ -1,6 +1,6 @@
 """The erasure pack: erase the owner's timeline entries for good, through the platform.
 
-The platform (``memory.erasure``) is the only authority; this server calls
+The platform (``memory.timeline.erasure``) is the only authority; this server calls
 ``/internal/erasure/{preview,erase,result}/`` on the platform socket with the capability
 of the call it is executing: an erase needs a call the gateway decided as ``delete`` on
 the same ``preview_token``. A connection that fails or times out during an erase is

@@ -1,7 +1,7 @@
 """Fake health: the real server's ``read`` and its receipts, against in-memory records.
 
 It loads ``server/tools.py`` and replaces its ``call`` with ``FakePlatform.call``, which
-applies the platform's rules (``memory.health.read``): records starting in [after, before)
+applies the platform's rules (``memory.personal.health.read``): records starting in [after, before)
 (ISO 8601 with a time zone, else ``invalid_request``), an optional kind, newest first, at
 most ``limit`` (1-100). Two records: a daily summary of 2026-01-01 from the phone and a
 ride on 2026-01-02 from the watch.

@@ -2,7 +2,7 @@
 watch, daily summaries from the phone), through the platform.
 
 Records are written only by the owner's own devices (``health.record`` frames,
-``memory.health``); this server reads them from ``/internal/health/read/`` with the
+``memory.personal.health``); this server reads them from ``/internal/health/read/`` with the
 capability of the call it is executing. The fake (``fake/tools.py``) runs this same
 handler against an in-memory platform.
 """

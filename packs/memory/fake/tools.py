@@ -2,10 +2,10 @@
 
 It loads ``server/tools.py`` and replaces its ``call`` (the HTTP request to the platform)
 with ``FakePlatform.call``, which keeps assertions in memory and applies the platform's
-rules (``memory.assertions``): compare-and-set on the expected version, replay by request
+rules (``memory.assertions.store``): compare-and-set on the expected version, replay by request
 id, re-evaluation marks along current dependencies, forgetting along every historical
 dependency with tombstones, ``forgotten`` for later commits, and the speaking-preference
-rules (``memory.speaking_rules``, the same module the platform uses). It has no timeline,
+rules (``memory.assertions.speaking_rules``, the same module the platform uses). It has no timeline,
 so evidence numbers are accepted as they are, recall finds assertions only and a history
 search finds no lines — but both answer the platform's shape, and the history search keeps
 the platform's input checks and its count of at most 3 lookups per run. The fake holds no
@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from capabilities import packkit
-from memory import speaking_rules
+from memory.assertions import speaking_rules
 
 _SPEC = importlib.util.spec_from_file_location("yimi_pack_memory_server_for_fake", Path(__file__).resolve().parent.parent / "server" / "tools.py")
 assert _SPEC is not None and _SPEC.loader is not None
@@ -44,7 +44,7 @@ TOOLS = server.TOOLS
 PREDICATE = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*$")
 REQUEST_ID = re.compile(r"^[A-Za-z0-9._:@-]{1,64}$")
 CORE_PROFILE, SPEAKING = "core_profile.entry", "speaking.preferences"
-# The same words as memory.assertions.ForgetResult.payload().
+# The same words as memory.assertions.store.ForgetResult.payload().
 ERASED = (
     "the payload and evidence of every version of the L3 assertions listed in 'forgotten'; "
     "copies of those payloads elsewhere on the platform (tool call ledger, consent cards, "
@@ -59,7 +59,7 @@ NOT_ERASED = [
 ]
 
 
-# The same as memory.history_search and memory.recall (tests/test_memory_history_search.py
+# The same as memory.timeline.history_search and memory.recall (tests/test_memory_history_search.py
 # checks the note and the limits match).
 HISTORY_LOOKUPS_PER_RUN = 3
 HISTORY_NOTE = (

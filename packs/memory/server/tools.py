@@ -1,6 +1,6 @@
 """The memory pack: Yimi's L3 assertions, kept by the platform, reached over its internal API.
 
-The platform (``memory.assertions``, ``memory.preferences``) is the only authority; this
+The platform (``memory.assertions.store``, ``memory.assertions.preferences``) is the only authority; this
 server only calls its internal endpoints (``/internal/memory/...`` on the platform socket,
 ``YIMI_PLATFORM_SOCKET``, through ``packkit.platform_call``) with the capability of the
 call it is executing, which allows only what the gateway decided for that call (a forget

@@ -1,7 +1,0 @@
-"""Internal route of the owner's profile, included under ``internal/profile/``."""
-
-from django.urls import path
-
-from memory.profile_views import ProfileView
-
-urlpatterns = [path("", ProfileView.as_view())]
