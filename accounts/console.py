@@ -43,7 +43,7 @@ TASKS: tuple[Task, ...] = (
         "memory.coldpack", "memory.coldalert", "brain.privacyepoch",
     )),
     Task("models", "Models and persona", (
-        "brain.modelrole", "brain.modelselection", "brain.modelroledraft", "brain.modelusage", "brain.personaversion",
+        "llm.modelrole", "llm.modelselection", "llm.modelroledraft", "llm.modelusage", "brain.personaversion",
         "brain.companionsettings", "brain.contentcard",
     )),
     Task("packs", "Packs", ("capabilities.registeredpack", "capabilities.packcandidate", "capabilities.secretgrant", "workshop.workshopbuild")),

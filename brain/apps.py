@@ -5,7 +5,7 @@ from django.apps import AppConfig
 
 from capabilities import authorities
 from memory import copies, source_changes
-from yimi_project import push, views
+from yimi_project import push
 
 
 def _recover_runs_on_worker_start(**_: object) -> None:
@@ -32,25 +32,23 @@ class BrainConfig(AppConfig):
 
     def ready(self) -> None:
         # Here, not at the top: these modules import models, which exist only once the app
-        # registry is ready (memory.embeddings is a layer below; no cycle is being dodged).
-        from brain import brain_probe, call_snapshot, privacy_epoch, topic_state
+        # registry is ready (llm is a layer below; no cycle is being dodged).
+        from brain import call_snapshot, privacy_epoch, run_pins, topic_state
         from brain.agents import agent_categories, redact_payload
         from brain.dispatch import start_payment
         from brain.execution_tasks import execute_payment_task
         from brain.services import run_binding
-        from brain.vector_index import effective_embedder
-        from memory import embeddings
+        from llm import roles
 
         # forgetting redacts the copies in this app's tables: sub-agent tasks and call snapshots
         copies.register("brain", lambda owner_id, content: {**redact_payload(owner_id, content), **call_snapshot.redact_payload(owner_id, content)},
                         models=("brain.AgentTask", "brain.CallSnapshot"))
         source_changes.register("brain", privacy_epoch.on_source_change)  # a forget, edit or erase moves the privacy epoch
-        embeddings.register_catalog_embedder(effective_embedder)  # recall embeds with the catalog's model
         authorities.register_run_binder(run_binding)  # the gateway binds each call to its run
         authorities.register_agent_limit(agent_categories)  # a self-check agent only observes
         push.register_starter(execute_payment_task.name, start_payment)  # an auto-payment, once authorized
         privacy_epoch.register_invalidator("topics", topic_state.invalidate)  # summaries and topic rows, in the bump's transaction
-        views.register_health_check("brain", brain_probe.health_check)  # GET /api/health/: the brain role answers
+        roles.register_run_pins(run_pins.read_pin, run_pins.write_unset_pin)  # a run's tree keeps the model roles it started with
         # A Celery worker recovers the runs a dead worker left (brain.recovery) when it is ready.
         worker_ready.connect(_recover_runs_on_worker_start, weak=False, dispatch_uid="brain.recover_runs")
         # ... and serves the run lane (brain.run_lane) until it shuts down.

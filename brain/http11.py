@@ -5,7 +5,7 @@ Why not httpx for every model call: a model call is a run's largest piece of wor
 worker when the model answers at once, and httpx's layers around one request (its client,
 cookies through ``urllib.request``, httpcore's pool, anyio) cost more than the request
 itself (issue 14: a streamed call of 36 lines took ~1.6 ms of CPU over httpx, ~0.7 ms
-here). ``brain.client`` still uses httpx for an endpoint that an environment proxy applies
+here). ``llm.client`` still uses httpx for an endpoint that an environment proxy applies
 to (``proxied``): the proxies, their authentication and tunnels are httpx's to get right,
 not ours.
 

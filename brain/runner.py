@@ -31,15 +31,16 @@ from channels.db import database_sync_to_async
 from django.conf import settings
 from django.db import connection
 
-from brain import agent_loop, call_snapshot, reporting, roles, services, trace, usage, vision
+from brain import agent_loop, call_snapshot, reporting, services, trace, vision
 from brain.agent_loop import DELEGATED_ACK, main_turn
-from brain.client import BrainError
 from brain.dispatch import dispatch_task, keep_claim
 from brain.models import Run
 from brain.prompts import accept_memory, build_messages, decide_thinking, prepare_memory, with_memory
 from capabilities import services as capability_services
 from capabilities import truth
 from capabilities.models import ReceiptRecord, ToolCall
+from llm import roles, usage
+from llm.client import BrainError
 from memory.models import TimelineEntry
 from yimi_project import push, statements
 from yimi_project.errors import YimiError

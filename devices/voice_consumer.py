@@ -20,7 +20,7 @@ from django.utils import timezone
 
 from accounts import voice as identity
 from accounts.models import VoiceCall
-from brain import call_events, call_snapshot, roles
+from brain import call_events, call_snapshot
 from brain.dispatch import dispatch_run
 from brain.topic_tasks import dispatch_call_summary
 from devices import push_to_talk
@@ -30,6 +30,7 @@ from devices.voice import ambient, asr, audio, config, realtime, tts
 from devices.voice import services as voice_services
 from devices.voice.services import SessionStatus
 from devices.voice.session import SAMPLE_RATE, StreamOutput, Utterance, VoiceSession, ms
+from llm import roles
 from memory import raw_store
 from memory.ambient import AmbientSource
 from yimi_project import push

@@ -22,11 +22,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from brain import catalog, keyring, model_settings, roles
 from brain.models import Run
 from devices.models import VoiceUtterance
 from devices.voice import asr, engines
 from devices.voice import services as voice_services
+from llm import catalog, keyring, model_settings, roles
 from memory.models import TimelineEntry
 from tests import voice_support
 from tests.conftest import db_async, need, receive_until

@@ -19,10 +19,10 @@ from django.utils import timezone
 from accounts.models import VoiceCall
 from brain import call_events, call_snapshot, persona, privacy_epoch, topic_state, topic_tasks
 from brain.companion_models import CallSnapshot, ContentCard
-from brain.fake_server import Rule
 from brain.topic_models import CallEvent, CallSummary, TopicState
 from devices.models import VoiceUtterance
 from devices.signatures import auth_message
+from llm.fake_server import Rule
 from memory.models import TimelineEntry
 from tests.companion_support import TranscribedCall, second_owner_device, states
 from tests.conftest import db_async, device_socket, receive_until
@@ -109,7 +109,7 @@ class Phone:
 @pytest.fixture
 def vad_catalog(tmp_path: Any, settings: Any) -> Any:
     """A local catalog with the Silero VAD only (a voice session needs one; no audio is sent)."""
-    from brain import model_settings
+    from llm import model_settings
     from tests.voice_support import entry, silero_vad_path, write_catalog
 
     settings.YIMI_LOCAL_CATALOG_FILE = write_catalog(tmp_path / "catalog.json", [entry("vad", "silero-vad", "6", {"model": silero_vad_path()}, default=True)])

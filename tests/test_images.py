@@ -15,7 +15,8 @@ import pytest
 from django.test import Client
 from PIL import Image
 
-from brain import roles, vision
+from brain import vision
+from llm import roles
 from memory import admission
 from memory import images as image_store
 from memory.image_models import ImageRecord
