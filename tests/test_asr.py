@@ -39,7 +39,7 @@ voice_assets = voice_support.voice_assets
 voice_catalog = voice_support.voice_catalog
 
 ROOT = Path(__file__).resolve().parent.parent
-SHIPPED_CATALOG = ROOT / "brain" / "catalogs" / "voice-default.json"
+SHIPPED_CATALOG = ROOT / "llm" / "catalogs" / "voice-default.json"
 CLEAR_VOICE = ("en-us", 50)
 SPOKEN = "Please remind me to call my mother at six."
 API_KEY = "sk-asr-test-5e1d"
