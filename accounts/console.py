@@ -43,7 +43,7 @@ TASKS: tuple[Task, ...] = (
         "memory.coldpack", "memory.coldalert", "companion.privacyepoch",
     )),
     Task("models", "Models and persona", (
-        "brain.modelrole", "brain.modelselection", "brain.modelroledraft", "brain.modelusage", "companion.personaversion",
+        "llm.modelrole", "llm.modelselection", "llm.modelroledraft", "llm.modelusage", "companion.personaversion",
         "companion.companionsettings", "companion.contentcard",
     )),
     Task("packs", "Packs", ("capabilities.registeredpack", "capabilities.packcandidate", "capabilities.secretgrant", "workshop.workshopbuild")),

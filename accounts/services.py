@@ -50,7 +50,7 @@ def is_owner_device(device: Any) -> bool:
     own account. A device of any other account (a second superuser's, say) never does."""
     if device.is_guest:
         return False
-    meta = getattr(device, "_meta", None)  # a model row, or a plain signer (brain.model_settings.SwitchSigner)
+    meta = getattr(device, "_meta", None)  # a model row, or a plain signer (llm.model_settings.SwitchSigner)
     if meta is not None and meta.get_field("owner").is_cached(device):
         # Read with the device in the same query (devices.services.active_device, on every
         # frame): the account as of that read, without a second round trip.

@@ -75,8 +75,8 @@ from websockets.asyncio.client import connect as ws_connect  # noqa: E402
 from websockets.asyncio.server import ServerConnection, serve  # noqa: E402
 
 from bench.support import free_port, recreate_database  # noqa: E402
-from brain.fake_server import FakeBrainServer, Rule, Script  # noqa: E402
 from devices.simulator import ConnectionLost, DeviceConnection, SimulatorError, pair  # noqa: E402
+from llm.fake_server import FakeBrainServer, Rule, Script  # noqa: E402
 
 BIN = Path(sys.executable).parent
 REPLY = "Here is the benchmark reply. It comes in a few chunks, one sentence at a time."  # passes the checker
@@ -403,7 +403,7 @@ def run_yimi(args: argparse.Namespace, data_dir: Path, *, unchecked: bool = Fals
         "YIMI_CHANNEL_PREFIX": f"yimi-bench-{uuid.uuid4().hex[:8]}",
         "YIMI_DATA_DIR": str(data_dir),
         "YIMI_BRAIN_BASE_URL": brain.base_url,
-        "YIMI_BRAIN_MODEL": "yimi-demo",  # brain.roles: a base URL needs a model name
+        "YIMI_BRAIN_MODEL": "yimi-demo",  # llm.roles: a base URL needs a model name
         "PYTHONUNBUFFERED": "1",
         "YIMI_BENCH_UNCHECKED_REPLIES": "1" if unchecked else "0",
         "YIMI_WORKER_RUNS": str(args.runs),

@@ -90,8 +90,8 @@ def main() -> None:
 
     django.setup()
     cv2.setNumThreads(1)
-    from brain.catalog import parse_catalog
     from devices import faces
+    from llm.catalog import parse_catalog
     from tests.face_support import COLLINS, HOPPER, build_face_model, drawn_scene, face_entry, jpeg, load, on_frame
 
     both = on_frame(load(COLLINS), scale=1.0, at=(0, 100))

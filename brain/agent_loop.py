@@ -22,7 +22,7 @@
 
 All tool calls of the tree share one budget of 120 (``brain.agents.consume_budget``).
 Every request of a run's tree uses the model roles pinned when the run started
-(``run_roles``, ``brain.roles.for_run``): the main turn and reports ``brain``, sub-agents
+(``run_roles``, ``llm.roles.for_run``): the main turn and reports ``brain``, sub-agents
 ``delegation``; a change applied meanwhile takes effect for the next run.
 """
 
@@ -37,15 +37,16 @@ from typing import Any
 from channels.db import database_sync_to_async
 from django.conf import settings
 
-from brain import agents, reporting, roles, trace
-from brain.client import BrainError, Completion, complete
+from brain import agents, reporting, trace
 from brain.dispatch import keep_claim
 from brain.models import AgentTask, Run
 from brain.prompts import decide_thinking, skills_block
-from brain.usage import CallContext
 from capabilities.client import ToolOutcome, call_tool
 from capabilities.manifest import PackSet, load_packs, note_listed_tools
 from capabilities.mcp_host.runtime import on_host_loop
+from llm import roles
+from llm.client import BrainError, Completion, complete
+from llm.usage import CallContext
 from yimi_project.errors import YimiError
 from yimi_project.logs import log_event
 

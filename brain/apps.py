@@ -5,7 +5,7 @@ from django.apps import AppConfig
 
 from capabilities import authorities
 from memory import copies
-from yimi_project import push, views
+from yimi_project import push
 
 
 def _recover_runs_on_worker_start(**_: object) -> None:
@@ -32,21 +32,19 @@ class BrainConfig(AppConfig):
 
     def ready(self) -> None:
         # Here, not at the top: these modules import models, which exist only once the app
-        # registry is ready (memory.timeline.embeddings is a layer below; no cycle is being dodged).
-        from brain import brain_probe
+        # registry is ready (llm is a layer below; no cycle is being dodged).
+        from brain import run_pins
         from brain.agents import agent_categories, redact_payload
         from brain.dispatch import start_payment
         from brain.execution_tasks import execute_payment_task
         from brain.services import run_binding
-        from brain.vector_index import effective_embedder
-        from memory.timeline import embeddings
+        from llm import roles
 
         copies.register("brain", redact_payload, models=("brain.AgentTask",))  # forgetting redacts the copies in sub-agent tasks
-        embeddings.register_catalog_embedder(effective_embedder)  # recall embeds with the catalog's model
         authorities.register_run_binder(run_binding)  # the gateway binds each call to its run
         authorities.register_agent_limit(agent_categories)  # a self-check agent only observes
         push.register_starter(execute_payment_task.name, start_payment)  # an auto-payment, once authorized
-        views.register_health_check("brain", brain_probe.health_check)  # GET /api/health/: the brain role answers
+        roles.register_run_pins(run_pins.read_pin, run_pins.write_unset_pin)  # a run's tree keeps the model roles it started with
         # A Celery worker recovers the runs a dead worker left (brain.recovery) when it is ready.
         worker_ready.connect(_recover_runs_on_worker_start, weak=False, dispatch_uid="brain.recover_runs")
         # ... and serves the run lane (brain.run_lane) until it shuts down.

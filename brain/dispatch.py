@@ -13,13 +13,13 @@ from asgiref.sync import SyncToAsync, sync_to_async
 from channels.db import database_sync_to_async
 from django.conf import settings
 
-from brain.client import keep_client_on
 from brain.consent_execution import execute_approved
 from brain.reminders import fire_due_reminders
 from brain.schedules import fire_due_schedules
 from brain.trace import now_ms
 from brain.watches import run_due_watches
 from consent.services import expire_cards, settle_interrupted_executions
+from llm.client import keep_client_on
 from payments.services import expire_authorizations
 from yimi_project.logs import log_event
 

@@ -20,7 +20,7 @@ For the ``model_settings`` pack (``platform_api`` ``model_settings``): reading n
 capability for a call of that pack; drafting a call decided as ``owner_data`` on its own
 ``role``. Fields left out are the role's current ones. A draft made here is ``yimi``'s:
 it carries no provider key (the owner sets keys in the console) and stays open until one
-of the owner's devices confirms it (``brain.role_drafts.confirm_draft``) — there is no
+of the owner's devices confirms it (``llm.role_drafts.confirm_draft``) — there is no
 endpoint that applies anything.
 
     POST internal/executor/chat/                 → 200 {"text", "role"}
@@ -46,9 +46,10 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from accounts.models import User
-from brain import reminders, role_drafts, roles
-from brain.client import BrainError, complete
-from brain.usage import CallContext
+from brain import reminders
+from llm import role_drafts, roles
+from llm.client import BrainError, complete
+from llm.usage import CallContext
 from yimi_project.errors import YimiError
 from yimi_project.internal import PackCall, require_call
 

@@ -22,15 +22,15 @@ from typing import Any
 
 from channels.db import database_sync_to_async
 
-from brain import roles
-from brain.client import BrainError, complete
 from brain.models import AgentTask
 from brain.prompts import OWNER_SYSTEM
 from brain.services import store_reply_once
-from brain.usage import CallContext
 from capabilities import services, truth
 from capabilities.client import ToolOutcome
 from capabilities.models import ReceiptRecord, ToolCall
+from llm import roles
+from llm.client import BrainError, complete
+from llm.usage import CallContext
 from yimi_project import push
 from yimi_project.errors import YimiError
 from yimi_project.ids import uuid_or_nil

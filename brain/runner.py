@@ -31,9 +31,8 @@ from channels.db import database_sync_to_async
 from django.conf import settings
 from django.db import connection
 
-from brain import agent_loop, reporting, roles, services, trace, usage, vision
+from brain import agent_loop, reporting, services, trace, vision
 from brain.agent_loop import DELEGATED_ACK, main_turn
-from brain.client import BrainError
 from brain.dispatch import dispatch_task, keep_claim
 from brain.models import Run
 from brain.prompts import accept_memory, build_messages, decide_thinking, prepare_memory, with_memory
@@ -41,6 +40,8 @@ from capabilities import services as capability_services
 from capabilities import truth
 from capabilities.models import ReceiptRecord, ToolCall
 from companion import snapshot as call_snapshot
+from llm import roles, usage
+from llm.client import BrainError
 from memory.models import TimelineEntry
 from yimi_project import push
 from yimi_project.errors import YimiError

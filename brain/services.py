@@ -169,7 +169,7 @@ def claim_for_turn(run_id: Any, *, pin: dict[str, Any] | None = None) -> Claimed
     UPDATE returns the run, and a second statement reads the entry and the facts. The
     statements are built once per process (``_claim_sql``).
 
-    ``pin``: the model roles to pin the run to (``brain.roles.pin_of``), written by the
+    ``pin``: the model roles to pin the run to (``llm.roles.pin_of``), written by the
     same UPDATE unless the run has a pin (``model_roles = COALESCE(model_roles, pin)``: a
     run claimed again keeps the roles it started with); the returned run's ``model_roles``
     is the pin that holds. One statement where the claim and the pin took two."""

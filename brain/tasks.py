@@ -48,7 +48,7 @@ def worker_loop() -> asyncio.AbstractEventLoop:
     global _loop
     with _loop_lock:
         if _loop is None or _loop.is_closed():
-            from brain.client import keep_client_on
+            from llm.client import keep_client_on
 
             loop = asyncio.new_event_loop()
             keep_client_on(loop)  # the model client's connections stay open between runs
@@ -121,23 +121,6 @@ def sweep_runs() -> tuple[int, int]:
     return on_worker_loop(recover_runs())
 
 
-# Its name from before it moved here from devices/: messages already queued carry that name.
-@shared_task(name="devices.rebuild_vector_index", acks_late=True)
-def rebuild_vector_index_task(model_id: str, version: str) -> str:
-    from brain.vector_index import rebuild_vector_index
-
-    return rebuild_vector_index(model_id, version)
-
-
-def dispatch_rebuild(model_id: str, version: str) -> None:
-    """On a Celery worker when a broker is configured; inline in the embedded default."""
-    if settings.CELERY_BROKER_URL:
-        rebuild_vector_index_task.delay(model_id, version)
-    else:
-        rebuild_vector_index_task.apply(args=(model_id, version))
-
-
 from brain.execution_tasks import execute_approved_task, execute_payment_task  # noqa: E402,F401  (registers them)
 from brain.reminder_tasks import fire_due_reminders_task  # noqa: E402,F401  (registers brain.tasks.fire_due_reminders)
-from brain.role_draft_tasks import probe_draft_task  # noqa: E402,F401  (registers brain.tasks.probe_model_draft)
 from brain.schedule_tasks import fire_due_schedules_task, run_due_watches_task  # noqa: E402,F401  (registers brain.tasks.fire_due_schedules, run_due_watches)

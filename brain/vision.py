@@ -13,7 +13,7 @@ image analyzers recognized ("people recognized: 王阿姨"), or that nobody enro
 recognized, so the model never names anyone else. No tools: a vision turn talks, it does
 not act.
 
-The settings are ``brain.roles.resolve("vision")``, read once when the turn starts (one
+The settings are ``llm.roles.resolve("vision")``, read once when the turn starts (one
 call per run; the run's pinned ``brain``/``delegation`` roles are untouched). Not
 configured: the owner is told so in one sentence of the platform's (``NOT_CONFIGURED``),
 never a guess. The answer streams through the runner's ``CheckedStream`` like every reply;
@@ -28,11 +28,12 @@ from typing import Any
 
 from channels.db import database_sync_to_async
 
-from brain import roles, trace
-from brain.client import BrainError, complete
+from brain import trace
 from brain.models import Run
-from brain.usage import CallContext
 from capabilities import truth
+from llm import roles
+from llm.client import BrainError, complete
+from llm.usage import CallContext
 from memory.personal import images
 from memory.personal.models import ImageRecord
 from yimi_project.errors import YimiError

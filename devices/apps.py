@@ -9,12 +9,12 @@ class DevicesConfig(AppConfig):
 
     def ready(self) -> None:
         # Here, not at the top: these modules import models, which exist only once the app
-        # registry is ready (brain.model_settings is a layer below; no cycle is being dodged).
-        from brain import model_settings
+        # registry is ready (llm.model_settings is a layer below; no cycle is being dodged).
         from devices import faces, push_to_talk
         from devices.images import register_image_analyzer
         from devices.services import owner_devices_preferring
         from devices.switch_signers import DeviceSwitchSigners
+        from llm import model_settings
         from memory.archive import cold_store as archive
 
         model_settings.register_switch_signers(DeviceSwitchSigners())  # who may sign a local-model switch

@@ -28,7 +28,7 @@ from redis.exceptions import RedisError
 from accounts.identity import instance_public_key_b64, sign_as_instance
 from accounts.models import Scope
 from accounts.services import device_scope_limit, is_owner_device
-from brain import catalog, geofences, model_settings, role_drafts
+from brain import geofences
 from brain.consent_execution import acknowledge_denied
 from brain.dispatch import dispatch_card_execution, dispatch_payment, dispatch_run, ensure_embedded_sweeper, publish_run
 from brain.payment_execution import acknowledge_declined
@@ -40,6 +40,7 @@ from devices import images as device_images
 from devices import services as device_services
 from devices.models import Device
 from devices.signatures import challenge_message
+from llm import catalog, model_settings, role_drafts
 from memory.archive import raw_store
 from memory.personal import health, location
 from memory.timeline import entries as timeline
@@ -487,7 +488,7 @@ class DeviceConsumer(AsyncWebsocketConsumer):
         await self._send({"type": "model.catalog", "id": frame.get("id"), "models": await database_sync_to_async(listing)()})
 
     async def _on_model_switch(self, frame: dict[str, Any]) -> None:
-        """A switch signed on this device (``brain.model_settings.model_switch_message``)."""
+        """A switch signed on this device (``llm.model_settings.model_switch_message``)."""
         assert self.device is not None
         payload = {**frame, "device_id": str(self.device.id)}
         row = await database_sync_to_async(lambda: model_settings.switch_model(model_settings.SignedSwitch.from_payload(payload)))()
@@ -505,7 +506,7 @@ class DeviceConsumer(AsyncWebsocketConsumer):
         await self._send({"type": "model.drafts", "id": frame.get("id"), "drafts": drafts})
 
     async def _on_model_draft_confirm(self, frame: dict[str, Any]) -> None:
-        """A draft confirmed on this device (``brain.role_drafts.draft_confirm_message``)."""
+        """A draft confirmed on this device (``llm.role_drafts.draft_confirm_message``)."""
         assert self.device is not None
         payload = {**frame, "device_id": str(self.device.id)}
         draft = await database_sync_to_async(lambda: role_drafts.confirm_draft(role_drafts.SignedDraftConfirm.from_payload(payload)))()

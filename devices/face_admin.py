@@ -19,8 +19,8 @@ from django.template.response import TemplateResponse
 from accounts import faces as enrolled
 from accounts.models import FaceEnrollment
 from accounts.owner_admin import OwnerContentAdmin
-from brain import catalog
 from devices import faces
+from llm import catalog
 from yimi_project.errors import YimiError
 
 PHOTO_MAX_BYTES = faces.IMAGE_MAX_BYTES

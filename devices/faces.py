@@ -33,8 +33,8 @@ import numpy as np
 from accounts import faces as enrolled
 from accounts.models import FaceEnrollment
 from accounts.services import get_owner
-from brain import catalog
-from brain.catalog import CatalogEntry
+from llm import catalog
+from llm.catalog import CatalogEntry
 from yimi_project.errors import YimiError
 
 IMAGE_MAX_BYTES = 20 * 1024 * 1024

@@ -1,5 +1,5 @@
 """``/``: the owner's home. Signed out, the admin login; signed in as the owner, the brain
-(the demo one or a real model, answering or not: ``brain.brain_probe``, cached there, so a
+(the demo one or a real model, answering or not: ``llm.probe``, cached there, so a
 page view does not probe each time), what Yimi is doing now (open runs, cards waiting for
 an answer, devices), how many packs are on, and links to what the owner manages in the
 console (timeline, memory, models, packs, devices). Any other account gets 403
@@ -18,11 +18,11 @@ from django.urls import reverse
 from django.utils import timezone
 
 from accounts.services import is_owner
-from brain.brain_probe import brain_status
 from brain.models import Run
 from capabilities.manifest import load_packs
 from consent.models import ConsentCard
 from devices.models import Device
+from llm.probe import brain_status
 from payments.models import PaymentAuthorization
 
 RECENTLY_SEEN = timedelta(minutes=5)

@@ -1,6 +1,6 @@
 """The devices that may sign a local-model switch, for the model authority.
 
-``brain.model_settings`` switches models on the strength of a device signature, but brain
+``llm.model_settings`` switches models on the strength of a device signature, but brain
 sits below devices and never imports it: this directory is registered there when Django
 starts (``DevicesConfig.ready``) and answers who a switch's device is and whether its
 key signed the switch (``signatures.verify``).
@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import functools
 
-from brain.model_settings import SwitchSigner
 from devices import signatures
 from devices.models import Device
+from llm.model_settings import SwitchSigner
 from yimi_project.ids import uuid_or_nil
 
 

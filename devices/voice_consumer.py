@@ -20,7 +20,6 @@ from django.utils import timezone
 
 from accounts import voice as identity
 from accounts.models import VoiceCall
-from brain import roles
 from brain.dispatch import dispatch_run
 from companion import events as call_events
 from companion import snapshot as call_snapshot
@@ -32,6 +31,7 @@ from devices.voice import ambient, asr, audio, config, realtime, tts
 from devices.voice import services as voice_services
 from devices.voice.services import SessionStatus
 from devices.voice.session import SAMPLE_RATE, StreamOutput, Utterance, VoiceSession, ms
+from llm import roles
 from memory.archive import raw_store
 from memory.personal.ambient import AmbientSource
 from yimi_project import push

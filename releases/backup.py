@@ -3,7 +3,7 @@ master key: the two are backed up together and restored together.
 
 The model settings live in the database (``brain.ModelRole``, provider keys sealed under
 the master key), so the database dump holds the store; the master key file
-(``brain.keyring.master_key_path``) is copied beside it, 0600, so the two are restored
+(``llm.keyring.master_key_path``) is copied beside it, 0600, so the two are restored
 together (``manage.py model_settings`` has the passphrase-wrapped export for moving them
 to another instance). One directory per backup under ``<data dir>/backups/``, 0700, with
 ``MANIFEST.json`` (each file's size and SHA-256).
@@ -25,7 +25,7 @@ from pathlib import Path
 from django.conf import settings
 from django.db import connection
 
-from brain import keyring
+from llm import keyring
 from yimi_project.errors import YimiError
 from yimi_project.secrets import write_private_file
 

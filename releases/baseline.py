@@ -59,7 +59,7 @@ PROTECTED_BASELINE: dict[str, tuple[str, ...]] = {
     ),
     "care and guest permissions": ("accounts/services.py", "accounts/models.py", "devices/services.py"),
     "secrets and sandboxes": (
-        "yimi_project/secrets.py", "yimi_project/leaks.py", "yimi_project/call_capability.py", "brain/keyring.py",
+        "yimi_project/secrets.py", "yimi_project/leaks.py", "yimi_project/call_capability.py", "llm/keyring.py",
         "capabilities/mcp_host/", "workshop/sandbox.py", "capabilities/registry/grants.py", "capabilities/grant_admin.py",
     ),
     "Mac remote access": (

@@ -19,8 +19,8 @@ from channels.testing import WebsocketCommunicator
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from brain.fake_server import FakeBrainServer, Rule, Script
 from devices.signatures import auth_message, pairing_message
+from llm.fake_server import FakeBrainServer, Rule, Script
 
 REQUIRE_SERVICES = os.environ.get("YIMI_REQUIRE_SERVICES") == "1"
 
@@ -96,10 +96,10 @@ def fake_brain() -> Iterator[FakeBrainServer]:
 
 
 def use_brain(base_url: str, **options: Any) -> None:
-    """Make ``base_url`` the brain role (``brain.roles.apply``, as the console would), after
+    """Make ``base_url`` the brain role (``llm.roles.apply``, as the console would), after
     the first-start import of an empty environment; ``options`` override the role's options
     (5 s timeout by default). Synchronous: wrap it in ``db_async`` inside async tests."""
-    from brain import roles
+    from llm import roles
 
     roles.import_from_environment({})
     roles.apply(

@@ -22,11 +22,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from brain import catalog, keyring, model_settings, roles
 from brain.models import Run
 from devices.models import VoiceUtterance
 from devices.voice import asr, engines
 from devices.voice import services as voice_services
+from llm import catalog, keyring, model_settings, roles
 from memory.models import TimelineEntry
 from tests import voice_support
 from tests.conftest import db_async, need, receive_until
@@ -39,7 +39,7 @@ voice_assets = voice_support.voice_assets
 voice_catalog = voice_support.voice_catalog
 
 ROOT = Path(__file__).resolve().parent.parent
-SHIPPED_CATALOG = ROOT / "brain" / "catalogs" / "voice-default.json"
+SHIPPED_CATALOG = ROOT / "llm" / "catalogs" / "voice-default.json"
 CLEAR_VOICE = ("en-us", 50)
 SPOKEN = "Please remind me to call my mother at six."
 API_KEY = "sk-asr-test-5e1d"

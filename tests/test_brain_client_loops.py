@@ -1,4 +1,4 @@
-"""The model client's connections (brain/client.py): one kept client per long-lived event
+"""The model client's connections (llm/client.py): one kept client per long-lived event
 loop (a worker's run loop, the embedded default's server loop), a client per call anywhere
 else, so a loop made for one call (``async_to_sync``) is not kept alive by an open
 connection after it."""
@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 from asgiref.sync import async_to_sync
 
-from brain import client as brain_client
-from brain import roles
-from brain.client import BrainError, complete, keep_client_on
+from llm import client as brain_client
+from llm import roles
+from llm.client import BrainError, complete, keep_client_on
 from tests.conftest import script
 from yimi_project.infra import http11
 

@@ -19,10 +19,10 @@ import pytest
 
 from accounts import voiceprint
 from accounts.voiceprint import EnrollmentSegment
-from brain import catalog, model_settings
-from brain.models import ModelSelection, ModelSwitch
 from devices.voice import engines
 from devices.voice import services as voice_services
+from llm import catalog, model_settings
+from llm.models import ModelSelection, ModelSwitch
 from memory.timeline import entries as timeline
 from tests import voice_support
 from tests.voice_support import (
@@ -285,7 +285,7 @@ def test_voiceprint_switch_needs_every_channel_in_use_enrolled_again(voice_catal
 def test_embedding_switch_becomes_effective_only_after_the_index_rebuild(
     voice_catalog: dict[str, Any], make_device: Any, embeddings_server: Any, tmp_path: Path, django_capture_on_commit_callbacks: Any
 ) -> None:
-    from brain.vector_index import read_index
+    from llm.vector_index import read_index
 
     sim = make_device()
     for i in range(40):
@@ -355,26 +355,26 @@ def test_settings_page_shows_selected_effective_previous_progress_and_errors(
     model_settings.selection("voiceprint")
     ModelSelection.objects.filter(kind="voiceprint").update(error_code="model_load_failed", error_message="trial load failed")
     client.force_login(sim.device.owner)
-    page = client.get("/admin/brain/modelselection/")
+    page = client.get("/admin/llm/modelselection/")
     assert page.status_code == 200
     html = page.content.decode()
     assert "silero-vad@6" in html and "model_load_failed: trial load failed" in html and "takes effect" not in html
-    prepared = client.get("/admin/brain/modelselection/", {"prepare": "vad:silero-vad@6.1", "device": str(sim.device.id)})
+    prepared = client.get("/admin/llm/modelselection/", {"prepare": "vad:silero-vad@6.1", "device": str(sim.device.id)})
     form = prepared.context["prepared"]
     message = form["message"].encode()
     assert message.startswith(b"yimi-model-switch-v1\n" + str(sim.device.id).encode())
     body = {"device_id": str(sim.device.id), "kind": "vad", "model_id": "silero-vad", "version": "6.1",
             "issued_at": str(form["issued_at"]), "nonce": form["nonce"], "signature": sim.sign(message)}
-    refused = client.post("/admin/brain/modelselection/", {**body, "signature": sim.sign(b"something else")}, follow=True)
+    refused = client.post("/admin/llm/modelselection/", {**body, "signature": sim.sign(b"something else")}, follow=True)
     assert "bad_signature" in refused.content.decode()
-    done = client.post("/admin/brain/modelselection/", body, follow=True)
+    done = client.post("/admin/llm/modelselection/", body, follow=True)
     html = done.content.decode()
     assert "pending_restart" in html and "takes effect after the service is restarted" in html
     row = ModelSelection.objects.get(kind="vad")
     assert (row.selected_key, row.effective_key) == ("silero-vad@6.1", "silero-vad@6")
     model_settings.forget_process_models()
     voice_services.open_session(sim.device, "phone_app")
-    html = client.get("/admin/brain/modelselection/").content.decode()
+    html = client.get("/admin/llm/modelselection/").content.decode()
     row_html = html[html.index('class="kind-vad"') :].split("</tr>")[0]
     assert '<td class="previous">silero-vad@6</td>' in row_html and '<td class="effective">silero-vad@6.1</td>' in row_html
 

@@ -17,7 +17,6 @@ from channels.testing import WebsocketCommunicator
 from django.utils import timezone
 
 from accounts.models import VoiceCall
-from brain.fake_server import Rule
 from companion import events as call_events
 from companion import persona, privacy_epoch
 from companion import snapshot as call_snapshot
@@ -26,6 +25,7 @@ from companion import topics as topic_state
 from companion.models import CallEvent, CallSnapshot, CallSummary, ContentCard, TopicState
 from devices.models import VoiceUtterance
 from devices.signatures import auth_message
+from llm.fake_server import Rule
 from memory.models import TimelineEntry
 from tests.companion_support import TranscribedCall, second_owner_device, states
 from tests.conftest import db_async, device_socket, receive_until
@@ -112,7 +112,7 @@ class Phone:
 @pytest.fixture
 def vad_catalog(tmp_path: Any, settings: Any) -> Any:
     """A local catalog with the Silero VAD only (a voice session needs one; no audio is sent)."""
-    from brain import model_settings
+    from llm import model_settings
     from tests.voice_support import entry, silero_vad_path, write_catalog
 
     settings.YIMI_LOCAL_CATALOG_FILE = write_catalog(tmp_path / "catalog.json", [entry("vad", "silero-vad", "6", {"model": silero_vad_path()}, default=True)])

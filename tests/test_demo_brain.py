@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from brain.fake_server import Script
 from capabilities.mcp_host import runtime
 from capabilities.models import ReceiptRecord
 from consent.models import ConsentCard
 from devices.simulator import card_id, consent_answer_message, payment_answer_message
+from llm.fake_server import Script
 from memory.models import Assertion, TimelineEntry
 from payments.models import PaymentIntent
 from tests.conftest import db_async, open_socket, receive_until

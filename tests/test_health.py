@@ -1,6 +1,6 @@
 """GET /api/health/: everyone learns ok, or degraded with stable reason codes; only loopback
 peers and the owner learn what runs behind it and what failed how. Degraded includes a brain
-role that does not answer (brain.brain_probe)."""
+role that does not answer (llm.probe)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from django.test import Client
 
-from brain import brain_probe, roles
+from llm import probe, roles
 
 pytestmark = pytest.mark.django_db
 
@@ -23,9 +23,9 @@ PUBLIC_PEER = "203.0.113.9"  # TEST-NET-3: never loopback
 @pytest.fixture(autouse=True)
 def _fresh_probe() -> Iterator[None]:
     """Each test sees its own brain, not the probe result an earlier test left cached."""
-    brain_probe.forget()
+    probe.forget()
     yield
-    brain_probe.forget()
+    probe.forget()
 
 
 @pytest.fixture
@@ -146,7 +146,7 @@ def test_the_demo_brain_down_is_degraded_and_named_demo(owner: Any, refusing_url
 def test_no_brain_role_yet_is_not_a_failure_and_health_does_not_import_one(owner: Any) -> None:
     """Before the first-start import (yimi_init does it before `./yimi up` serves) there is
     nothing to probe: said as such, not degraded."""
-    from brain.role_models import ModelRole, ModelSettingsImport
+    from llm.role_models import ModelRole, ModelSettingsImport
 
     response = Client(REMOTE_ADDR="127.0.0.1").get("/api/health/")
     assert response.status_code == 200 and response.json()["brain"] == "not imported yet"
@@ -180,7 +180,7 @@ def provider() -> Iterator[Any]:
 @pytest.mark.parametrize(("status", "reason"), [(401, "brain_unauthorized"), (403, "brain_unauthorized"), (500, "brain_error")])
 def test_a_refused_key_or_a_failing_server_is_degraded(owner: Any, provider: Any, status: int, reason: str,
                                                       tmp_path: Any, settings: Any) -> None:
-    from brain import keyring
+    from llm import keyring
 
     settings.DATA_DIR, settings.SECRETS_DIR = tmp_path, tmp_path / "secrets"
     keyring.ensure_master_key()
@@ -201,18 +201,18 @@ def test_an_endpoint_without_models_still_answers(owner: Any, provider: Any) -> 
 
 
 def test_the_probe_is_cached_so_health_checks_do_not_load_the_brain(owner: Any, brain: Any) -> None:
-    target = brain_probe.read_target()
-    assert isinstance(target, brain_probe.Target)
+    target = probe.read_target()
+    assert isinstance(target, probe.Target)
     before = brain.connections
-    first = brain_probe.cached_probe(target, now=1000.0)
-    again = brain_probe.cached_probe(target, now=1000.0 + brain_probe.CACHE_SECONDS - 0.1)
+    first = probe.cached_probe(target, now=1000.0)
+    again = probe.cached_probe(target, now=1000.0 + probe.CACHE_SECONDS - 0.1)
     assert first.answering and again is first and brain.connections == before + 1
-    later = brain_probe.cached_probe(target, now=1000.0 + brain_probe.CACHE_SECONDS)
+    later = probe.cached_probe(target, now=1000.0 + probe.CACHE_SECONDS)
     assert later.answering and later is not first and brain.connections == before + 2
 
 
 def test_a_changed_brain_role_is_probed_afresh_within_the_cache_time(owner: Any, brain: Any, refusing_url: str) -> None:
-    assert brain_probe.brain_status(now=1000.0).answering
+    assert probe.brain_status(now=1000.0).answering
     set_brain(refusing_url)
-    status = brain_probe.brain_status(now=1000.1)
+    status = probe.brain_status(now=1000.1)
     assert not status.answering and status.reason == "brain_unreachable"

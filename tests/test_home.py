@@ -13,9 +13,9 @@ from django.test import Client
 from django.utils import timezone
 
 from accounts.models import User
-from brain import brain_probe, roles
 from capabilities.manifest import load_packs
 from devices.models import Device
+from llm import probe, roles
 from tests.ports import free_port
 
 
@@ -55,9 +55,9 @@ def test_home_shows_the_owner_what_yimi_is_doing(owner: Any, make_device: Any) -
 @pytest.fixture
 def probe_afresh() -> Iterator[None]:
     """The brain probe keeps its result a few seconds per process: each test probes anew."""
-    brain_probe.forget()
+    probe.forget()
     yield
-    brain_probe.forget()
+    probe.forget()
 
 
 def home_page(owner: Any) -> str:
@@ -75,7 +75,7 @@ def test_home_links_to_what_the_owner_manages(owner: Any, probe_afresh: None) ->
     manage = manage[: manage.index("</nav>")]
     assert re.findall(r'href="([^"]+)">([^<]+)<', manage) == [
         ("/admin/memory/timelineentry/", "Timeline"), ("/admin/memory/assertion/", "Memory"),
-        ("/admin/brain/modelrole/", "Models"), ("/admin/capabilities/registeredpack/", "Packs"),
+        ("/admin/llm/modelrole/", "Models"), ("/admin/capabilities/registeredpack/", "Packs"),
         ("/admin/devices/device/", "Devices"),
     ]
 

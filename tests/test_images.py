@@ -15,7 +15,8 @@ import pytest
 from django.test import Client
 from PIL import Image
 
-from brain import roles, vision
+from brain import vision
+from llm import roles
 from memory.archive import admission
 from memory.models import TimelineEntry
 from memory.personal import images as image_store

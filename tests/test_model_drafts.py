@@ -1,4 +1,4 @@
-"""Model drafts (brain.role_drafts): made in the console or by Yimi through the
+"""Model drafts (llm.role_drafts): made in the console or by Yimi through the
 model_settings pack, probed once, effective only when one of the owner's devices confirms
 them with a signature — and then from the next run only."""
 
@@ -14,18 +14,18 @@ import pytest
 from django.db import connection
 from django.test import Client
 
-from brain import keyring, role_drafts, roles
 from brain.agent_loop import execute_agent_task
-from brain.fake_server import FakeBrainServer, Rule
 from brain.models import Run
-from brain.role_draft_models import ModelRoleDraft
-from brain.role_models import ModelRole
 from brain.runner import execute_run
 from brain.services import accept_utterance
 from capabilities.contract import run_contract
 from capabilities.manifest import load_pack
 from devices.simulator import draft_confirm_message as sim_message
 from devices.simulator import draft_digest as sim_digest
+from llm import keyring, role_drafts, roles
+from llm.fake_server import FakeBrainServer, Rule
+from llm.role_draft_models import ModelRoleDraft
+from llm.role_models import ModelRole
 from tests.conftest import (
     MID_RUN_RULES,
     CallbackScript,
@@ -355,7 +355,7 @@ def console(owner: Any) -> Client:
 def test_a_failing_probe_is_shown_on_the_draft_page_and_can_still_be_confirmed(db: Any, keys: Path, owner: Any, make_device: Any) -> None:
     use_brain(DEAD_URL)
     client = console(owner)
-    made = client.post("/admin/brain/modelroledraft/", {
+    made = client.post("/admin/llm/modelroledraft/", {
         "action": "create", "role": "brain", "provider": "deepseek", "base_url": DEAD_URL, "model": "deepseek-chat",
         "timeout_seconds": "30", "include_usage": "on", "api_key": KEY, "note": "try deepseek",
     })
@@ -373,7 +373,7 @@ def test_a_failing_probe_is_shown_on_the_draft_page_and_can_still_be_confirmed(d
 def test_the_console_refuses_bad_input_keeps_the_form_and_never_renders_the_key(db: Any, keys: Path, owner: Any) -> None:
     use_brain(DEAD_URL)
     client = console(owner)
-    page = client.post("/admin/brain/modelroledraft/", {
+    page = client.post("/admin/llm/modelroledraft/", {
         "action": "create", "role": "brain", "provider": "p", "base_url": "ftp://nope", "model": "kept-model", "api_key": KEY,
     })
     text = page.content.decode()
@@ -383,20 +383,20 @@ def test_the_console_refuses_bad_input_keeps_the_form_and_never_renders_the_key(
     from django.contrib.auth import get_user_model
 
     other.force_login(get_user_model().objects.create_user("staff", password="x" * 12, is_staff=True, is_superuser=True))
-    assert other.get("/admin/brain/modelroledraft/").status_code == 403
+    assert other.get("/admin/llm/modelroledraft/").status_code == 403
 
 
 def test_the_key_is_never_in_any_page_or_response(db: Any, keys: Path, owner: Any, caplog: Any) -> None:
     use_brain(DEAD_URL)
     client = console(owner)
-    made = client.post("/admin/brain/modelroledraft/", {"action": "create", "role": "vision", "provider": "sf", "base_url": DEAD_URL,
+    made = client.post("/admin/llm/modelroledraft/", {"action": "create", "role": "vision", "provider": "sf", "base_url": DEAD_URL,
                                                         "model": "glm", "api_key": KEY})
     draft = ModelRoleDraft.objects.get()
     cap = pack_capability(owner.pk, pack="model_settings", category="observe", apis=["model_settings"])
     outputs = [
         client.get(made["Location"]).content.decode(),
-        client.get("/admin/brain/modelroledraft/").content.decode(),
-        client.get("/admin/brain/modelrole/").content.decode(),
+        client.get("/admin/llm/modelroledraft/").content.decode(),
+        client.get("/admin/llm/modelrole/").content.decode(),
         internal_client(**{"X-Yimi-Call-Capability": cap}).get("/internal/model-settings/").content.decode(),
         json.dumps(role_drafts.serialize_draft(draft)),
         json.dumps(role_drafts.read_settings()),

@@ -1,4 +1,4 @@
-"""Model roles (brain.roles): the first-start import, fallbacks, provider keys sealed under
+"""Model roles (llm.roles): the first-start import, fallbacks, provider keys sealed under
 the master key, backup and restore with the wrapped key, key rotation, the console page,
 and the rule that a change applied mid-run takes effect for the next run only."""
 
@@ -15,13 +15,13 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import connection
 
-from brain import keyring, role_backup, roles
 from brain.agent_loop import execute_agent_task
-from brain.fake_server import FakeBrainServer
 from brain.models import Run
-from brain.role_models import ModelRole, ModelRoleRevision, ModelSettingsImport
 from brain.runner import execute_run
 from brain.services import accept_utterance
+from llm import keyring, role_backup, roles
+from llm.fake_server import FakeBrainServer
+from llm.role_models import ModelRole, ModelRoleRevision, ModelSettingsImport
 from tests.conftest import MID_RUN_RULES, CallbackScript, db_async, new_client_id, use_brain
 from yimi_project.errors import YimiError
 from yimi_project.logs import JsonFormatter
@@ -264,7 +264,7 @@ def test_rotating_the_master_key_rewraps_every_key(db: Any, keys: Path) -> None:
 
 
 def test_rotating_the_master_key_rewraps_an_open_drafts_new_key(db: Any, keys: Path) -> None:
-    from brain import role_drafts
+    from llm import role_drafts
 
     roles.import_from_environment(FIRST_ENV)
     draft, _ = role_drafts.create_draft(
@@ -296,7 +296,7 @@ def test_the_key_is_never_in_the_console_or_the_logs(db: Any, keys: Path, owner:
     roles.resolve("brain")
     role_backup.rotate_master_key()
     client.force_login(owner)
-    page = client.get("/admin/brain/modelrole/")
+    page = client.get("/admin/llm/modelrole/")
     assert page.status_code == 200
     html = page.content.decode()
     assert "imported from the environment at first start on" in html and "set in the console" in html
@@ -309,7 +309,7 @@ def test_the_key_is_never_in_the_console_or_the_logs(db: Any, keys: Path, owner:
         assert not any(secret in line for line in lines)
     # The read-only view of the row itself (the owner has view permission, no change
     # permission): it renders, and shows no key either.
-    row = client.get(f"/admin/brain/modelrole/{ModelRole.objects.get(role='brain').pk}/change/")
+    row = client.get(f"/admin/llm/modelrole/{ModelRole.objects.get(role='brain').pk}/change/")
     assert row.status_code == 200
     for secret in (KEY, OTHER_KEY, "sk-second-9f8e", keys.read_text().strip()):
         assert secret not in row.content.decode()

@@ -20,15 +20,16 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from brain import agents, roles, runner, usage
+from brain import agents, runner
 from brain.agent_loop import execute_agent_task
-from brain.client import BrainError, complete
-from brain.fake_server import FakeBrainServer, Script
 from brain.models import Run
 from brain.runner import execute_run
 from brain.services import accept_utterance
-from brain.usage import CallContext, TokenUsage
-from brain.usage_models import ModelUsage
+from llm import roles, usage
+from llm.client import BrainError, complete
+from llm.fake_server import FakeBrainServer, Script
+from llm.usage import CallContext, TokenUsage
+from llm.usage_models import ModelUsage
 from tests.conftest import db_async, new_client_id, script, use_brain
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -61,7 +62,7 @@ def price_file(tmp_path: Path, settings: Any, prices: list[dict[str, Any]], curr
 
 
 def prompt_tokens_of(request: dict[str, Any]) -> int:
-    """What the demo brain reports for a request (brain/fake_server.py, "Usage")."""
+    """What the demo brain reports for a request (llm/fake_server.py, "Usage")."""
     return math.ceil(sum(len(m["content"]) for m in request["messages"] if isinstance(m.get("content"), str)) / 4)
 
 
@@ -299,7 +300,7 @@ def seed_usage(run: Run | None = None) -> tuple[str, str]:
 
 def test_the_usage_page_plots_roles_and_days_for_the_owner(owner: Any) -> None:
     today, yesterday = seed_usage()
-    response = logged_in(owner).get("/admin/brain/modelusage/")
+    response = logged_in(owner).get("/admin/llm/modelusage/")
     assert response.status_code == 200
     page = response.content.decode()
     start = page.index('class="usage-plot"')
@@ -311,20 +312,20 @@ def test_the_usage_page_plots_roles_and_days_for_the_owner(owner: Any) -> None:
     table = page[page.index('id="usage-by-day"'):]
     assert "1 / 0 / 0" in table and "0 / 1 / 0" in table and "0 / 0 / 1" in table
     assert "unknown for 1 call" in page  # no price file
-    assert logged_in(owner).get("/admin/brain/modelusage/", {"days": "0"}).status_code == 200  # refused, default shown
+    assert logged_in(owner).get("/admin/llm/modelusage/", {"days": "0"}).status_code == 200  # refused, default shown
     index = logged_in(owner).get("/admin/").content.decode()
     section = index[index.index('class="app-task-models'):]  # "Models and persona" (accounts.console)
     section = section[: section.index("</table>")]
-    assert "/admin/brain/modelusage/" in section and "/admin/brain/modelselection/" in section
+    assert "/admin/llm/modelusage/" in section and "/admin/llm/modelselection/" in section
 
 
 def test_the_usage_page_is_refused_to_another_staff_account(owner: Any, second_superuser: Any) -> None:
     seed_usage()
     staff = logged_in(second_superuser)
-    assert staff.get("/admin/brain/modelusage/").status_code == 403
+    assert staff.get("/admin/llm/modelusage/").status_code == 403
     row = ModelUsage.objects.first()
-    assert row is not None and staff.get(f"/admin/brain/modelusage/{row.pk}/change/").status_code == 403
-    assert "/admin/brain/modelusage/" not in staff.get("/admin/").content.decode()
+    assert row is not None and staff.get(f"/admin/llm/modelusage/{row.pk}/change/").status_code == 403
+    assert "/admin/llm/modelusage/" not in staff.get("/admin/").content.decode()
 
 
 def test_a_runs_page_lists_its_model_calls(owner: Any, make_device: Any, tmp_path: Path, settings: Any) -> None:

@@ -51,7 +51,7 @@ OWNER_CONTENT_PAGES = [
     "/admin/devices/pairingcode/",
     "/admin/devices/delivery/",
     "/admin/devices/voiceutterance/",
-    "/admin/brain/modelselection/",
+    "/admin/llm/modelselection/",
     "/admin/accounts/admissionrecord/",
     "/admin/accounts/voiceprintenrollment/",
     "/admin/accounts/channelthreshold/",

@@ -190,7 +190,7 @@ def test_the_model_settings_sit_in_the_models_section_of_the_index(owner: Any) -
     index = logged_in(owner).get("/admin/").content.decode()
     models = index[index.index('class="app-task-models'):]
     models = models[: models.index("</table>")]
-    assert "/admin/brain/modelrole/" in models and "/admin/brain/modelselection/" in models
+    assert "/admin/llm/modelrole/" in models and "/admin/llm/modelselection/" in models
     assert "/admin/brain/run/" not in models  # runs are with the timeline, what Yimi did
 
 

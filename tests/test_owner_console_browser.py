@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-from brain import brain_probe
 from brain.models import Run
 from brain.services import accept_utterance
 from capabilities.manifest import load_packs
 from capabilities.registry_models import RegisteredPack
+from llm import probe
 from memory.models import TimelineEntry
 from tests.test_browser import believe, browser, page, shot, sign_in  # noqa: F401 - fixtures used by name
 
@@ -31,9 +31,9 @@ def isolated(tmp_path: Path, settings: Any) -> Iterator[None]:
     settings.DATA_DIR = tmp_path
     settings.YIMI_PACK_REGISTRY_DIR = tmp_path / "registry"
     settings.YIMI_PACKS_ENABLE, settings.YIMI_PACKS_DISABLE = [], []
-    brain_probe.forget()
+    probe.forget()
     yield
-    brain_probe.forget()
+    probe.forget()
 
 
 def answered_run(owner: Any, make_device: Any) -> tuple[Run, TimelineEntry]:
@@ -75,7 +75,7 @@ def test_the_owner_walks_the_console_from_the_home(page: Any, live_server: Any, 
     assert "prefers window seats on trains" in page.inner_text("#result_list")
 
     go_home_and_follow(page, live_server, "Models")
-    page.wait_for_url("**/admin/brain/modelrole/")
+    page.wait_for_url("**/admin/llm/modelrole/")
     shot(page, "console-05-models")
     assert "yimi-demo" in page.inner_text("#content")
 

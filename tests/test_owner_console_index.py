@@ -33,7 +33,7 @@ def test_the_index_is_grouped_by_the_owners_tasks_in_order(owner: Any) -> None:
     links = dict(shown)
     assert links["What Yimi heard and did"][:2] == ["/admin/memory/timelineentry/", "/admin/brain/run/"]
     assert links["Memory"][0] == "/admin/memory/assertion/"
-    assert links["Models and persona"][:2] == ["/admin/brain/modelrole/", "/admin/brain/modelselection/"]
+    assert links["Models and persona"][:2] == ["/admin/llm/modelrole/", "/admin/llm/modelselection/"]
     assert links["Packs"][0] == "/admin/capabilities/registeredpack/"
     assert links["Devices and who may speak"][0] == "/admin/devices/device/"
     assert ">Watches<" in page and "Watchs" not in page

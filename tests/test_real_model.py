@@ -17,9 +17,9 @@ from django.core.management.base import CommandError
 from django.test import override_settings
 
 from accounts.services import get_owner
-from brain import roles
-from brain.role_draft_models import ModelRoleDraft
 from devices.models import PairingCode
+from llm import roles
+from llm.role_draft_models import ModelRoleDraft
 from tests.ports import free_port
 
 pytestmark = pytest.mark.django_db

@@ -33,7 +33,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def front_server(tmp_path: Any, settings: Any) -> Iterator[FakeRealtimeServer]:
     """The fake realtime model configured as the ``realtime`` role (its key sealed under a
     master key of this test's own)."""
-    from brain import keyring, roles
+    from llm import keyring, roles
 
     settings.DATA_DIR, settings.SECRETS_DIR = tmp_path / "data", tmp_path / "secrets"
     settings.DATA_DIR.mkdir()

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from brain import keyring
+from llm import keyring
 from memory.models import TimelineEntry
 from releases import backup, builds, pointers, processes, switching
 from releases.models import Release, ReleaseEvent

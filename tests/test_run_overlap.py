@@ -16,9 +16,9 @@ from django.conf import settings as django_settings
 from django.db import connection
 
 from brain.dispatch import dispatch_run
-from brain.fake_server import Rule, Script
 from brain.models import Run
 from brain.services import accept_utterance
+from llm.fake_server import Rule, Script
 from memory.models import TimelineEntry
 from tests.conftest import need, new_client_id, use_brain
 from tests.process_support import TASK_SECONDS, CeleryWorker, celery_worker, publishing_to, redis_prefix

@@ -162,7 +162,7 @@ def test_a_runs_model_roles_are_pinned_and_read_with_few_queries(owner: Any, mak
     with one conditional write (one more to read the pin when the caller has not); a pinned
     run reads its pinned revisions in one query. The first-start import is checked once
     per process, not on every read."""
-    from brain import roles
+    from llm import roles
 
     sim = make_device()
     runs = [accept_utterance(sim.device, new_client_id(), f"text {i}").run_id for i in range(3)]

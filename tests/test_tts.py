@@ -145,7 +145,7 @@ class _SpeechHandler(BaseHTTPRequestHandler):
 @pytest.fixture
 def speech_server(tmp_path: Any, settings: Any) -> Iterator[SpeechServer]:
     """The speech endpoint, and a master key of this test's own (the role's key is sealed)."""
-    from brain import keyring
+    from llm import keyring
 
     settings.DATA_DIR, settings.SECRETS_DIR = tmp_path / "data", tmp_path / "secrets"
     settings.DATA_DIR.mkdir()
@@ -155,7 +155,7 @@ def speech_server(tmp_path: Any, settings: Any) -> Iterator[SpeechServer]:
 
 
 def use_tts(base_url: str) -> None:
-    from brain import roles
+    from llm import roles
 
     roles.import_from_environment({})
     roles.apply("tts", provider="fake-tts", base_url=base_url, model="tts-test", options={"timeout_seconds": 10.0},

@@ -174,7 +174,7 @@ def voice_assets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 @pytest.fixture
 def voice_catalog(voice_assets: dict[str, Any], tmp_path: Path, settings: Any) -> Iterator[dict[str, Any]]:
     """A catalog with the Silero VAD and the test speaker model, configured for this test."""
-    from brain import model_settings
+    from llm import model_settings
 
     entries = [
         entry("vad", "silero-vad", "6", {"model": voice_assets["vad_model"]}, default=True),
@@ -188,8 +188,8 @@ def voice_catalog(voice_assets: dict[str, Any], tmp_path: Path, settings: Any) -
 
 def embed(samples: np.ndarray) -> np.ndarray:
     """The effective voiceprint model's embedding of ``samples`` (through sherpa-onnx)."""
-    from brain import model_settings
     from devices.voice import engines
+    from llm import model_settings
 
     entry_ = model_settings.effective_entry("voiceprint")
     assert entry_ is not None

@@ -1,6 +1,6 @@
 """The repair step: a failed self-test goes back to the build step, with the workshop's model.
 
-``model_repair(spec, failure)`` asks the ``workshop_repair`` model role (``brain.roles``;
+``model_repair(spec, failure)`` asks the ``workshop_repair`` model role (``llm.roles``;
 it falls back to ``brain`` when not configured) for a corrected spec: the model sees the
 spec and the end of the failed attempt's output, and answers one JSON object holding only
 the parts it changes (``adapter``, ``fake``, ``contract``, ``skill``, ``tools`` or
@@ -18,8 +18,8 @@ from typing import Any
 
 from asgiref.sync import async_to_sync
 
-from brain import roles
-from brain.client import BrainError, complete
+from llm import roles
+from llm.client import BrainError, complete
 from workshop.drafts import validate_spec
 from yimi_project.errors import YimiError
 

@@ -87,6 +87,7 @@ INSTALLED_APPS = [
     "accounts",
     "devices",
     "memory",
+    "llm",
     "brain",
     "companion",
     "consent",
@@ -272,10 +273,10 @@ FAKE_BRAIN_PORT = env.int("YIMI_FAKE_BRAIN_PORT", default=8765)
 # Where ``./yimi up`` serves (daphne -b/-p); ``device_sim``'s default ``--server``.
 YIMI_HOST = env.str("YIMI_HOST", default="127.0.0.1")
 YIMI_PORT = env.int("YIMI_PORT", default=8000)
-# The brain's endpoint, model, key and options are model-role settings (brain.roles), imported
+# The brain's endpoint, model, key and options are model-role settings (llm.roles), imported
 # from YIMI_BRAIN_* / YIMI_VISION_* / YIMI_WORKSHOP_* (and the brain_api_key, vision_api_key,
 # workshop_api_key secret files) at the FIRST start only; later starts keep the stored ones.
-# Whether the demo brain runs is the stored roles' matter (brain.roles.demo_brain_ports), not the environment's.
+# Whether the demo brain runs is the stored roles' matter (llm.roles.demo_brain_ports), not the environment's.
 BRAIN_HISTORY_ENTRIES = env.int("YIMI_BRAIN_HISTORY_ENTRIES", default=20)
 # A run whose utterance is older than this is marked expired instead of answered late.
 RUN_STALE_SECONDS = 180
@@ -479,7 +480,7 @@ PAYMENTS_SAME_PAYEE_WINDOW_SECONDS = 30 * 60
 
 # --- voice (devices/voice, accounts/voice) -------------------------------------------------------
 YIMI_LOCAL_CATALOG_FILE = env.str("YIMI_LOCAL_CATALOG_FILE", default="")
-# Model prices per provider and model, per million tokens (JSON, format in brain/usage.py); no
+# Model prices per provider and model, per million tokens (JSON, format in llm/usage.py); no
 # prices ship with Yimi: without this file every cost is recorded as unknown.
 YIMI_MODEL_PRICES_FILE = env.str("YIMI_MODEL_PRICES_FILE", default="")
 VOICEPRINT_THRESHOLD = env.float("YIMI_VOICEPRINT_THRESHOLD", default=0.65)

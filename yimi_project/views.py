@@ -4,7 +4,7 @@
 Both ask this process's database first (``database_answers``: ``SELECT 1`` through the
 process's pool, waiting at most ``DATABASE_PROBE_SECONDS``, one probe at a time per
 process). Readiness also asks Redis and the checks the layers above registered
-(``register_health_check``: brain's ``brain.brain_probe.health_check``), which are not asked
+(``register_health_check``: llm's ``llm.probe.health_check``), which are not asked
 when the database did not answer, since they read it. Liveness asks nothing outside the
 process, so an outage of the brain or Redis leaves it 200: it is what the compose
 healthchecks ask and what ``services.json`` names for a release switch and the watchdog
@@ -72,8 +72,8 @@ class HealthCheck:
     details: dict[str, Any] = field(default_factory=dict)
 
 
-# Checks of the layers above (yimi_project imports none of them): brain registers whether the
-# brain role answers (brain.brain_probe). Each is awaited on the event loop, so it must not block it.
+# Checks of the layers above (yimi_project imports none of them): llm registers whether the
+# brain role answers (llm.probe). Each is awaited on the event loop, so it must not block it.
 _checks: dict[str, Callable[[], Awaitable[HealthCheck]]] = {}
 
 

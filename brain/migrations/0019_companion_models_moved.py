@@ -8,7 +8,7 @@ from django.db import migrations
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('brain', '0017_watch_verbose_name_plural'),
+        ('brain', '0018_model_settings_move_to_llm'),
         ('companion', '0001_initial'),
     ]
 

@@ -2,7 +2,7 @@
 
 Which engine a session uses, running it off the event loop, and what happens when it fails:
 
-- **remote**: the model role ``asr_remote`` (``brain.roles``: an OpenAI-compatible base URL,
+- **remote**: the model role ``asr_remote`` (``llm.roles``: an OpenAI-compatible base URL,
   a model name and a sealed key). Each utterance is ``POST {base_url}/audio/transcriptions``,
   multipart with ``file`` (a 16 kHz mono 16-bit WAV), ``model`` and ``response_format=json``;
   the answer is ``{"text": ...}``. A configured role wins over the local catalog: a deployer
@@ -35,8 +35,8 @@ from typing import Any, Protocol
 import httpx
 import numpy as np
 
-from brain import roles
 from devices.voice.audio import SAMPLE_RATE
+from llm import roles
 from yimi_project.errors import YimiError
 from yimi_project.logs import log_event
 

@@ -22,9 +22,9 @@ from typing import Any
 import numpy as np
 from django.conf import settings
 
-from brain.catalog import CatalogEntry, check_entry, verify_files
 from devices.voice.audio import SAMPLE_RATE
 from devices.voice.probe import build, whisper_transcribe
+from llm.catalog import CatalogEntry, check_entry, verify_files
 from yimi_project.errors import YimiError
 from yimi_project.logs import log_event
 

@@ -3,7 +3,7 @@ realtime front").
 
 A client for the OpenAI Realtime websocket protocol (the ``qwen-omni-realtime``
 models speak it), one connection per voice session, used only when the ``realtime``
-model role is configured (``brain.roles``). For each spoken request the voice socket
+model role is configured (``llm.roles``). For each spoken request the voice socket
 hands over (``turn``): the utterance's audio (``input_audio_buffer.append`` /
 ``commit``) and ``response.create``. The front answers small talk itself — its audio
 (``response.audio.delta``) goes to the device as ``front.audio`` — or calls the one tool
@@ -33,8 +33,8 @@ from django.conf import settings
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import WebSocketException
 
-from brain.roles import RoleSettings
 from devices.voice.tts import SAMPLE_RATE, Resampler
+from llm.roles import RoleSettings
 from yimi_project.errors import YimiError
 from yimi_project.logs import log_event
 

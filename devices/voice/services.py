@@ -21,13 +21,13 @@ from accounts import voiceprint
 from accounts.models import VoiceCall
 from accounts.voice import SpeakerDecision
 from accounts.voiceprint import EnrollmentSegment, LearningOutcome
-from brain import model_settings
 from brain.models import Run
 from brain.services import AcceptedUtterance, accept_voice_utterance
 from devices.models import Device, VoiceUtterance
 from devices.voice import asr as voice_asr
 from devices.voice import config, engines
 from devices.voice.session import Utterance, VoiceSession
+from llm import model_settings
 from yimi_project.errors import YimiError
 from yimi_project.logs import log_event
 

@@ -6,7 +6,7 @@ Two synthesizers, chosen per voice session by ``synthesizer()``:
 - ``SpeechEndpoint``: an OpenAI-compatible speech endpoint, ``POST {base_url}/audio/speech``
   with ``model``, ``input``, ``voice`` and ``response_format: "pcm"`` (raw 16-bit mono PCM,
   24 kHz unless ``VOICE_TTS_ENDPOINT_SAMPLE_RATE`` says otherwise), used when the ``tts``
-  model role is configured (``brain.roles``; the production choice is Qwen TTS);
+  model role is configured (``llm.roles``; the production choice is Qwen TTS);
 - ``Espeak``: Debian's espeak-ng in a child process (``espeak-ng --stdout``, the text on
   stdin), the embedded default.
 
@@ -34,8 +34,8 @@ import httpx
 import numpy as np
 from django.conf import settings
 
-from brain import roles
 from capabilities.truth.claims import split_sentences
+from llm import roles
 from yimi_project.errors import YimiError
 from yimi_project.logs import log_event
 

@@ -1,7 +1,7 @@
 """Text embeddings for recall's vector list: the interface, a test embedder, the index.
 
 An embedding model comes from the local model catalog: once a switch's index rebuild has
-finished (``brain.vector_index``, which stores its vectors here), the catalog's effective
+finished (``llm.vector_index``, which stores its vectors here), the catalog's effective
 embedding model is recall's embedder. The catalog is the model authority's (``brain``, a
 layer above, which memory never imports): brain registers it here when Django starts
 (``register_catalog_embedder``). ``settings.YIMI_EMBEDDING_MODEL`` can name a registered
@@ -88,7 +88,7 @@ def register_embedder(name: str, factory: Callable[[], Embedder]) -> None:
     _FACTORIES[name] = factory
 
 
-# The catalog's effective embedding model, or None: ``brain.vector_index.effective_embedder``.
+# The catalog's effective embedding model, or None: ``llm.vector_index.effective_embedder``.
 _CATALOG_EMBEDDER: list[Callable[[], Embedder | None]] = []
 
 

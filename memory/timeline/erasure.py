@@ -28,7 +28,7 @@ memory pack; erasing never touches assertions.
    d. each entry's text becomes empty and ``erased_at`` is set (the row stays: runs,
       deliveries and replies refer to it by key);
    e. every embedding of those entries is deleted (``memory.TimelineEmbedding``, all
-      models, which is also where ``brain.vector_index`` keeps the catalog model's index)
+      models, which is also where ``llm.vector_index`` keeps the catalog model's index)
       and the process's vector cache is dropped;
    f. every image original an erased ``image`` entry refers to is purged (row kept as a
       tombstone; its files are deleted once the transaction has committed); the selected

@@ -20,5 +20,5 @@ Called by name (the apps' way in):
 
 - ``statements``: the ORM's SQL for the hot paths' shapes, built once per model.
 - ``http11``: one streamed HTTP/1.1 POST on asyncio streams and h11 instead of httpx, for
-  model calls (``brain.client``).
+  model calls (``llm.client``).
 """

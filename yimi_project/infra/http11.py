@@ -5,7 +5,7 @@ Why not httpx for every model call: a model call is a run's largest piece of wor
 worker when the model answers at once, and httpx's layers around one request (its client,
 cookies through ``urllib.request``, httpcore's pool, anyio) cost more than the request
 itself (issue 14: a streamed call of 36 lines took ~1.6 ms of CPU over httpx, ~0.7 ms
-here). ``brain.client`` still uses httpx for an endpoint that an environment proxy applies
+here). ``llm.client`` still uses httpx for an endpoint that an environment proxy applies
 to (``proxied``): the proxies, their authentication and tunnels are httpx's to get right,
 not ours.
 
@@ -26,10 +26,10 @@ call). Every failure is a ``StreamError``: ``StreamTimeout`` for a timeout,
 ``StreamBroken`` for the rest (refused, reset, TLS, a request h11 refuses to write, a
 response that is not HTTP/1.1).
 
-Replaces: httpx (with httpcore and anyio) for a model call's streamed POST; ``brain.client``
+Replaces: httpx (with httpcore and anyio) for a model call's streamed POST; ``llm.client``
 calls it by name (docs/decisions/2026-12-03-model-calls-over-h11.md). Drop it when httpx's
 own CPU per streamed request comes near a bare h11 exchange (the figures above);
-``brain.client`` then calls httpx for every endpoint. Tests: tests/test_brain_client_loops.py.
+``llm.client`` then calls httpx for every endpoint. Tests: tests/test_brain_client_loops.py.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Migrates, creates the instance identity (Ed25519), the model master key and the owner
 account if they are missing, imports the model settings from the environment on the
-first start only (``brain.roles.import_from_environment``), records the shipped packs in
+first start only (``llm.roles.import_from_environment``), records the shipped packs in
 the pack registry (``record_shipped_versions``: a new version when a release changed
 one), grants the shipped packs the secrets they were made for
 (``capabilities.registry.grants.grant_shipped_secrets``; a revoked grant stays revoked),
@@ -34,11 +34,11 @@ from django.core.management.base import BaseCommand, CommandError
 
 from accounts.identity import ensure_instance_identity, instance_public_key_b64
 from accounts.services import ensure_owner, get_owner
-from brain import keyring, roles
 from capabilities.registry.grants import grant_shipped_secrets
 from capabilities.registry.publish import record_shipped_versions
 from capabilities.registry_models import RegisteredPack
 from devices.services import issue_pairing_code
+from llm import keyring, roles
 from yimi_project.errors import YimiError
 from yimi_project.secrets import read_secret, read_secret_file
 

@@ -1,6 +1,6 @@
 """Fake model_settings: the same tools and receipts, with the roles and drafts in memory.
 
-It applies the platform's rules (``brain.roles``, ``brain.role_drafts``): known roles only,
+It applies the platform's rules (``llm.roles``, ``llm.role_drafts``): known roles only,
 an http(s) base URL with a host and no credentials, provider 1-64 and model 1-200
 characters, only the known options; fields left out are the role's current ones; the
 idempotency key returns the earlier draft; Yimi never sets a key; a draft stays open

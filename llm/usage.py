@@ -1,5 +1,5 @@
 """Usage records: one ``ModelUsage`` row per model call, main turns, sub-agents and report
-turns alike (``brain.client.complete`` records every call it makes, failed ones included).
+turns alike (``llm.client.complete`` records every call it makes, failed ones included).
 
 Tokens. The provider's ``usage`` object (the stream's final event when the request asks
 for it with ``stream_options.include_usage``) is read by ``usage_from_provider``:
@@ -57,7 +57,7 @@ from django.db.models import Count, Sum
 from django.db.models.functions import TruncDate
 from django.utils import timezone
 
-from brain.usage_models import ModelUsage
+from llm.usage_models import ModelUsage
 from yimi_project.errors import YimiError
 from yimi_project.infra import statements
 from yimi_project.logs import log_event

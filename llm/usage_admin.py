@@ -1,6 +1,6 @@
-"""The console's usage page, ``/admin/brain/modelusage/``: model calls by role and by day as
+"""The console's usage page, ``/admin/llm/modelusage/``: model calls by role and by day as
 a server-rendered SVG plot and a table, then the latest calls; and the inline that lists a
-run's model calls on its page. Read-only: ``brain.usage`` is the only writer."""
+run's model calls on its page. Read-only: ``llm.usage`` is the only writer."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from django.template.response import TemplateResponse
 from django.utils.safestring import mark_safe
 
 from accounts.owner_admin import ReadOnlyInline, ReadOnlyOwnerAdmin
-from brain import usage
-from brain.usage_models import ModelUsage
+from llm import usage
+from llm.usage_models import ModelUsage
 from yimi_project.errors import YimiError
 
 DEFAULT_DAYS = 14
@@ -62,7 +62,7 @@ class ModelUsageAdmin(ReadOnlyOwnerAdmin):
             "priced_models": priced,
             "prices_error": prices_error,
         }
-        return TemplateResponse(request, "admin/brain/model_usage.html", context)
+        return TemplateResponse(request, "admin/llm/model_usage.html", context)
 
 
 class ModelUsageInline(ReadOnlyInline):

@@ -8,8 +8,9 @@ memory's vector store (``memory.timeline.embeddings``, one row per timeline entr
 same rows recall searches; a rebuild replaces a model's rows in one transaction.
 
 Once its index is rebuilt, the catalog's effective embedding model is recall's embedder
-(``effective_embedder``, registered with ``memory.timeline.embeddings`` in ``BrainConfig.ready``:
-memory sits below brain and never imports it).
+(``effective_embedder``, registered with ``memory.timeline.embeddings`` in ``LlmConfig.ready``:
+memory sits below llm and never imports it). The rebuild runs as the Celery task
+``devices.rebuild_vector_index`` (``llm.tasks.dispatch_rebuild``).
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ import httpx
 import numpy as np
 
 from accounts.services import get_owner
-from brain import catalog, model_settings
-from brain.catalog import CatalogEntry
+from llm import catalog, model_settings
+from llm.catalog import CatalogEntry
 from memory.timeline import entries as timeline
 from memory.timeline.embeddings import model_vectors, replace_model_vectors
 from yimi_project.errors import YimiError

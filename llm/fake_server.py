@@ -13,7 +13,7 @@ A rule without ``match`` matches everything. With no matching rule the demo repl
 used. ``{text}`` in a reply, and in the string values of its tool calls' arguments, is
 replaced by the user's message.
 
-``Script.load("demo")`` loads the bundled demo script (``brain/scripts/demo.json``), which
+``Script.load("demo")`` loads the bundled demo script (``llm/scripts/demo.json``), which
 walks the real paths: remembering (memory__commit), a first send to Alice (a consent card)
 and buying a milk tea (a payment card); README.md, "Try it", shows it.
 

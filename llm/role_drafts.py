@@ -5,7 +5,7 @@ confirms them with a signature.
 The only code that writes ``ModelRoleDraft``. A draft:
 
 - names a role and the proposed provider, base URL, model and options, and optionally a
-  new provider key, sealed at once (``brain.keyring``, bound to the draft's id) and never
+  new provider key, sealed at once (``llm.keyring``, bound to the draft's id) and never
   stored, logged, shown or sent back in plaintext — only "new key" or "unchanged";
 - records who made it (``owner_console`` | ``yimi``) and the role's own version it was
   made against (``base_version``; 0 when the role had no settings of its own);
@@ -13,12 +13,12 @@ The only code that writes ``ModelRoleDraft``. A draft:
   with ``max_tokens`` 1 to the proposed endpoint and model, at most ``PROBE_TIMEOUT_SECONDS``);
   a failing probe is shown and can still be confirmed;
 - becomes effective only through ``confirm_draft``: a signature of an active, non-guest
-  device of the owner (the device authority registered with ``brain.model_settings``)
+  device of the owner (the device authority registered with ``llm.model_settings``)
   over ``draft_confirm_message`` — the draft's id and ``draft_digest`` of its exact
   contents, the time, a single-use nonce and the device's attestation that it was unlocked
   (Face ID / Touch ID) when the owner confirmed. The platform verifies the signature; the
   attestation is the device's own signed statement, recorded as payments record
-  ``unlocked``. Applying goes through ``brain.roles.apply(source="draft")``, so a run in
+  ``unlocked``. Applying goes through ``llm.roles.apply(source="draft")``, so a run in
   progress keeps the versions it pinned and the change takes effect for the next run.
 
 Nothing here applies a draft without a device: Yimi can draft and read, never confirm.
@@ -42,10 +42,10 @@ from django.db import IntegrityError, close_old_connections, transaction
 from django.utils import timezone
 
 from accounts.services import is_owner_device
-from brain import keyring, roles
-from brain.model_settings import NONCE, SWITCH_MAX_SKEW_SECONDS, switch_signers
-from brain.role_draft_models import ModelRoleDraft
-from brain.role_models import ModelRole
+from llm import keyring, roles
+from llm.model_settings import NONCE, SWITCH_MAX_SKEW_SECONDS, switch_signers
+from llm.role_draft_models import ModelRoleDraft
+from llm.role_models import ModelRole
 from yimi_project.errors import YimiError
 from yimi_project.ids import uuid_or_nil
 from yimi_project.logs import log_event
@@ -272,7 +272,7 @@ def dispatch_probe(draft_id: Any) -> None:
 
     def start() -> None:
         if settings.CELERY_BROKER_URL:
-            from brain.role_draft_tasks import probe_draft_task
+            from llm.tasks import probe_draft_task
 
             probe_draft_task.delay(str(draft_id))
         else:

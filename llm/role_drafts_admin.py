@@ -1,10 +1,10 @@
-"""The model drafts page: ``/admin/brain/modelroledraft/``, in the same admin section as
+"""The model drafts page: ``/admin/llm/modelroledraft/``, in the same admin section as
 the model roles and the local models.
 
 The owner makes a draft here (role, provider, base URL, model, options, and optionally a
 new key in a password field that is never rendered back), sees its probe result and
 discards it. Confirming happens on a device: the page shows the digest and the exact
-message the device signs (``brain.role_drafts.draft_confirm_message``); nothing on this
+message the device signs (``llm.role_drafts.draft_confirm_message``); nothing on this
 page applies a draft.
 """
 
@@ -17,8 +17,8 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 
 from accounts.owner_admin import OwnerContentAdmin
-from brain import role_drafts, roles
-from brain.role_draft_models import ModelRoleDraft
+from llm import role_drafts, roles
+from llm.role_draft_models import ModelRoleDraft
 from yimi_project.errors import YimiError
 from yimi_project.ids import uuid_or_nil
 
@@ -75,7 +75,7 @@ class ModelRoleDraftAdmin(OwnerContentAdmin):
             "opts": self.model._meta,
             **(extra_context or {}),
         }
-        return TemplateResponse(request, "admin/brain/model_drafts.html", context)
+        return TemplateResponse(request, "admin/llm/model_drafts.html", context)
 
     def _post(self, request: HttpRequest, form: dict[str, Any]) -> HttpResponse | None:
         """Create, probe or discard; a refused form is shown again with what was typed,

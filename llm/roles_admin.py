@@ -1,10 +1,10 @@
-"""The model roles page: ``/admin/brain/modelrole/``, in the same admin section as the
+"""The model roles page: ``/admin/llm/modelrole/``, in the same admin section as the
 local models (``catalog_admin``).
 
 One row per role: provider, model, base URL, where the settings came from ("imported
 from the environment at first start on <date>", "set in the console", ...) and whether a
 key is set — never the key, which this page never decrypts. Read-only: changes are drafts
-confirmed on one of the owner's devices, and ``brain.roles.apply`` is their only writer.
+confirmed on one of the owner's devices, and ``llm.roles.apply`` is their only writer.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 
 from accounts.owner_admin import OwnerContentAdmin
-from brain import keyring, roles
-from brain.role_models import ModelRole
+from llm import keyring, roles
+from llm.role_models import ModelRole
 
 
 @admin.register(ModelRole)
@@ -43,4 +43,4 @@ class ModelRoleAdmin(OwnerContentAdmin):
             "opts": self.model._meta,
             **(extra_context or {}),
         }
-        return TemplateResponse(request, "admin/brain/model_roles.html", context)
+        return TemplateResponse(request, "admin/llm/model_roles.html", context)

@@ -22,9 +22,9 @@ from typing import Any
 
 import httpx
 
-from brain import usage
-from brain.roles import RoleSettings
-from brain.usage import CallContext, TokenUsage
+from llm import usage
+from llm.roles import RoleSettings
+from llm.usage import CallContext, TokenUsage
 from yimi_project.infra import http11
 
 
@@ -49,7 +49,7 @@ class ToolCallRequest:
 class Completion:
     text: str = ""
     tool_calls: list[ToolCallRequest] = field(default_factory=list)
-    # The call's tokens as recorded (brain.usage): reported by the provider, estimated
+    # The call's tokens as recorded (llm.usage): reported by the provider, estimated
     # here, or unknown (every count None).
     usage: TokenUsage | None = None
 
@@ -86,9 +86,9 @@ async def complete(
     role_settings: RoleSettings,
     usage_for: CallContext | None = None,
 ) -> Completion:
-    """One request to the endpoint of ``role_settings`` (``brain.roles``): its URL, model,
+    """One request to the endpoint of ``role_settings`` (``llm.roles``): its URL, model,
     key, thinking field, timeouts and max tokens. Every call, failed ones included, leaves
-    one usage record (``brain.usage``) for the role and ``usage_for`` (run, sub-agent task);
+    one usage record (``llm.usage``) for the role and ``usage_for`` (run, sub-agent task);
     ``Completion.usage`` holds the counts recorded."""
     headers = {"Content-Type": "application/json"}
     if role_settings.api_key:

@@ -1,7 +1,7 @@
 """Model roles: which OpenAI-compatible endpoint and model each role of Yimi uses.
 
-Written only by ``brain.roles`` (and ``brain.management.commands.model_settings``, which
-calls it). Provider keys are stored encrypted (``brain.keyring``); the plaintext never
+Written only by ``llm.roles`` (and ``llm.management.commands.model_settings``, which
+calls it). Provider keys are stored encrypted (``llm.keyring``); the plaintext never
 reaches a row, a log line or the admin.
 """
 
@@ -38,7 +38,7 @@ class ModelRoleFields(models.Model):
     model = models.CharField(max_length=200)
     # {thinking_field, timeout_seconds, connect_timeout_seconds, max_tokens}
     options = models.JSONField(default=dict, blank=True)
-    # ``brain.keyring`` blob (versioned, with the master key's id); null: no key is sent.
+    # ``llm.keyring`` blob (versioned, with the master key's id); null: no key is sent.
     api_key_encrypted = models.TextField(null=True, blank=True)
     source = models.CharField(max_length=16, choices=RoleSource.choices)
     source_note = models.CharField(max_length=200, blank=True)
@@ -54,6 +54,7 @@ class ModelRole(ModelRoleFields):
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
+        db_table = "brain_modelrole"  # the table it had before it moved to llm
         constraints = [models.UniqueConstraint(fields=["role"], name="model_role_unique_role")]
 
     def __str__(self) -> str:
@@ -62,11 +63,12 @@ class ModelRole(ModelRoleFields):
 
 class ModelRoleRevision(ModelRoleFields):
     """Every version a role has had, kept so a run that started on one finishes on it
-    (``brain.roles.for_run``). Written in the same transaction as the ``ModelRole`` change."""
+    (``llm.roles.for_run``). Written in the same transaction as the ``ModelRole`` change."""
 
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
+        db_table = "brain_modelrolerevision"  # the table it had before it moved to llm
         constraints = [models.UniqueConstraint(fields=["role", "version"], name="model_role_revision_unique")]
 
     def __str__(self) -> str:
@@ -80,6 +82,9 @@ class ModelSettingsImport(models.Model):
     id = models.PositiveSmallIntegerField(primary_key=True, default=1)
     imported_at = models.DateTimeField()
     roles = models.JSONField(default=list, help_text="the roles the environment configured")
+
+    class Meta:
+        db_table = "brain_modelsettingsimport"  # the table it had before it moved to llm
 
     def __str__(self) -> str:
         return f"imported from the environment at {self.imported_at:%Y-%m-%d %H:%M}"

@@ -12,6 +12,9 @@ The only code that writes ``ModelRole``, ``ModelRoleRevision`` and ``ModelSettin
   (``ModelSettingsImport``) makes every later start keep the stored settings.
 - ``for_run(run_id)``: the settings a run's tree uses, pinned on the run when it starts
   (``Run.model_roles``): a change applied while a run works takes effect for the next run.
+  The pin is a column of brain's ``Run`` (a layer above): brain registers how it is read
+  and written (``register_run_pins``, from ``BrainConfig.ready``); this module never
+  imports brain.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import math
 import operator
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import cache, reduce
@@ -33,9 +36,8 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from brain import keyring
-from brain.models import Run
-from brain.role_models import ROLE_NAMES, ModelRole, ModelRoleRevision, ModelSettingsImport, RoleSource
+from llm import keyring
+from llm.role_models import ROLE_NAMES, ModelRole, ModelRoleRevision, ModelSettingsImport, RoleSource
 from yimi_project.errors import YimiError
 from yimi_project.infra import statements
 from yimi_project.logs import log_event
@@ -50,7 +52,7 @@ DEFAULT_OPTIONS: dict[str, Any] = {
     "connect_timeout_seconds": 5.0,
     "max_tokens": None,
     "include_usage": True,  # ask for the stream's usage event (stream_options.include_usage)
-    "estimate_usage": False,  # count tokens locally when the provider reports none (brain.usage)
+    "estimate_usage": False,  # count tokens locally when the provider reports none (llm.usage)
 }
 MAX_TIMEOUT_SECONDS = 600.0
 MAX_TOKENS_LIMIT = 1_000_000
@@ -242,6 +244,23 @@ def resolve(role: str) -> RoleSettings:
 
 UNREAD: Any = object()  # ``for_run(pin=UNREAD)``: the caller has not read the run's pin
 
+# How a run's pin (``Run.model_roles``, brain's table) is read, and written when it has none:
+# registered by brain (``register_run_pins``).
+_RUN_PINS: list[tuple[Callable[[Any], Any], Callable[[Any, dict[str, Any]], bool]]] = []
+
+
+def register_run_pins(read: Callable[[Any], Any], write_unset: Callable[[Any, dict[str, Any]], bool]) -> None:
+    """Called from the ``brain`` app's ``AppConfig.ready``: ``read(run_id)`` returns the run's
+    pin (None if none); ``write_unset(run_id, pin)`` writes it only where the run has none
+    (one conditional UPDATE) and says whether it did."""
+    _RUN_PINS[:] = [(read, write_unset)]
+
+
+def _run_pins() -> tuple[Callable[[Any], Any], Callable[[Any, dict[str, Any]], bool]]:
+    if not _RUN_PINS:
+        raise RuntimeError("no run pins are registered: the brain app registers them when Django starts")
+    return _RUN_PINS[0]
+
 
 def pin_of(rows: dict[str, ModelRole]) -> dict[str, Any]:
     """The pin (``Run.model_roles``) of the rows ``configured_rows`` read: per role, the row
@@ -268,14 +287,15 @@ def for_run(run_id: Any, *, pin: Any = UNREAD) -> RunRoles:
     current settings, logged. A starting run: 2 queries with ``pin``, 3 without; a pinned
     one: 1 and 2.
     """
+    read_pin, write_pin = _run_pins()
     if pin is UNREAD:
-        pin = Run.objects.filter(id=run_id).values_list("model_roles", flat=True).first()
+        pin = read_pin(run_id)
     if not pin:
         rows = configured_rows(RUN_ROLES)
         wanted = pin_of(rows)
-        if _write_pin(run_id, wanted):
+        if write_pin(run_id, wanted):
             return of_rows(rows)
-        pin = Run.objects.filter(id=run_id).values_list("model_roles", flat=True).first() or wanted
+        pin = read_pin(run_id) or wanted
     entries: dict[str, tuple[str, Any]] = {}
     for role in RUN_ROLES:
         entry: dict[str, Any] = pin.get(role) or {}
@@ -293,10 +313,6 @@ def for_run(run_id: Any, *, pin: Any = UNREAD) -> RunRoles:
         else:
             found[role] = _settings_of(revision, role)
     return RunRoles(**found)
-
-
-def _write_pin(run_id: Any, wanted: dict[str, Any]) -> bool:
-    return Run.objects.filter(id=run_id, model_roles__isnull=True).update(model_roles=wanted) == 1
 
 
 # --- writing -------------------------------------------------------------------------------------

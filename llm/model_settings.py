@@ -33,10 +33,10 @@ from django.utils import timezone
 
 from accounts.services import is_owner_device
 from accounts.voiceprint import enrolled_channels
-from brain import catalog
-from brain.catalog import CatalogEntry
-from brain.models import ModelSelection, ModelSwitch
-from brain.tasks import dispatch_rebuild
+from llm import catalog
+from llm.catalog import CatalogEntry
+from llm.models import ModelSelection, ModelSwitch
+from llm.tasks import dispatch_rebuild
 from yimi_project.errors import YimiError
 from yimi_project.logs import log_event
 

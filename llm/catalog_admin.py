@@ -1,4 +1,4 @@
-"""The settings page for local models: ``/admin/brain/modelselection/``.
+"""The settings page for local models: ``/admin/llm/modelselection/``.
 
 For each kind it shows the selected, effective and previous versions, what the switch
 is waiting for, progress and errors, and the catalog's entries. A switch is prepared
@@ -18,8 +18,8 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 
 from accounts.owner_admin import OwnerContentAdmin
-from brain import catalog, model_settings
-from brain.models import ModelSelection, ModelSwitch
+from llm import catalog, model_settings
+from llm.models import ModelSelection, ModelSwitch
 from yimi_project.errors import YimiError
 from yimi_project.ids import uuid_or_nil
 
@@ -54,7 +54,7 @@ class ModelSelectionAdmin(OwnerContentAdmin):
             "opts": self.model._meta,
             "recent_switches": ModelSwitch.objects.select_related("device").order_by("-created_at")[:10],
         }
-        return TemplateResponse(request, "admin/brain/local_models.html", context)
+        return TemplateResponse(request, "admin/llm/local_models.html", context)
 
     def _prepare(
         self, request: HttpRequest, cat: catalog.Catalog, devices: list[model_settings.SwitchSigner]

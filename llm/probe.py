@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import httpx
 from asgiref.sync import sync_to_async
 
-from brain import roles
+from llm import roles
 from yimi_project.errors import YimiError
 from yimi_project.views import HealthCheck
 
@@ -127,7 +127,7 @@ async def brain_status_async() -> BrainStatus:
 
 
 async def health_check() -> HealthCheck:
-    """``GET /api/health/``'s check (registered by brain's app config): degraded with the
+    """``GET /api/health/``'s check (registered by llm's app config): degraded with the
     status's reason when the brain role does not answer."""
     status = await brain_status_async()
     if status.reason == "brain_not_configured":

@@ -1,8 +1,8 @@
 """Drafts of model-role changes, confirmed on one of the owner's devices.
 
-Written only by ``brain.role_drafts``. A draft's proposed settings never change after it
+Written only by ``llm.role_drafts``. A draft's proposed settings never change after it
 is made (the device signs a digest of them); only its state, its probe result and its
-confirmation are written later. A new provider key is sealed at once (``brain.keyring``,
+confirmation are written later. A new provider key is sealed at once (``llm.keyring``,
 bound to the draft's id) and never stored, shown or sent back in plaintext.
 """
 
@@ -12,7 +12,7 @@ import uuid
 
 from django.db import models
 
-from brain.role_models import ROLE_NAMES
+from llm.role_models import ROLE_NAMES
 
 
 class ModelRoleDraft(models.Model):
@@ -41,9 +41,9 @@ class ModelRoleDraft(models.Model):
     provider = models.CharField(max_length=64)
     base_url = models.CharField(max_length=500)
     model = models.CharField(max_length=200)
-    options = models.JSONField(default=dict, blank=True, help_text="validated, defaults filled in (brain.roles.validate_options)")
+    options = models.JSONField(default=dict, blank=True, help_text="validated, defaults filled in (llm.roles.validate_options)")
     key_change = models.CharField(max_length=16, choices=KeyChange.choices, default=KeyChange.UNCHANGED)
-    # brain.keyring blob bound to this draft's id; null unless key_change is "new key".
+    # llm.keyring blob bound to this draft's id; null unless key_change is "new key".
     api_key_encrypted = models.TextField(null=True, blank=True)
     digest = models.CharField(max_length=64, help_text="sha256 of the canonical proposed settings (role_drafts.draft_digest)")
     created_by = models.CharField(max_length=16, choices=Creator.choices)
@@ -72,6 +72,7 @@ class ModelRoleDraft(models.Model):
     applied_version = models.PositiveIntegerField(null=True, blank=True)
 
     class Meta:
+        db_table = "brain_modelroledraft"  # the table it had before it moved to llm
         ordering = ("-created_at",)
 
     def __str__(self) -> str:

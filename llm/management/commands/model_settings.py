@@ -3,12 +3,12 @@
 - ``export FILE``: the model roles with their provider keys still sealed, plus the master
   key wrapped under a passphrase (``--passphrase-file`` or asked twice). FILE is created
   0600 and never overwritten.
-- ``import FILE``: restores such a backup (``brain.role_backup.import_settings``); a
+- ``import FILE``: restores such a backup (``llm.role_backup.import_settings``); a
   backup without the wrapped key or a wrong passphrase is refused and nothing changes.
 - ``rotate-key``: a new master key; every provider key re-wrapped in one transaction,
   then the key file replaced.
 - ``draft ROLE --base-url URL --model NAME [--provider NAME] [--api-key-file FILE |
-  --api-key-env VARIABLE]``: a draft of a change to ROLE (``brain.role_drafts.create_draft``,
+  --api-key-env VARIABLE]``: a draft of a change to ROLE (``llm.role_drafts.create_draft``,
   made by the owner at the console), its endpoint probed once; the role's other options stay.
   Nothing changes until the owner confirms it on a device, as any draft.
 
@@ -27,8 +27,8 @@ from urllib.parse import urlsplit
 
 from django.core.management.base import BaseCommand, CommandError
 
-from brain import role_backup, role_drafts, roles
-from brain.role_draft_models import ModelRoleDraft
+from llm import role_backup, role_drafts, roles
+from llm.role_draft_models import ModelRoleDraft
 from yimi_project.errors import YimiError
 from yimi_project.secrets import read_secret_file, write_private_file
 
@@ -89,7 +89,7 @@ class Command(BaseCommand):
         else:
             self.stdout.write(f"probe: {draft.probe_status} ({draft.probe_error_code or '-'}: {draft.probe_message}); you can still confirm it")
         self.stdout.write(
-            "Nothing changes until you confirm it on your phone or Mac (the Model drafts page, /admin/brain/modelroledraft/, "
+            "Nothing changes until you confirm it on your phone or Mac (the Model drafts page, /admin/llm/modelroledraft/, "
             f"shows it); with the simulator: .venv/bin/python manage.py device_sim confirm-draft {draft.id} --key-file var/phone.json. "
             "It takes effect from the next run."
         )

@@ -4,7 +4,7 @@ provider says it cost in tokens, and what that costs by the deployer's price tab
 Honesty is in the columns, not in the numbers: a count the provider did not report is
 NULL with ``tokens_source = unknown`` (never 0); a count made on this host is
 ``estimated``; a cost without a price for the provider and model is NULL with
-``cost_source = unknown``. Written only by ``brain.usage``.
+``cost_source = unknown``. Written only by ``llm.usage``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from django.utils import timezone
 class ModelUsage(models.Model):
     class TokensSource(models.TextChoices):
         REPORTED = "reported"  # the provider's own ``usage`` object
-        ESTIMATED = "estimated"  # counted on this host (brain.usage.estimate_tokens)
+        ESTIMATED = "estimated"  # counted on this host (llm.usage.estimate_tokens)
         UNKNOWN = "unknown"  # the provider said nothing and nothing was counted
 
     class CostSource(models.TextChoices):
@@ -44,6 +44,7 @@ class ModelUsage(models.Model):
     outcome = models.CharField(max_length=32, default="ok", help_text="ok, or the BrainError code")
 
     class Meta:
+        db_table = "brain_modelusage"  # the table it had before it moved to llm
         verbose_name = "model usage"
         verbose_name_plural = "model usage"
         ordering = ("-created_at",)

@@ -5,7 +5,7 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from brain.fake_server import FakeBrainServer, Script
+from llm.fake_server import FakeBrainServer, Script
 
 
 class Command(BaseCommand):
@@ -15,7 +15,7 @@ class Command(BaseCommand):
         parser.add_argument("--host", default="127.0.0.1")
         parser.add_argument("--port", type=int, default=settings.FAKE_BRAIN_PORT)
         parser.add_argument("--no-usage", action="store_true", help="never report token usage (the records then say unknown)")
-        parser.add_argument("--script", help="JSON rules file (see brain/fake_server.py), or \"demo\" for the bundled demo script")
+        parser.add_argument("--script", help="JSON rules file (see llm/fake_server.py), or \"demo\" for the bundled demo script")
 
     def handle(self, *args: Any, **opts: Any) -> None:
         try:
