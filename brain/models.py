@@ -177,9 +177,7 @@ class ModelSwitch(models.Model):
 
 
 from brain.companion_models import CallSnapshot, CompanionSettings, ContentCard, PersonaVersion, PrivacyEpoch  # noqa: E402,F401  (registered with the brain app)
-from brain.reminders import Reminder  # noqa: E402,F401  (registered with the brain app)
 from brain.role_draft_models import ModelRoleDraft  # noqa: E402,F401  (registered with the brain app)
 from brain.role_models import ModelRole, ModelRoleRevision, ModelSettingsImport  # noqa: E402,F401  (registered with the brain app)
-from brain.schedule_models import Schedule, Watch, WatchNotice  # noqa: E402,F401  (registered with the brain app)
 from brain.topic_models import CallEvent, CallSummary, TopicState  # noqa: E402,F401  (registered with the brain app)
 from brain.usage_models import ModelUsage  # noqa: E402,F401  (registered with the brain app)
