@@ -36,7 +36,7 @@ TASKS: tuple[Task, ...] = (
         "consent.consentcard", "payments.paymentintent", "consent.rememberedconsent", "consent.ridepermission",
     )),
     Task("reminders", "Reminders, schedules and watches", (
-        "brain.reminder", "brain.schedule", "brain.watch", "brain.watchnotice",
+        "schedules.reminder", "schedules.schedule", "schedules.watch", "schedules.watchnotice",
     )),
     Task("memory", "Memory", (
         "memory.assertion", "memory.place", "memory.locationreport", "memory.healthrecord", "memory.rawobject",

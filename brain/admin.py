@@ -1,7 +1,7 @@
 """Everything Yimi did, for the owner to audit: runs (the sentence that started each, its
-scope, the reply, the tool calls with their receipts, the sub-agent tasks), reminders,
-scheduled tasks and watches, and each run's model calls on its page (``llm.usage_admin``;
-the model pages are the llm app's, ``llm.admin``). Read-only:
+scope, the reply, the tool calls with their receipts, the sub-agent tasks) and each run's
+model calls on its page (``llm.usage_admin``; the model pages are the llm app's, ``llm.admin``);
+reminders, scheduled tasks and watches are ``schedules.admin``'s. Read-only:
 ``brain``'s services are the only writers; the actions here call them."""
 
 from __future__ import annotations
@@ -13,10 +13,7 @@ from django.http import HttpRequest
 from django.utils.safestring import mark_safe
 
 from accounts.owner_admin import ReadOnlyInline, ReadOnlyOwnerAdmin, clip
-from brain import (
-    reminders,
-    trace,
-)
+from brain import trace
 from brain.models import AgentTask, Run
 from capabilities.admin import receipt_line
 from capabilities.models import ToolCall
@@ -101,59 +98,3 @@ class AgentTaskAdmin(ReadOnlyOwnerAdmin):
 
     def get_queryset(self, request: HttpRequest) -> Any:
         return super().get_queryset(request).filter(run__owner_id=request.user.pk)
-
-
-@admin.action(description="Cancel the selected reminders")
-def cancel_reminders(modeladmin, request, queryset):  # type: ignore[no-untyped-def]
-    for reminder in queryset.filter(state=reminders.Reminder.State.SCHEDULED):
-        reminders.cancel_reminder(request.user, reminder.pk)
-
-
-@admin.register(reminders.Reminder)
-class ReminderAdmin(ReadOnlyOwnerAdmin):
-    """Reminders; they change only through ``brain.reminders`` (the action cancels)."""
-
-    list_display = ("due_at", "short_text", "state", "created_at", "fired_at", "cancelled_at")
-    list_filter = ("state",)
-    search_fields = ("text",)
-    ordering = ("-due_at",)
-    readonly_fields = [f.name for f in reminders.Reminder._meta.fields]
-    actions = [cancel_reminders]
-
-    @admin.display(description="text")
-    def short_text(self, obj: Any) -> str:
-        return clip(obj.text)
-
-
-from brain import schedules, watches  # noqa: E402
-from brain.schedule_models import Schedule, Watch, WatchNotice  # noqa: E402
-
-
-@admin.action(description="Cancel the selected (stop running them)")
-def cancel_selected(modeladmin, request, queryset):  # type: ignore[no-untyped-def]
-    cancel = schedules.cancel_schedule if queryset.model is Schedule else watches.cancel_watch
-    for obj in queryset:
-        cancel(request.user, obj.pk)
-
-
-@admin.register(Schedule)
-class ScheduleAdmin(ReadOnlyOwnerAdmin):
-    list_display = ("prompt", "interval_seconds", "daily_at", "next_run_at", "active", "last_run")
-    list_filter = ("active",)
-    readonly_fields = [f.name for f in Schedule._meta.fields]
-    actions = [cancel_selected]
-
-
-@admin.register(Watch)
-class WatchAdmin(ReadOnlyOwnerAdmin):
-    list_display = ("label", "tool", "s_from", "s_to", "last_state", "next_run_at", "active")
-    list_filter = ("active",)
-    readonly_fields = [f.name for f in Watch._meta.fields]
-    actions = [cancel_selected]
-
-
-@admin.register(WatchNotice)
-class WatchNoticeAdmin(ReadOnlyOwnerAdmin):
-    list_display = ("id", "watch", "state", "sends", "created_at", "delivered_at")
-    list_filter = ("state",)
-    readonly_fields = [f.name for f in WatchNotice._meta.fields]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from asgiref.sync import SyncToAsync, sync_to_async
@@ -14,10 +14,7 @@ from channels.db import database_sync_to_async
 from django.conf import settings
 
 from brain.consent_execution import execute_approved
-from brain.reminders import fire_due_reminders
-from brain.schedules import fire_due_schedules
 from brain.trace import now_ms
-from brain.watches import run_due_watches
 from consent.services import expire_cards, settle_interrupted_executions
 from llm.client import keep_client_on
 from payments.services import expire_authorizations
@@ -25,6 +22,7 @@ from yimi_project.logs import log_event
 
 _tasks: set[asyncio.Task] = set()
 _sweeper: asyncio.Task | None = None
+_due_sweeps: list[Callable[[], Awaitable[None]]] = []
 
 
 def uses_broker() -> bool:
@@ -159,10 +157,20 @@ def _log_failure(task: asyncio.Task) -> None:
         log_event("inprocess_task_failed", error=type(exc).__name__, detail=str(exc)[:300])
 
 
+def register_due_sweep(sweep: Callable[[], Awaitable[None]]) -> None:
+    """A higher app's due work for the embedded sweeper, what beat sends it with a broker
+    (``schedules.tasks.sweep_due``: reminders, schedules, watches; from
+    ``SchedulesConfig.ready``). Each round runs them in registration order, before cards
+    and authorizations expire."""
+    if sweep not in _due_sweeps:
+        _due_sweeps.append(sweep)
+
+
 def ensure_embedded_sweeper() -> None:
     """Embedded default only (no Celery beat): recover runs left by a previous process
     and then every ``RUN_RECOVERY_SECONDS`` (30 s), and every ``DUE_SWEEP_SECONDS`` (10 s)
-    fire due reminders and expire unanswered cards and unused authorizations, on the web
+    run the registered due sweeps (``register_due_sweep``: reminders, schedules, watches)
+    and expire unanswered cards and unused authorizations, on the web
     server's event loop; every ``ARCHIVE_ROUND_SECONDS`` (60 s) start a cold-pack round
     beside it (``_archive_round``). Started by the first websocket connection."""
     global _sweeper
@@ -216,10 +224,8 @@ async def _sweep_forever() -> None:
                 await recover_runs()
             if loop.time() - last_archive >= settings.ARCHIVE_ROUND_SECONDS and (archive is None or archive.done()):
                 last_archive, archive = loop.time(), _archive_round()
-            await sync_to_async(fire_due_reminders)()
-            for run_id in await sync_to_async(fire_due_schedules)():
-                await dispatch_run(run_id)
-            await sync_to_async(run_due_watches)()
+            for sweep in _due_sweeps:
+                await sweep()
             await sync_to_async(expire_cards)()
             await sync_to_async(settle_interrupted_executions)()  # as beat's consent.tasks.expire_cards
             await sync_to_async(expire_authorizations)()

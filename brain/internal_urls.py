@@ -2,14 +2,10 @@
 
 from django.urls import path
 
-from brain.delivery_views import ParcelsView
-from brain.internal_views import CancelReminderView, ExecutorChatView, ModelDraftsView, ModelSettingsView, RemindersView
+from brain.internal_views import ExecutorChatView, ModelDraftsView, ModelSettingsView
 
 urlpatterns = [
-    path("reminders/", RemindersView.as_view()),
-    path("reminders/<uuid:pk>/cancel/", CancelReminderView.as_view()),
     path("model-settings/", ModelSettingsView.as_view()),
     path("model-settings/drafts/", ModelDraftsView.as_view()),
     path("executor/chat/", ExecutorChatView.as_view()),
-    path("watches/parcels/", ParcelsView.as_view()),  # the delivery pack (brain/delivery_views.py)
 ]

@@ -109,5 +109,3 @@ class AgentTask(models.Model):
         return f"agent task {self.id} ({self.state})"
 
 
-from brain.reminders import Reminder  # noqa: E402,F401  (registered with the brain app)
-from brain.schedule_models import Schedule, Watch, WatchNotice  # noqa: E402,F401  (registered with the brain app)

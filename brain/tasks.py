@@ -122,5 +122,5 @@ def sweep_runs() -> tuple[int, int]:
 
 
 from brain.execution_tasks import execute_approved_task, execute_payment_task  # noqa: E402,F401  (registers them)
-from brain.reminder_tasks import fire_due_reminders_task  # noqa: E402,F401  (registers brain.tasks.fire_due_reminders)
-from brain.schedule_tasks import fire_due_schedules_task, run_due_watches_task  # noqa: E402,F401  (registers brain.tasks.fire_due_schedules, run_due_watches)
+from companion.tasks import summarize_call_task  # noqa: E402,F401  (registers brain.tasks.summarize_call)
+from llm.tasks import probe_draft_task  # noqa: E402,F401  (registers brain.tasks.probe_model_draft)

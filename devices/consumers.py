@@ -28,7 +28,6 @@ from redis.exceptions import RedisError
 from accounts.identity import instance_public_key_b64, sign_as_instance
 from accounts.models import Scope
 from accounts.services import device_scope_limit, is_owner_device
-from brain import geofences
 from brain.consent_execution import acknowledge_denied
 from brain.dispatch import dispatch_card_execution, dispatch_payment, dispatch_run, ensure_embedded_sweeper, publish_run
 from brain.payment_execution import acknowledge_declined
@@ -46,6 +45,7 @@ from memory.personal import health, location
 from memory.timeline import entries as timeline
 from payments import services as payments
 from releases import baseline as release_baseline
+from schedules import geofences
 from yimi_project import jsonbody, push
 from yimi_project.errors import YimiError
 from yimi_project.logs import log_event
@@ -548,8 +548,8 @@ class DeviceConsumer(AsyncWebsocketConsumer):
         await self._send({"type": "device.state.ok", "id": frame.get("id"), "riding": state.riding})
 
     async def _on_location_report(self, frame: dict[str, Any]) -> None:
-        """A signed location report from the owner's phone (memory.personal.location), then the
-        owner's geofences (brain.geofences): ``location.report.ok``."""
+        """A signed location report from the owner's phone (memory.location), then the
+        owner's geofences (schedules.geofences): ``location.report.ok``."""
         assert self.device is not None
         device, nonce = self.device, self.nonce
 

@@ -19,12 +19,12 @@ from django.utils import timezone
 
 from accounts.models import User
 from accounts.services import is_owner
-from brain.watches import acknowledge_entry as acknowledge_watch_notice
 from capabilities.services import acknowledge_entry
 from devices import signatures
 from devices.models import Delivery, Device, PairingCode, PairingGuessSlot, SignedRequestNonce
 from memory.models import TimelineEntry
 from memory.timeline.entries import visible_entries
+from schedules.watches import acknowledge_entry as acknowledge_watch_notice
 from yimi_project import push
 from yimi_project.errors import YimiError
 from yimi_project.ids import uuid_or_nil

@@ -20,14 +20,14 @@ from django.utils import timezone
 
 from accounts.models import User
 from brain.models import Run
-from brain.schedule_models import Watch, WatchNotice
 from brain.services import accept_utterance, trace_stages_update
-from brain.watches import acknowledge_entry as acknowledge_notice
-from brain.watches import create_watch
 from capabilities.models import ToldFact
 from capabilities.services import acknowledge_entry as acknowledge_facts
 from devices.models import Delivery, Device
 from devices.services import acknowledge, active_device, record_delivery, revoke_device
+from schedules.models import Watch, WatchNotice
+from schedules.watches import acknowledge_entry as acknowledge_notice
+from schedules.watches import create_watch
 from tests.conftest import new_client_id
 from yimi_project.errors import YimiError
 
@@ -113,7 +113,7 @@ def test_an_ack_of_a_seq_no_64_bit_column_holds_is_an_unknown_entry(make_device:
 
 
 def test_an_ack_closes_exactly_the_ledgers_of_its_entry_as_the_orm_updates_did(make_device: Any) -> None:
-    """``capabilities.services.acknowledge_entry`` and ``brain.watches.acknowledge_entry``
+    """``capabilities.services.acknowledge_entry`` and ``schedules.watches.acknowledge_entry``
     run statements built once, with the ORM updates' conditions: only the entry's facts not
     told before get ``acknowledged_at`` (an aware now, read back equal on every database);
     only its pending notice is delivered; only a one-time, active watch of that notice

@@ -18,8 +18,8 @@ from django.utils import timezone
 
 from brain.models import Run
 from brain.recovery import recover_runs, runs_on_queue
-from brain.reminders import create_reminder, fire_due_reminders
 from brain.services import accept_utterance
+from schedules.reminders import create_reminder, fire_due_reminders
 from tests.conftest import db_async, need, new_client_id, open_socket, receive_until
 from tests.process_support import publishing_to, redis_prefix
 from yimi_project import push

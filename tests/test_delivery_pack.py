@@ -14,13 +14,13 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from brain import deliveries, watches
-from brain.schedule_models import Watch, WatchNotice
 from brain.services import accept_utterance
 from capabilities.contract import run_contract
 from capabilities.manifest import load_pack
 from capabilities.mcp_host import runtime
 from memory.models import TimelineEntry
+from schedules import parcels, watches
+from schedules.models import Watch, WatchNotice
 from tests.conftest import internal_client, new_client_id, pack_capability
 from tests.gateway_support import copy_repo_pack
 from tests.parcel_service import ParcelService
@@ -167,4 +167,4 @@ def test_a_followed_parcel_notifies_exactly_once_when_delivered_and_list_and_sto
 def deliveries_interval(n: int) -> Any:
     from datetime import timedelta
 
-    return timedelta(seconds=deliveries.INTERVAL_SECONDS * n)
+    return timedelta(seconds=parcels.INTERVAL_SECONDS * n)

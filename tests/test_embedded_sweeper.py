@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from brain import reminders
 from brain.dispatch import stop_embedded_sweeper
 from brain.models import Run
 from brain.runner import execute_run
 from brain.services import claim_run
 from memory.models import TimelineEntry
+from schedules import reminders
 from tests.conftest import db_async, open_socket, script
 from tests.test_consent import packs, phone  # noqa: F401 - fixtures: the outbox pack, a phone
 from tests.test_runs import age_run, utter

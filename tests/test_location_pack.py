@@ -1,6 +1,6 @@
 """The ``location`` pack and its platform side: signed location reports from the owner's
 phone (``memory.personal.location``), named places, haversine distances, and arrival geofences as
-watches (``brain.geofences``), over a real websocket and through the gateway."""
+watches (``schedules.geofences``), over a real websocket and through the gateway."""
 
 from __future__ import annotations
 
@@ -14,13 +14,13 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from brain import geofences, watches
-from brain.schedule_models import Watch, WatchNotice
 from brain.services import accept_utterance
 from capabilities.contract import run_contract
 from capabilities.manifest import load_pack
 from memory.personal import location
 from memory.personal.models import LocationReport, Place
+from schedules import geofences, watches
+from schedules.models import Watch, WatchNotice
 from tests.conftest import db_async, internal_client, new_client_id, pack_capability, receive_until
 from tests.test_owner_console import logged_in
 from tests.test_owner_mac import open_device

@@ -18,7 +18,6 @@ from django.utils import timezone
 from drf_spectacular.validation import validate_schema
 
 from accounts.owner_admin import clip
-from brain import reminders
 from brain.models import AgentTask, Run
 from brain.services import accept_utterance
 from capabilities.models import ReceiptRecord, ToolCall
@@ -27,6 +26,7 @@ from memory.assertions import preferences
 from memory.assertions import store as assertions
 from memory.assertions.store import CommitRequest
 from memory.models import Assertion, AssertionVersion, TimelineEntry
+from schedules import reminders
 
 pytestmark = pytest.mark.django_db
 
@@ -88,8 +88,8 @@ def test_the_ledger_tasks_and_reminders_have_owner_pages(owner: Any, make_device
         "/admin/capabilities/receiptrecord/": "table 12 held until 19:45",
         "/admin/brain/agenttask/": "find a quiet restaurant nearby",
         f"/admin/brain/agenttask/{task.id}/change/": "Chez Ami",
-        "/admin/brain/reminder/": "take the umbrella",
-        f"/admin/brain/reminder/{reminder.id}/change/": "take the umbrella",
+        "/admin/schedules/reminder/": "take the umbrella",
+        f"/admin/schedules/reminder/{reminder.id}/change/": "take the umbrella",
     }
     mine, staff = logged_in(owner), logged_in(second_superuser)
     for url, shown in pages.items():

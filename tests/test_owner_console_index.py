@@ -54,5 +54,5 @@ def test_every_registered_model_is_placed_in_a_task() -> None:
 def test_an_apps_own_page_stays_djangos_list_of_that_app(owner: Any) -> None:
     client = Client()
     client.force_login(owner)
-    page = client.get("/admin/brain/").content.decode()
-    assert 'class="app-brain module' in page and "/admin/brain/watch/" in page
+    page = client.get("/admin/schedules/").content.decode()
+    assert 'class="app-schedules module' in page and "/admin/schedules/watch/" in page

@@ -23,13 +23,13 @@ from django.db import connection
 from django.test import Client
 from django.utils import timezone
 
-from brain import reminders
-from brain.reminders import Reminder
 from capabilities.contract import matches, run_contract, substitute
 from capabilities.manifest import load_pack
 from capabilities.mcp_host.host import load_tools_module
 from capabilities.receipts import normalize, schema_errors
 from memory.models import TimelineEntry
+from schedules import reminders
+from schedules.models import Reminder
 from tests.conftest import db_async, internal_client, open_socket, pack_capability, platform_paths, receive_until
 from yimi_project.errors import HTTP_STATUS, YimiError
 from yimi_project.internal import TOKEN_HEADER

@@ -57,13 +57,14 @@ from datetime import timedelta  # noqa: E402
 import pytest  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
-from brain import schedules, watches  # noqa: E402
-from brain.models import Run, WatchNotice  # noqa: E402
+from brain.models import Run  # noqa: E402
 from capabilities.mcp_host import runtime  # noqa: E402
 from capabilities.services import CallRequest, decide  # noqa: E402
 from consent.models import ConsentCard  # noqa: E402
 from devices.services import record_delivery  # noqa: E402
 from memory.models import TimelineEntry  # noqa: E402
+from schedules import schedules, watches  # noqa: E402
+from schedules.models import WatchNotice  # noqa: E402
 from tests.gateway_support import copy_repo_pack  # noqa: E402
 
 

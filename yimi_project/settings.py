@@ -95,6 +95,7 @@ INSTALLED_APPS = [
     "capabilities",
     "workshop",
     "releases",
+    "schedules",
     "axes",
 ]
 
@@ -253,6 +254,7 @@ DUE_SWEEP_SECONDS = env.float("YIMI_DUE_SWEEP_SECONDS", default=10.0)
 ARCHIVE_ROUND_SECONDS = env.float("YIMI_ARCHIVE_ROUND_SECONDS", default=60.0)
 CELERY_BEAT_SCHEDULE = {
     "sweep-runs": {"task": "brain.tasks.sweep_runs", "schedule": RUN_RECOVERY_SECONDS},
+    # schedules/tasks.py, under the names they had in brain (queued ones on an installed instance still run)
     "fire-due-reminders": {"task": "brain.tasks.fire_due_reminders", "schedule": DUE_SWEEP_SECONDS},
     "fire-due-schedules": {"task": "brain.tasks.fire_due_schedules", "schedule": DUE_SWEEP_SECONDS},
     "run-due-watches": {"task": "brain.tasks.run_due_watches", "schedule": DUE_SWEEP_SECONDS},

@@ -17,10 +17,10 @@ urlpatterns = [
     path("internal/mac/", include("devices.mac_urls")),  # the owner-mac pack (devices/mac_internal.py)
     path("internal/erasure/", include("memory.timeline.erasure_urls")),  # the erasure pack (memory/timeline/erasure_views.py)
     path("internal/profile/", include("memory.assertions.profile_urls")),  # the personal pack (memory/assertions/profile_views.py)
-    path("internal/location/", include("brain.location_urls")),  # the location pack (brain/location_views.py)
     path("internal/health/", include("memory.personal.health_urls")),  # the health pack (memory/personal/health_views.py)
     path("internal/workshop/", include("workshop.internal_urls")),  # the workshop pack (workshop/internal_views.py)
     path("internal/releases/", include("releases.internal_urls")),  # the release pack (releases/internal_views.py)
+    path("internal/", include("schedules.urls")),  # the schedule, location and delivery packs (schedules/views.py)
     path("internal/", include("brain.internal_urls")),
     path("", include("devices.home_urls")),  # the owner's home
 ]

@@ -18,7 +18,7 @@ A place may be set at the latest report (``here``).
 
 **Inside or outside.** ``place_state`` says whether a report is inside a place's circle
 (great-circle distance ≤ radius) — or ``None`` when the report's accuracy radius is larger
-than the place's, which is too coarse to tell; geofences (``brain.geofences``) then change
+than the place's, which is too coarse to tell; geofences (``schedules.geofences``) then change
 nothing.
 """
 

@@ -9,7 +9,7 @@ and the parcels the owner follows ("快递到了告诉我") through the platform
   watches read.
 - ``list`` (observe) and ``follow`` (owner_data on the ``tracking_number``; ``stop: true``
   ends following) call ``/internal/watches/parcels/`` on the platform socket with the
-  capability of the call being executed (``brain.deliveries``). ``follow`` first asks the
+  capability of the call being executed (``schedules.parcels``). ``follow`` first asks the
   carrier: an unknown number is ``not_found`` and a delivered parcel is not followed.
 
 Never default to success: no URL configured is ``failed``/``not_configured``; a refused

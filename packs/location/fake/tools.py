@@ -1,7 +1,7 @@
 """Fake location: the real server's tools and receipts, against an in-memory platform.
 
 It loads ``server/tools.py`` and replaces its ``call`` with ``FakePlatform.call``, which
-applies the platform's rules (``memory.personal.location``, ``brain.geofences``): names of 1-64
+applies the platform's rules (``memory.personal.location``, ``schedules.geofences``): names of 1-64
 characters, coordinates in range, radius 20 m-50 km (default 150), haversine on the mean
 Earth radius rounded to the metre, a place that does not exist is ``not_found``, a geofence
 on a named place (once unless ``repeat``). One report (the owner at 家, ±10 m at

@@ -1,7 +1,7 @@
 """The location pack: where the owner is, their named places, distances and "when I get
 home" geofences, through the platform.
 
-The platform (``memory.personal.location`` for reports and places, ``brain.geofences`` for the
+The platform (``memory.personal.location`` for reports and places, ``schedules.geofences`` for the
 watches) is the only authority; this server calls ``/internal/location/...`` on the
 platform socket with the capability of the call it is executing. Writes (setting or
 removing a place, creating or cancelling a geofence) need a call the gateway decided as

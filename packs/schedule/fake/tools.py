@@ -1,6 +1,6 @@
 """Fake schedule: the same tools and receipts, with reminders kept in memory.
 
-It applies the platform's rules (``brain.reminders``): the idempotency key is looked up
+It applies the platform's rules (``schedules.reminders``): the idempotency key is looked up
 first, the text is 1-500 characters, ``due_at`` is ISO 8601 with a timezone and in the
 future, a cancelled reminder cancels again without error. Nothing ever fires.
 """

@@ -1,6 +1,6 @@
 """The schedule pack: reminders kept by the platform, reached over its internal API.
 
-The platform (``brain.reminders``) stores the reminders and fires them into the owner's
+The platform (``schedules.reminders``) stores the reminders and fires them into the owner's
 timeline; this server only calls its internal endpoints (``/internal/reminders/...`` on
 the platform socket, ``YIMI_PLATFORM_SOCKET``, through ``packkit.platform_call``) with the
 capability of the call it is executing. A connection that fails or times out is reported as ``DISCONNECTED`` or

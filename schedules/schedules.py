@@ -1,6 +1,7 @@
 """Scheduled tasks: the only code that writes ``Schedule``.
 
-Beat (``brain.tasks.fire_due_schedules``, every ``DUE_SWEEP_SECONDS``) claims each due
+Beat (``schedules.tasks.fire_due_schedules_task``, registered as
+``brain.tasks.fire_due_schedules``; every ``DUE_SWEEP_SECONDS``) claims each due
 schedule by compare-and-set on its ``next_run_at`` and creates a real run with
 ``origin=scheduled`` (``brain.services.create_scheduled_run``) that the runner executes like
 any other. It passes the same gateway: inside it, anything that would need a consent card
@@ -17,8 +18,8 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from brain.schedule_models import Schedule
 from brain.services import create_scheduled_run
+from schedules.models import Schedule
 from yimi_project.errors import YimiError
 from yimi_project.logs import log_event
 

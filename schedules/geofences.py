@@ -1,6 +1,6 @@
 """Geofences ("我到家了告诉我"): watches on a named place, driven by location reports.
 
-A geofence is a ``Watch`` (``brain.watches``) of the tool ``location__where`` with
+A geofence is a ``Watch`` (``schedules.watches``) of the tool ``location__where`` with
 arguments ``{"place": name}``, state path ``content.place.state``, ``s_from`` ``outside``
 and ``s_to`` ``inside``. So it notifies by the watches' rule: when the state moves to
 ``inside`` from ``outside`` (or from nothing known) — once per entry: further reports
@@ -31,11 +31,11 @@ from typing import Any
 
 from django.utils import timezone
 
-from brain import watches
 from brain.models import Run
-from brain.schedule_models import Watch
 from memory.personal import location
 from memory.personal.models import LocationReport, Place
+from schedules import watches
+from schedules.models import Watch
 from yimi_project.errors import YimiError
 
 TOOL = "location__where"

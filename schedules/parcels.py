@@ -1,7 +1,7 @@
 """Followed parcels ("快递到了告诉我"): watches of ``delivery__track``, made and ended by the
 ``delivery`` pack's ``follow`` tool (``/internal/watches/parcels/``, platform API ``watches``).
 
-A followed parcel is a ``Watch`` (``brain.watches``) of the tool ``delivery__track`` with
+A followed parcel is a ``Watch`` (``schedules.watches``) of the tool ``delivery__track`` with
 arguments ``{"tracking_number": n}``, state path ``content.arrival`` (the track receipt's
 ``not_delivered`` / ``delivered``, whatever the carrier's own state: ``in_transit``,
 ``out_for_delivery``, ...), ``s_from`` ``not_delivered`` and ``s_to`` ``delivered``; it is
@@ -18,9 +18,9 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-from brain import watches
 from brain.models import Run
-from brain.schedule_models import Watch
+from schedules import watches
+from schedules.models import Watch
 from yimi_project.errors import YimiError
 
 TOOL = "delivery__track"

@@ -1,6 +1,10 @@
-"""Stored schedules and watches (models only; services in ``brain.schedules`` and
-``brain.watches``, the only code that writes these tables). Imported by ``brain.models``
-so the app registers them."""
+"""Reminders, scheduled tasks and watches (models only). The only code that writes them:
+``schedules.reminders`` (``Reminder``), ``schedules.schedules`` (``Schedule``) and
+``schedules.watches`` (``Watch``, ``WatchNotice``; geofences and followed parcels are
+watches, made by ``schedules.geofences`` and ``schedules.parcels`` through it).
+
+The tables keep the names they had in the ``brain`` app (``db_table``), so an installed
+instance moved its models here without touching a row (``schedules/migrations/0001_initial.py``)."""
 
 from __future__ import annotations
 
@@ -8,6 +12,38 @@ import uuid
 
 from django.conf import settings
 from django.db import models
+
+
+class Reminder(models.Model):
+    """A reminder the owner asked for (the ``schedule`` pack): fired into the timeline as a
+    ``notice`` at ``due_at`` (``schedules.reminders.fire_due_reminders``)."""
+
+    class State(models.TextChoices):
+        SCHEDULED = "scheduled"
+        FIRED = "fired"
+        CANCELLED = "cancelled"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="reminders")
+    text = models.CharField(max_length=500)
+    due_at = models.DateTimeField(db_index=True)
+    state = models.CharField(max_length=16, choices=State.choices, default=State.SCHEDULED, db_index=True)
+    # The gateway's idempotency key of the call that created it: a retried create is the same reminder.
+    idempotency_key = models.CharField(max_length=64, null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    fired_at = models.DateTimeField(null=True, blank=True)
+    cancelled_at = models.DateTimeField(null=True, blank=True)
+    fired_entry = models.ForeignKey("memory.TimelineEntry", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+
+    class Meta:
+        db_table = "brain_reminder"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["owner", "idempotency_key"],
+                condition=models.Q(idempotency_key__isnull=False),
+                name="reminder_idempotency_key_unique_per_owner",
+            )
+        ]
 
 
 class Schedule(models.Model):
@@ -27,7 +63,7 @@ class Schedule(models.Model):
     cancelled_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
-        app_label = "brain"
+        db_table = "brain_schedule"
         constraints = [
             models.CheckConstraint(
                 condition=(models.Q(interval_seconds__isnull=False) & models.Q(daily_at__isnull=True))
@@ -67,7 +103,7 @@ class Watch(models.Model):
     cancelled_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
-        app_label = "brain"
+        db_table = "brain_watch"
         verbose_name_plural = "watches"
 
     def __str__(self) -> str:
@@ -94,7 +130,7 @@ class WatchNotice(models.Model):
     delivered_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
-        app_label = "brain"
+        db_table = "brain_watchnotice"
 
     def __str__(self) -> str:
         return f"notice {self.id} ({self.state})"

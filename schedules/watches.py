@@ -31,11 +31,11 @@ from django.db.models import F
 from django.utils import timezone
 
 from brain.models import Run
-from brain.schedule_models import Watch, WatchNotice
 from brain.services import close_scheduled_run, create_scheduled_run
 from capabilities.client import call_tool
 from memory.models import TimelineEntry
 from memory.timeline.entries import append_entry
+from schedules.models import Watch, WatchNotice
 from yimi_project import push
 from yimi_project.errors import YimiError
 from yimi_project.infra import statements
@@ -151,7 +151,7 @@ def check_watch(watch_id: Any, *, now: datetime | None = None) -> WatchCheck:
 
 def observe_state(watch_id: Any, state: str, *, now: datetime | None = None) -> WatchNotice | None:
     """A state the platform observed itself for an active watch (a geofence's inside or
-    outside on each location report, ``brain.geofences``), without calling the tool:
+    outside on each location report, ``schedules.geofences``), without calling the tool:
     recorded by the same rule as a check (``_record``, under the watch's row lock, so two
     reports at once notify once), and a new notice is sent. Returns the notice, if any."""
     now = now or timezone.now()

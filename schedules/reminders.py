@@ -1,5 +1,5 @@
 """Reminders the owner asked for, fired into the timeline at their time (the ``schedule``
-pack's platform side). The model lives here; services, API and firing are added below."""
+pack's platform side): the only code that writes ``Reminder`` (``schedules.models``)."""
 
 from __future__ import annotations
 
@@ -9,48 +9,14 @@ from datetime import UTC, datetime
 from functools import partial
 from typing import Any
 
-from django.conf import settings
-from django.db import IntegrityError, models, transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from memory.timeline.entries import append_entry
+from schedules.models import Reminder
 from yimi_project import push
 from yimi_project.errors import YimiError
 from yimi_project.logs import log_event
-
-
-class Reminder(models.Model):
-    class State(models.TextChoices):
-        SCHEDULED = "scheduled"
-        FIRED = "fired"
-        CANCELLED = "cancelled"
-
-    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="reminders")
-    text = models.CharField(max_length=500)
-    due_at = models.DateTimeField(db_index=True)
-    state = models.CharField(max_length=16, choices=State.choices, default=State.SCHEDULED, db_index=True)
-    # The gateway's idempotency key of the call that created it: a retried create is the same reminder.
-    idempotency_key = models.CharField(max_length=64, null=True, blank=True)
-    created_at = models.DateTimeField(auto_now_add=True)
-    fired_at = models.DateTimeField(null=True, blank=True)
-    cancelled_at = models.DateTimeField(null=True, blank=True)
-    fired_entry = models.ForeignKey("memory.TimelineEntry", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
-
-    class Meta:
-        app_label = "brain"
-        constraints = [
-            models.UniqueConstraint(
-                fields=["owner", "idempotency_key"],
-                condition=models.Q(idempotency_key__isnull=False),
-                name="reminder_idempotency_key_unique_per_owner",
-            )
-        ]
-
-
-# --- services -----------------------------------------------------------------------------
-# The only code that writes ``Reminder``. The timeline and device imports stay inside the
-# functions: this module is imported by ``brain.models`` while the app registry loads.
 
 MAX_TEXT = 500
 MAX_KEY = 64
