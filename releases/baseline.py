@@ -54,8 +54,8 @@ PROTECTED_BASELINE: dict[str, tuple[str, ...]] = {
         "consent/", "brain/consent_execution.py", "capabilities/authorities.py", "capabilities/services.py",
     ),
     "identity": (
-        "accounts/", "devices/signatures.py", "devices/authentication.py", "devices/faces.py",
-        "devices/switch_signers.py", "devices/voice/services.py",
+        "accounts/", "devices/signatures.py", "devices/authentication.py", "voice/faces.py",
+        "devices/switch_signers.py", "voice/services.py",
     ),
     "care and guest permissions": ("accounts/services.py", "accounts/models.py", "devices/services.py"),
     "secrets and sandboxes": (

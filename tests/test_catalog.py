@@ -21,8 +21,6 @@ from accounts import voiceprint
 from accounts.voiceprint import EnrollmentSegment
 from brain import catalog, model_settings
 from brain.models import ModelSelection, ModelSwitch
-from devices.voice import engines
-from devices.voice import services as voice_services
 from memory import services as timeline
 from tests import voice_support
 from tests.voice_support import (
@@ -31,6 +29,8 @@ from tests.voice_support import (
     entry,
     write_catalog,
 )
+from voice import engines
+from voice import services as voice_services
 from yimi_project.errors import YimiError
 
 # fixtures

@@ -21,11 +21,11 @@ from brain import call_events, call_snapshot, persona, privacy_epoch, topic_stat
 from brain.companion_models import CallSnapshot, ContentCard
 from brain.fake_server import Rule
 from brain.topic_models import CallEvent, CallSummary, TopicState
-from devices.models import VoiceUtterance
 from devices.signatures import auth_message
 from memory.models import TimelineEntry
 from tests.companion_support import TranscribedCall, second_owner_device, states
 from tests.conftest import db_async, device_socket, receive_until
+from voice.models import VoiceUtterance
 
 pytestmark = pytest.mark.django_db(transaction=True)
 FORMAT = {"encoding": "pcm_s16le", "sample_rate": 16000, "channels": 1}

@@ -26,7 +26,7 @@ ROOT = Path(settings.BASE_DIR)
 MAP = ROOT / "docs" / "architecture.md"
 DECISIONS = ROOT / "docs" / "decisions"
 MAP_MAX_LINES = 300
-APPS = ("yimi_project", "accounts", "memory", "capabilities", "consent", "payments", "brain", "workshop", "releases", "devices")
+APPS = ("yimi_project", "accounts", "memory", "capabilities", "consent", "payments", "brain", "workshop", "releases", "voice", "devices")
 SKIPPED_DIRS = {".git", ".venv", "venv", "var", "node_modules", "__pycache__", ".mypy_cache", ".ruff_cache", ".hypothesis", ".pytest_cache"}
 TEXT_SUFFIXES = {".py", ".md", ".toml", ".ini", ".cfg", ".txt", ".yaml", ".yml", ".json", ".sh", ".html"}
 # Documents that are not in the repository. Spelled in pieces so this file does not cite them.

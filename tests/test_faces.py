@@ -23,7 +23,6 @@ from django.test import Client
 
 from accounts import faces as enrolled
 from accounts.models import FaceEnrollment, FaceSample, FaceThreshold
-from devices import faces
 from tests.face_support import (
     COLLINS,
     HOPPER,
@@ -37,6 +36,7 @@ from tests.face_support import (
     tilted,
     write_catalog,
 )
+from voice import faces
 from yimi_project.errors import YimiError
 
 pytestmark = pytest.mark.django_db

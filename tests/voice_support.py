@@ -189,7 +189,7 @@ def voice_catalog(voice_assets: dict[str, Any], tmp_path: Path, settings: Any) -
 def embed(samples: np.ndarray) -> np.ndarray:
     """The effective voiceprint model's embedding of ``samples`` (through sherpa-onnx)."""
     from brain import model_settings
-    from devices.voice import engines
+    from voice import engines
 
     entry_ = model_settings.effective_entry("voiceprint")
     assert entry_ is not None

@@ -86,6 +86,7 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",  # Swagger UI's files, served from here (no CDN)
     "accounts",
     "devices",
+    "voice",
     "memory",
     "brain",
     "consent",
@@ -476,7 +477,7 @@ PAYMENTS_AUTOPAY_DAILY_MAX = env.str("YIMI_PAYMENTS_AUTOPAY_DAILY_MAX", default=
 PAYMENTS_AUTOPAY_UNDO_SECONDS = env.int("YIMI_PAYMENTS_AUTOPAY_UNDO_SECONDS", default=5)
 PAYMENTS_SAME_PAYEE_WINDOW_SECONDS = 30 * 60
 
-# --- voice (devices/voice, accounts/voice) -------------------------------------------------------
+# --- voice (voice/, accounts/voice.py) ---------------------------------------------------
 YIMI_LOCAL_CATALOG_FILE = env.str("YIMI_LOCAL_CATALOG_FILE", default="")
 # Model prices per provider and model, per million tokens (JSON, format in brain/usage.py); no
 # prices ship with Yimi: without this file every cost is recorded as unknown.

@@ -34,7 +34,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import WebSocketException
 
 from brain.roles import RoleSettings
-from devices.voice.tts import SAMPLE_RATE, Resampler
+from voice.tts import SAMPLE_RATE, Resampler
 from yimi_project.errors import YimiError
 from yimi_project.logs import log_event
 
