@@ -7,7 +7,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from accounts.owner_admin import OwnerContentAdmin
-from devices import mac_admin  # noqa: F401  (registers the Mac command log)
+from devices.mac import admin as mac_admin  # noqa: F401  (registers the Mac command log)
 from devices.models import Delivery, Device, PairingCode
 from devices.services import issue_pairing_code, revoke_device
 

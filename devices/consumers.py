@@ -35,9 +35,10 @@ from brain.payment_execution import acknowledge_declined
 from brain.services import accept_utterance, trace_stages_update
 from brain.trace import now_ms
 from consent import services as consent
-from devices import hud, mac_relay
+from devices import hud
 from devices import images as device_images
 from devices import services as device_services
+from devices.mac import relay as mac_relay
 from devices.models import Device
 from devices.signatures import challenge_message
 from memory import health, location, raw_store
@@ -603,7 +604,7 @@ class DeviceConsumer(AsyncWebsocketConsumer):
         "payment.voice_confirm": _on_payment_voice_confirm,
         "payment.undo": _on_payment_undo,
         "device.unlock": _on_unlock,
-        # the Mac relay (devices/mac_relay.py)
+        # the Mac relay (devices/mac/relay.py)
         "mac.hello": mac_relay.on_hello,
         "mac.pause": mac_relay.on_pause,
         "mac.result": mac_relay.on_result,
@@ -669,7 +670,7 @@ class DeviceConsumer(AsyncWebsocketConsumer):
             return
         await self._send({"type": "timeline.new", "seq": event.get("seq")})
 
-    # an operation for this Mac, and the owner's pause, from the Mac relay (devices/mac_relay.py)
+    # an operation for this Mac, and the owner's pause, from the Mac relay (devices/mac/relay.py)
     mac_op = mac_relay.deliver_op
     mac_paused = mac_relay.deliver_paused
 

@@ -103,5 +103,5 @@ class Delivery(models.Model):
 
 
 from devices.hud_models import DeviceState  # noqa: E402,F401  (registered with the devices app)
-from devices.mac_models import MacKey, MacOperation, MacPause  # noqa: E402,F401  (registered with the devices app)
+from devices.mac.models import MacKey, MacOperation, MacPause  # noqa: E402,F401  (registered with the devices app)
 from devices.push_to_talk_models import PushToTalkHold  # noqa: E402,F401  (registered with the devices app)

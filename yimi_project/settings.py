@@ -299,7 +299,7 @@ WS_MAX_TEXT_CHARS = 8000
 WS_AUTH_TIMEOUT_SECONDS = env.float("YIMI_WS_AUTH_TIMEOUT_SECONDS", default=10.0)
 # Reply chunks to one device leave at most once per this window (yimi_project.push.ReplyChunks).
 REPLY_CHUNK_WINDOW_SECONDS = 0.02
-# The Mac relay (devices/mac_relay.py): how long a connected Mac has to take an operation
+# The Mac relay (devices/mac/relay.py): how long a connected Mac has to take an operation
 # (else mac_offline), and to answer it (else mac_timeout; below the pack's platform timeout).
 MAC_OP_ACCEPT_SECONDS = env.float("YIMI_MAC_OP_ACCEPT_SECONDS", default=5.0)
 MAC_OP_TIMEOUT_SECONDS = env.float("YIMI_MAC_OP_TIMEOUT_SECONDS", default=30.0)

@@ -14,7 +14,7 @@ urlpatterns = [
     path("api/", include("memory.urls")),
     path("internal/gateway/", include("capabilities.urls")),
     path("internal/memory/", include("memory.internal_urls")),
-    path("internal/mac/", include("devices.mac_urls")),  # the owner-mac pack (devices/mac_internal.py)
+    path("internal/mac/", include("devices.mac.urls")),  # the owner-mac pack (devices/mac/internal.py)
     path("internal/erasure/", include("memory.erasure_urls")),  # the erasure pack (memory/erasure_views.py)
     path("internal/profile/", include("memory.profile_urls")),  # the personal pack (memory/profile_views.py)
     path("internal/location/", include("brain.location_urls")),  # the location pack (brain/location_views.py)
