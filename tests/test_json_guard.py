@@ -298,7 +298,7 @@ def test_the_mac_relay_refuses_a_bad_string_before_anything_reaches_the_mac(owne
 @pytest.fixture
 def no_auth_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
     """The auth deadline never passes: a close can only be the answer to the frame."""
-    from devices.consumers import DeviceConsumer
+    from devices.consumers.device import DeviceConsumer
 
     async def never(seconds: float) -> None:
         await asyncio.Event().wait()

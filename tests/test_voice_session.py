@@ -154,8 +154,8 @@ async def test_audio_rechecks_the_device_so_a_revocation_whose_close_was_lost_en
     revocation's close message never reached the socket."""
     from django.utils import timezone
 
+    from devices.consumers.voice import DEVICE_RECHECK_SECONDS, VoiceConsumer
     from devices.models import Device
-    from devices.voice_consumer import DEVICE_RECHECK_SECONDS, VoiceConsumer
 
     now = [1000.0]
     monkeypatch.setattr(VoiceConsumer, "recheck_clock", staticmethod(lambda: now[0]))

@@ -248,7 +248,7 @@ async def _send_and_wait(layer: Any, prepared: Prepared, kind: str, frame: dict[
     return {"op_id": op_id, "status": status, **{k: v for k, v in result.items() if k != "status"}}
 
 
-# --- the device socket's side (devices/consumers.py calls these) -----------------------------
+# --- the device socket's side (devices/consumers/ calls these) -----------------------------
 
 
 async def on_hello(consumer: Any, frame: dict[str, Any]) -> None:

@@ -31,7 +31,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from brain.agent_loop import DELEGATED_ACK
-from devices.consumers import CLOSE_AUTH_FAILED, CLOSE_REVOKED
+from devices.consumers.connection import CLOSE_AUTH_FAILED, CLOSE_REVOKED
 from devices.mac.crypto import pause_message
 from devices.mac.sandbox import MacSandbox
 from devices.mac.sim import MacAgent

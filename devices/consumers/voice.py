@@ -25,7 +25,7 @@ from brain.dispatch import dispatch_run
 from brain.topic_tasks import dispatch_call_summary
 from devices import push_to_talk
 from devices import services as device_services
-from devices.consumers import DeviceConsumer
+from devices.consumers.device import DeviceConsumer
 from memory import raw_store
 from memory.ambient import AmbientSource
 from voice import ambient, asr, audio, config, realtime, tts
