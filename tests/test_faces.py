@@ -347,7 +347,7 @@ def test_the_image_analyzer_names_only_enrolled_people_and_only_for_the_owner(ow
 
 
 def test_an_owner_photo_attached_from_the_glasses_names_the_enrolled_person(owner: Any, face_catalog: Path, make_device: Any) -> None:
-    """The whole way: the faces analyzer is registered (DevicesConfig.ready), the glasses'
+    """The whole way: the faces analyzer is registered (VoiceConfig.ready), the glasses'
     photo of Eileen Collins and Grace Hopper is stored and attached, and the vision turn's
     facts name only the enrolled person."""
     from brain.vision import people_fact
