@@ -30,7 +30,7 @@ class Task:
 TASKS: tuple[Task, ...] = (
     Task("timeline", "What Yimi heard and did", (
         "memory.timelineentry", "brain.run", "brain.agenttask", "capabilities.toolcall", "capabilities.receiptrecord",
-        "devices.delivery", "devices.voiceutterance", "accounts.voicecall", "companion.callsnapshot",
+        "devices.delivery", "voice.voiceutterance", "accounts.voicecall", "companion.callsnapshot",
     )),
     Task("cards", "Cards and permissions", (
         "consent.consentcard", "payments.paymentintent", "consent.rememberedconsent", "consent.ridepermission",

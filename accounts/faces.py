@@ -3,7 +3,7 @@
 The only code that writes ``FaceEnrollment``, ``FaceSample`` and ``FaceThreshold``. Like
 ``accounts.voiceprint``, nothing here touches pixels: embeddings arrive as vectors computed
 by a face model named by its catalog key (``model_key``); detecting and embedding faces in a
-photo is ``devices.faces``. Rules and numbers are in docs/faces.md.
+photo is ``voice.faces``. Rules and numbers are in docs/faces.md.
 
 Honesty rules: a face is named only when it reaches the person's own threshold, clearly
 above every other enrolled person, and only once per image; everything else is unknown and
@@ -47,7 +47,7 @@ RECOGNIZED, UNCERTAIN, UNMATCHED, AMBIGUOUS = "recognized", "uncertain", "unmatc
 
 @dataclass(frozen=True)
 class EnrollmentPhoto:
-    """One enrollment photo's single face, as ``devices.faces`` found and embedded it."""
+    """One enrollment photo's single face, as ``voice.faces`` found and embedded it."""
 
     embedding: Sequence[float] | np.ndarray
     face_px: int

@@ -129,13 +129,13 @@ TTS_SENTENCES = [
 
 def tts_first_audio(rounds: int) -> None:
     """Time to the first audio byte of a spoken reply's first sentence with espeak-ng
-    (``devices.voice.tts.Espeak``: child process, WAV parse, resampling to 16 kHz, as the
+    (``voice.tts.Espeak``: child process, WAV parse, resampling to 16 kHz, as the
     voice socket runs it), p50/p95 over ``rounds`` sentences. The floor: starting and
     reaping a child process that does nothing (``true``), the part no synthesizer in a
     child process can avoid."""
     import asyncio
 
-    from devices.voice.tts import Espeak
+    from voice.tts import Espeak
 
     async def measure() -> tuple[list[float], list[float], int]:
         synth, spoken, floor, samples = Espeak(), [], [], 0
@@ -162,15 +162,15 @@ def tts_first_audio(rounds: int) -> None:
 def asr_speed(work: Path, rounds: int) -> None:
     """Server speech recognition with the embedded default, faster-whisper tiny.en (the voice
     extra; ``llm/catalogs/voice-default.json``), on one core with one thread, greedy, as
-    the voice socket runs it (``devices.voice.probe.whisper_transcribe``): each espeak-ng
+    the voice socket runs it (``voice.probe.whisper_transcribe``): each espeak-ng
     sentence is one utterance. Printed as audio seconds per wall second (above 1: faster
     than real time) and as RTF (wall / audio), for the server's short encoder window and,
     interleaved in the same run, for faster-whisper's standard 30-s window
     (``min_window_seconds: 30``), each with the words of the sentences it found. The floor,
     in the same run: reading the WAV files and converting them to float samples, the part
     every engine needs."""
-    from devices.voice.probe import build, whisper_transcribe
     from llm.catalog import check_entry, parse_catalog
+    from voice.probe import build, whisper_transcribe
 
     listed = [e for e in parse_catalog((ROOT / "llm" / "catalogs" / "voice-default.json").read_text()) if e.kind == "asr"]
     try:
@@ -245,11 +245,11 @@ def reply_latency(work: Path, rounds: int) -> None:
     from accounts.services import ensure_owner
     from devices.services import PairingRequest, issue_pairing_code, pair_device
     from devices.signatures import auth_message
-    from devices.voice import engines
-    from devices.voice.session import VoiceSession
     from llm import roles
     from llm.fake_server import FakeBrainServer, Script
     from tests.conftest import pairing_payload
+    from voice import engines
+    from voice.session import VoiceSession
     from yimi_project.asgi import application
 
     call_command("migrate", verbosity=0)
@@ -439,11 +439,11 @@ def main() -> None:
     import importlib.util
     import threading
 
-    from devices.voice.engines import SpeakerEmbedder
-    from devices.voice.probe import build
-    from devices.voice.session import VoiceSession
     from llm.catalog import parse_catalog
     from tests.voice_support import build_speaker_model
+    from voice.engines import SpeakerEmbedder
+    from voice.probe import build
+    from voice.session import VoiceSession
 
     spec = importlib.util.find_spec("silero_vad")
     assert spec and spec.submodule_search_locations, "pip install --no-deps silero-vad"

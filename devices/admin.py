@@ -7,11 +7,8 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from accounts.owner_admin import OwnerContentAdmin
-from devices import (
-    face_admin,  # noqa: F401  (registers the faces page)
-    mac_admin,  # noqa: F401  (registers the Mac command log)
-)
-from devices.models import Delivery, Device, PairingCode, VoiceUtterance
+from devices.mac import admin as mac_admin  # noqa: F401  (registers the Mac command log)
+from devices.models import Delivery, Device, PairingCode
 from devices.services import issue_pairing_code, revoke_device
 
 
@@ -88,14 +85,3 @@ class DeliveryAdmin(OwnerContentAdmin):
     def has_change_permission(self, request: HttpRequest, obj: Delivery | None = None) -> bool:
         return False
 
-
-@admin.register(VoiceUtterance)
-class VoiceUtteranceAdmin(OwnerContentAdmin):
-    list_display = ("created_at", "device", "channel", "disposition", "scope", "reason", "band", "score", "voiced_ms", "transcript_source")
-    list_filter = ("disposition", "scope", "channel")
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: VoiceUtterance | None = None) -> bool:
-        return False

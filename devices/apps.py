@@ -9,9 +9,8 @@ class DevicesConfig(AppConfig):
 
     def ready(self) -> None:
         # Here, not at the top: these modules import models, which exist only once the app
-        # registry is ready (llm.model_settings is a layer below; no cycle is being dodged).
-        from devices import faces, push_to_talk
-        from devices.images import register_image_analyzer
+        # registry is ready (brain.model_settings is a layer below; no cycle is being dodged).
+        from devices import push_to_talk
         from devices.services import owner_devices_preferring
         from devices.switch_signers import DeviceSwitchSigners
         from llm import model_settings
@@ -19,5 +18,4 @@ class DevicesConfig(AppConfig):
 
         model_settings.register_switch_signers(DeviceSwitchSigners())  # who may sign a local-model switch
         push.register_device_chooser(owner_devices_preferring)  # where cards go (yimi_project.push.owner_devices)
-        register_image_analyzer(faces.image_analyzer)  # enrolled people in attached images: facts for the vision turn
         archive.register_busy_check(push_to_talk.busy)  # no cold pack starts while push-to-talk is held, in any process

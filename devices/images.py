@@ -6,9 +6,7 @@ photo is up to 4 MiB. ``POST /api/images/`` carries the raw JPEG or PNG bytes, s
 every device request (``yimi-http-v2``: the body's SHA-256 is in the signature), and
 answers ``image_id``; the ``image`` frame then puts it on the timeline with its capture
 time and the request it is about. The storage and every check are ``memory.personal.images``.
-
-``register_image_analyzer`` is re-exported here: the faces module registers its analyzer,
-which gets each attached image and returns the people it recognized.
+The faces analyzer (``voice.faces``) is registered with ``memory.personal.images`` by the voice app.
 """
 
 from __future__ import annotations
@@ -27,7 +25,6 @@ from accounts.models import Scope
 from accounts.services import device_scope_limit
 from devices.models import Device
 from memory.personal import images
-from memory.personal.images import register_image_analyzer, unregister_image_analyzer  # noqa: F401  (the faces hook)
 from yimi_project.api_schema import responses
 from yimi_project.errors import YimiError
 

@@ -2,7 +2,7 @@
 or push-to-talk"; docs/memory.md "Cold packs").
 
 The voice socket's ``push_to_talk`` frame pauses ambient analysis in the web process
-(``devices.voice.ambient``), but cold-pack rounds run in the Celery worker (or on the
+(``voice.ambient``), but cold-pack rounds run in the Celery worker (or on the
 embedded sweeper's thread), which cannot see that scheduler. So the socket also records
 the hold here, one ``PushToTalkHold`` row per voice session: ``hold`` on ``down``,
 ``release`` on ``up``, on ``voice.stop`` and when the socket closes. A release that is lost
@@ -22,7 +22,7 @@ from typing import Any
 from django.utils import timezone
 
 from devices.push_to_talk_models import PushToTalkHold
-from devices.voice.ambient import PTT_HOLD_SECONDS
+from voice.ambient import PTT_HOLD_SECONDS
 
 REASON = "push_to_talk"
 

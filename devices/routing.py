@@ -1,7 +1,7 @@
 from django.urls import path
 
-from devices.consumers import DeviceConsumer
-from devices.voice_consumer import VoiceConsumer
+from devices.consumers.device import DeviceConsumer
+from devices.consumers.voice import VoiceConsumer
 
 websocket_urlpatterns = [
     path("ws/device/", DeviceConsumer.as_asgi()),

@@ -228,7 +228,7 @@ def card_devices(owner_id: int) -> list[Any]:
 def pending_cards(owner_id: int, now: datetime | None = None) -> list[PaymentAuthorization]:
     """Open payment cards: phone cards still waiting for the owner's answer and not
     expired at ``now``, oldest first. A phone that connects later is sent each of them
-    once per connection (``devices.consumers``); an answered or expired card is not."""
+    once per connection (``devices.consumers.cards``); an answered or expired card is not."""
     now = now or timezone.now()
     return list(
         PaymentAuthorization.objects.select_related("intent")

@@ -49,13 +49,13 @@ if TYPE_CHECKING:  # devices/ is above releases/: only the device's fields and v
 # The protected baseline, area by area. Review changes to this list like a change to the gates.
 PROTECTED_BASELINE: dict[str, tuple[str, ...]] = {
     "payments": ("payments/", "brain/payment_execution.py", "packs/shop/"),
-    "real clicks and ride hailing": ("packs/phone/", "packs/desktop/", "devices/mac_desktop.py"),
+    "real clicks and ride hailing": ("packs/phone/", "packs/desktop/", "devices/mac/desktop.py"),
     "first-send consent": (
         "consent/", "brain/consent_execution.py", "capabilities/authorities.py", "capabilities/services.py",
     ),
     "identity": (
-        "accounts/", "devices/signatures.py", "devices/authentication.py", "devices/faces.py",
-        "devices/switch_signers.py", "devices/voice/services.py",
+        "accounts/", "devices/signatures.py", "devices/authentication.py", "voice/faces.py",
+        "devices/switch_signers.py", "voice/services.py",
     ),
     "care and guest permissions": ("accounts/services.py", "accounts/models.py", "devices/services.py"),
     "secrets and sandboxes": (
@@ -63,7 +63,7 @@ PROTECTED_BASELINE: dict[str, tuple[str, ...]] = {
         "capabilities/mcp_host/", "workshop/sandbox.py", "capabilities/registry/grants.py", "capabilities/grant_admin.py",
     ),
     "Mac remote access": (
-        "devices/mac_relay.py", "devices/mac_crypto.py", "devices/mac_internal.py", "devices/mac_models.py",
+        "devices/mac/relay.py", "devices/mac/crypto.py", "devices/mac/internal.py", "devices/mac/models.py",
         "packs/owner-mac/",
     ),
     "release and rollback": ("releases/", "docker/"),

@@ -46,8 +46,8 @@ class TranscribedCall:
         self.call = identity.start_call(self.device, self.call_id, "phone_app")
 
     def _utterance(self, text: str, scope: str) -> Any:
-        from devices.models import VoiceUtterance
         from memory.timeline.entries import append_entry
+        from voice.models import VoiceUtterance
 
         entry = append_entry(owner_id=self.device.owner_id, kind="utterance", text=text, device_id=self.device.id,
                              client_id=f"voice-{uuid.uuid4().hex}", scope=scope)

@@ -381,7 +381,7 @@ class UnixASGIServer:
     (``yimi_project.asgi``) over a real Unix socket, on the event loop of the test's own
     websockets, as daphne serves the device sockets and the internal listener on one loop
     of one process. On the in-memory channel layer that matters: a layer hands messages
-    only between consumers of one loop, so the Mac relay (``devices.mac_relay``) must wait
+    only between consumers of one loop, so the Mac relay (``devices.mac.relay``) must wait
     on the loop the Mac's socket reads on. ``UnixWSGIServer`` runs each request on a loop
     of its own thread, where the Mac's acceptance never arrives (``mac_offline``).
 

@@ -1,4 +1,4 @@
-"""A device's ACK (devices/consumers.py ``_on_ack``, devices.services ``acknowledge`` and
+"""A device's ACK (devices/consumers/timeline.py ``_on_ack``, devices.services ``acknowledge`` and
 ``record_delivery``): its query budget, and the rules the one-statement way keeps.
 
 Counted, never timed, in autocommit as in production: the device re-check (with its owner's

@@ -1,4 +1,4 @@
-"""A typed utterance's way in (devices/consumers.py ``_on_text``, brain.services
+"""A typed utterance's way in (devices/consumers/timeline.py ``_on_text``, brain.services
 ``accept_utterance``): its query budget, and sockets that do not wait for each other.
 
 Counted, never timed: in autocommit, as in production, the device re-check (with its

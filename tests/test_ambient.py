@@ -15,9 +15,6 @@ import pytest
 
 from brain import prompts
 from brain.models import Run
-from devices.models import VoiceUtterance
-from devices.voice import ambient
-from devices.voice.ambient import CHUNK_OVERLAP, CHUNK_SAMPLES, AnalysisScheduler, chunk_bounds
 from memory import short_context
 from memory.assertions import store as assertions
 from memory.assertions.store import CommitRequest
@@ -30,6 +27,9 @@ from tests import test_asr, voice_support
 from tests.conftest import db_async, receive_until
 from tests.test_asr import TranscriptionServer, utterance
 from tests.test_voice_session import open_voice, start, stream
+from voice import ambient
+from voice.ambient import CHUNK_OVERLAP, CHUNK_SAMPLES, AnalysisScheduler, chunk_bounds
+from voice.models import VoiceUtterance
 from yimi_project.errors import YimiError
 
 voice_assets = voice_support.voice_assets

@@ -23,15 +23,15 @@ import numpy as np
 import pytest
 
 from brain.models import Run
-from devices.models import VoiceUtterance
-from devices.voice import asr, engines
-from devices.voice import services as voice_services
 from llm import catalog, keyring, model_settings, roles
 from memory.models import TimelineEntry
 from tests import voice_support
 from tests.conftest import db_async, need, receive_until
 from tests.test_voice_session import open_voice, start, stream
 from tests.voice_support import SENTENCES, silence
+from voice import asr, engines
+from voice import services as voice_services
+from voice.models import VoiceUtterance
 from yimi_project.errors import YimiError
 from yimi_project.logs import JsonFormatter
 

@@ -19,8 +19,6 @@ import pytest
 
 from accounts import voiceprint
 from accounts.voiceprint import EnrollmentSegment
-from devices.voice import engines
-from devices.voice import services as voice_services
 from llm import catalog, model_settings
 from llm.models import ModelSelection, ModelSwitch
 from memory.timeline import entries as timeline
@@ -31,6 +29,8 @@ from tests.voice_support import (
     entry,
     write_catalog,
 )
+from voice import engines
+from voice import services as voice_services
 from yimi_project.errors import YimiError
 
 # fixtures

@@ -15,7 +15,6 @@ import pytest
 
 from devices import push_to_talk
 from devices.push_to_talk_models import PushToTalkHold
-from devices.voice.ambient import PTT_HOLD_SECONDS
 from memory.archive import cold_store as archive
 from memory.archive.models import ColdPack, ObjectLocation
 from tests import voice_support
@@ -23,6 +22,7 @@ from tests.conftest import db_async, receive_until
 from tests.test_cold_packs import T0, Clock, Now, ServerDAV, cold, hot_intact, store, three  # noqa: F401  (fixture)
 from tests.test_voice_session import open_voice, start
 from tests.webdav_support import WsgiDAVServer, webdav  # noqa: F401  (fixture)
+from voice.ambient import PTT_HOLD_SECONDS
 
 voice_assets = voice_support.voice_assets
 voice_catalog = voice_support.voice_catalog

@@ -23,12 +23,12 @@ from companion import snapshot as call_snapshot
 from companion import tasks as topic_tasks
 from companion import topics as topic_state
 from companion.models import CallEvent, CallSnapshot, CallSummary, ContentCard, TopicState
-from devices.models import VoiceUtterance
 from devices.signatures import auth_message
 from llm.fake_server import Rule
 from memory.models import TimelineEntry
 from tests.companion_support import TranscribedCall, second_owner_device, states
 from tests.conftest import db_async, device_socket, receive_until
+from voice.models import VoiceUtterance
 
 pytestmark = pytest.mark.django_db(transaction=True)
 FORMAT = {"encoding": "pcm_s16le", "sample_rate": 16000, "channels": 1}

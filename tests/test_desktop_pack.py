@@ -1,5 +1,5 @@
 """The desktop pack (packs/desktop): a desktop assistant on the owner's Mac over the SAME relay
-as owner-mac (devices/mac_relay.py), with the simulated Mac's desktop (devices/mac_desktop.py).
+as owner-mac (devices/mac/relay.py), with the simulated Mac's desktop (devices/mac/desktop.py).
 
 Every tool's operation goes from the pack's internal endpoint (a real Unix socket, a pack
 capability as the gateway mints it) through the channel layer to a Mac connected on a real
@@ -23,10 +23,10 @@ from django.core.management import call_command
 from brain.services import accept_utterance
 from capabilities import packkit
 from capabilities.manifest import load_pack
-from devices import mac_relay
-from devices.mac_desktop import DESKTOP_KINDS, DESKTOP_READ_KINDS, DESKTOP_STATE, DESKTOP_WRITE_KINDS
-from devices.mac_models import MacOperation
-from devices.mac_sandbox import MacSandbox
+from devices.mac import relay as mac_relay
+from devices.mac.desktop import DESKTOP_KINDS, DESKTOP_READ_KINDS, DESKTOP_STATE, DESKTOP_WRITE_KINDS
+from devices.mac.models import MacOperation
+from devices.mac.sandbox import MacSandbox
 from tests import test_owner_mac
 from tests.conftest import db_async, new_client_id, pack_capability
 from tests.test_memory_forgetting import places_holding

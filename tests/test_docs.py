@@ -28,7 +28,7 @@ DECISIONS = ROOT / "docs" / "decisions"
 MAP_MAX_LINES = 300
 APPS = (
     "yimi_project", "accounts", "memory", "llm", "capabilities", "consent", "payments", "companion", "brain", "schedules",
-    "workshop", "releases", "devices",
+    "voice", "workshop", "releases", "devices",
 )
 SKIPPED_DIRS = {".git", ".venv", "venv", "var", "node_modules", "__pycache__", ".mypy_cache", ".ruff_cache", ".hypothesis", ".pytest_cache"}
 TEXT_SUFFIXES = {".py", ".md", ".toml", ".ini", ".cfg", ".txt", ".yaml", ".yml", ".json", ".sh", ".html"}

@@ -23,7 +23,6 @@ from django.test import Client
 
 from accounts import faces as enrolled
 from accounts.models import FaceEnrollment, FaceSample, FaceThreshold
-from devices import faces
 from tests.face_support import (
     COLLINS,
     HOPPER,
@@ -37,6 +36,7 @@ from tests.face_support import (
     tilted,
     write_catalog,
 )
+from voice import faces
 from yimi_project.errors import YimiError
 
 pytestmark = pytest.mark.django_db
@@ -347,7 +347,7 @@ def test_the_image_analyzer_names_only_enrolled_people_and_only_for_the_owner(ow
 
 
 def test_an_owner_photo_attached_from_the_glasses_names_the_enrolled_person(owner: Any, face_catalog: Path, make_device: Any) -> None:
-    """The whole way: the faces analyzer is registered (DevicesConfig.ready), the glasses'
+    """The whole way: the faces analyzer is registered (VoiceConfig.ready), the glasses'
     photo of Eileen Collins and Grace Hopper is stored and attached, and the vision turn's
     facts name only the enrolled person."""
     from brain.vision import people_fact

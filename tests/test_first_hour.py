@@ -24,7 +24,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.test import override_settings
 
-from devices.consumers import CLOSE_REVOKED
+from devices.consumers.connection import CLOSE_REVOKED
 from devices.management.commands.device_sim import Command as DeviceSim
 from devices.management.commands.device_sim import checked_server
 from devices.models import PairingCode

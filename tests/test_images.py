@@ -266,9 +266,9 @@ async def test_a_guests_photo_the_owner_asked_to_keep_is_kept(make_device: Any, 
 
 
 def test_the_faces_analyzer_is_registered_and_a_guests_photo_never_reaches_it(make_device: Any) -> None:
-    """The faces module's analyzer runs on every attached image (DevicesConfig.ready); it
+    """The faces module's analyzer runs on every attached image (VoiceConfig.ready); it
     looks only at the owner's images, so a guest's photo comes out with nobody named."""
-    from devices import faces
+    from voice import faces
 
     assert faces.image_analyzer in image_store._ANALYZERS
     guest = make_device("phone", guest=True)

@@ -279,7 +279,7 @@ def test_the_gateway_refuses_deep_arguments(run: Run, settings: Any, deep: str) 
 
 @pytest.mark.parametrize(("reason", "bad"), BAD_STRINGS)
 def test_the_mac_relay_refuses_a_bad_string_before_anything_reaches_the_mac(owner: Any, reason: str, bad: str) -> None:
-    """``POST /internal/mac/op/`` (the owner-mac pack; devices/mac_internal.py), not DRF."""
+    """``POST /internal/mac/op/`` (the owner-mac pack; devices/mac/internal.py), not DRF."""
     capability = pack_capability(owner.pk, pack="owner-mac", category="observe", apis=["mac"], tool="owner-mac__read_file")
     client = internal_client(**{call_capability.HEADER: capability})
     before = rows()
@@ -298,7 +298,7 @@ def test_the_mac_relay_refuses_a_bad_string_before_anything_reaches_the_mac(owne
 @pytest.fixture
 def no_auth_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
     """The auth deadline never passes: a close can only be the answer to the frame."""
-    from devices.consumers import DeviceConsumer
+    from devices.consumers.device import DeviceConsumer
 
     async def never(seconds: float) -> None:
         await asyncio.Event().wait()

@@ -50,7 +50,7 @@ OWNER_CONTENT_PAGES = [
     "/admin/devices/device/",
     "/admin/devices/pairingcode/",
     "/admin/devices/delivery/",
-    "/admin/devices/voiceutterance/",
+    "/admin/voice/voiceutterance/",
     "/admin/llm/modelselection/",
     "/admin/accounts/admissionrecord/",
     "/admin/accounts/voiceprintenrollment/",

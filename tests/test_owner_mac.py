@@ -1,8 +1,8 @@
-"""The owner's Mac through its paired device (devices/mac_relay.py, packs/owner-mac).
+"""The owner's Mac through its paired device (devices/mac/relay.py, packs/owner-mac).
 
 Operations go from the pack's internal endpoint (a real Unix socket, a pack capability)
 through the channel layer to a Mac connected on a real ``/ws/device/`` socket, sealed to
-its X25519 key; the simulated Mac (devices/mac_sim.py) executes them inside a sandbox
+its X25519 key; the simulated Mac (devices/mac/sim.py) executes them inside a sandbox
 directory and answers signed, sealed results.
 """
 
@@ -22,10 +22,10 @@ from django.core.management import call_command
 
 from capabilities import packkit
 from capabilities.manifest import load_pack
-from devices import mac_crypto
-from devices.mac_models import MacKey, MacOperation, MacPause
-from devices.mac_sandbox import MacSandbox
-from devices.mac_sim import MacAgent
+from devices.mac import crypto as mac_crypto
+from devices.mac.models import MacKey, MacOperation, MacPause
+from devices.mac.sandbox import MacSandbox
+from devices.mac.sim import MacAgent
 from devices.signatures import auth_message
 from tests.conftest import db_async, open_socket, pack_capability, receive_until
 from tests.test_memory_forgetting import places_holding

@@ -18,7 +18,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-from devices.voice import ambient
 from memory.archive import admission, raw_store
 from memory.archive.models import RawObject
 from memory.archive.raw_store import ArchiveBatcher, Capture
@@ -27,6 +26,7 @@ from tests import test_asr, voice_support
 from tests.conftest import db_async, receive_until
 from tests.test_asr import TranscriptionServer, utterance
 from tests.test_voice_session import open_voice, start, stream
+from voice import ambient
 from yimi_project.errors import YimiError
 
 GiB = 1024**3

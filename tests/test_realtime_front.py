@@ -1,4 +1,4 @@
-"""The realtime voice front (devices/voice/realtime.py) against a local fake realtime
+"""The realtime voice front (voice/realtime.py) against a local fake realtime
 server speaking the OpenAI Realtime wire protocol (tests/realtime_fake.py): small talk is
 answered by the front with no run; ``handoff_to_brain`` turns the owner's utterance into a
 run with the handoff's thinking switch, the front speaks a bridge sentence and the brain's
@@ -14,14 +14,14 @@ from typing import Any
 import pytest
 
 from brain.models import Run
-from devices.models import VoiceUtterance
-from devices.voice import realtime
 from tests import voice_support
 from tests.conftest import db_async, script
 from tests.realtime_fake import BRIDGE_REPLY, REFUSAL_REPLY, SMALL_TALK_REPLY, FakeRealtimeServer
 from tests.test_tts import frames_until
 from tests.test_voice_session import open_voice, start, stream, utterance
 from tests.voice_support import SENTENCES
+from voice import realtime
+from voice.models import VoiceUtterance
 
 voice_assets = voice_support.voice_assets
 voice_catalog = voice_support.voice_catalog

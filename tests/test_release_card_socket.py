@@ -45,7 +45,7 @@ async def test_the_card_reaches_the_phone_and_a_signed_refusal_ends_the_candidat
 async def test_a_phone_that_connects_later_gets_the_open_card(owner: Any, make_device: Any) -> None:
     phone = await db_async(make_device)("phone")
     release = await db_async(candidate)()
-    verdict = await db_async(baseline.check)(release, ["devices/mac_relay.py"], owner_id=owner.id)
+    verdict = await db_async(baseline.check)(release, ["devices/mac/relay.py"], owner_id=owner.id)
     comm, _ = await open_socket(phone)
     frame = await receive_until(comm, "release.card")
     assert frame["card_id"] == str(verdict.card.id) and frame["areas"] == ["Mac remote access"]

@@ -1,4 +1,4 @@
-"""Spoken replies (devices/voice/tts.py): a reply to a voice request is synthesized on the
+"""Spoken replies (voice/tts.py): a reply to a voice request is synthesized on the
 server sentence by sentence as the checked reply streams, sent on /ws/voice/ as
 ``tts.audio`` frames tagged with the run id and sentence index; ``tts.played`` of the last
 sentence counts as told; a barge-in stops synthesis and sending. espeak-ng is the real
@@ -22,11 +22,11 @@ from channels.testing import WebsocketCommunicator
 
 from brain.models import Run
 from devices.models import Delivery
-from devices.voice import tts
 from tests import voice_support
 from tests.conftest import db_async, use_brain
 from tests.test_voice_session import open_voice, start, stream, utterance
 from tests.voice_support import SENTENCES
+from voice import tts
 
 voice_assets = voice_support.voice_assets
 voice_catalog = voice_support.voice_catalog

@@ -14,12 +14,13 @@ from channels.testing import WebsocketCommunicator
 from accounts import voice
 from accounts.models import AdmissionRecord, VoiceprintEnrollment
 from brain.models import Run
-from devices.models import Delivery, VoiceUtterance
+from devices.models import Delivery
 from devices.signatures import auth_message
 from memory.models import TimelineEntry
 from tests import voice_support
 from tests.conftest import db_async, device_socket, receive_until
 from tests.voice_support import GUEST_VOICE, OWNER_VOICE, SENTENCES, frames, pcm, silence
+from voice.models import VoiceUtterance
 
 # fixtures
 voice_assets = voice_support.voice_assets
@@ -153,8 +154,8 @@ async def test_audio_rechecks_the_device_so_a_revocation_whose_close_was_lost_en
     revocation's close message never reached the socket."""
     from django.utils import timezone
 
+    from devices.consumers.voice import DEVICE_RECHECK_SECONDS, VoiceConsumer
     from devices.models import Device
-    from devices.voice_consumer import DEVICE_RECHECK_SECONDS, VoiceConsumer
 
     now = [1000.0]
     monkeypatch.setattr(VoiceConsumer, "recheck_clock", staticmethod(lambda: now[0]))
@@ -332,7 +333,7 @@ def test_a_request_transcribed_by_the_server_becomes_a_run_with_its_utterance(vo
     """The server-ASR branch of the service (no ASR model exists on this machine, so the
     transcript the recognizer would return is passed in): entry, run and utterance record
     are stored together; a device transcript sent afterwards leaves the server's in place."""
-    from devices.voice import services as voice_services
+    from voice import services as voice_services
     from yimi_project.errors import YimiError
 
     sim = make_device()

@@ -13,7 +13,7 @@ from channels.testing import WebsocketCommunicator
 from accounts.models import AdmissionRecord
 from brain.models import Run
 from devices import services as device_services
-from devices.consumers import DeviceConsumer
+from devices.consumers.device import DeviceConsumer
 from devices.models import Delivery, Device
 from devices.services import revoke_device
 from devices.signatures import auth_message, challenge_message, verify

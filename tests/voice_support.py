@@ -188,8 +188,8 @@ def voice_catalog(voice_assets: dict[str, Any], tmp_path: Path, settings: Any) -
 
 def embed(samples: np.ndarray) -> np.ndarray:
     """The effective voiceprint model's embedding of ``samples`` (through sherpa-onnx)."""
-    from devices.voice import engines
     from llm import model_settings
+    from voice import engines
 
     entry_ = model_settings.effective_entry("voiceprint")
     assert entry_ is not None

@@ -4,7 +4,7 @@ Every HTTP endpoint reads its JSON body through here — DRF views through ``JSO
 (the only parser, ``REST_FRAMEWORK["DEFAULT_PARSER_CLASSES"]``), the internal JSON views
 (``yimi_project.internal``) and the Mac relay endpoint through ``parse`` — and the device
 and voice websockets check each frame with ``loads`` and ``check`` (``devices.consumers.
-parse_frame``). So the limits are one set:
+connection.parse_frame``). So the limits are one set:
 
 - JSON text (RFC 8259), UTF-8, with no ``NaN``/``Infinity`` and no number too large for a
   float (``1e400``): PostgreSQL's ``jsonb`` cannot store them;

@@ -86,6 +86,7 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",  # Swagger UI's files, served from here (no CDN)
     "accounts",
     "devices",
+    "voice",
     "memory",
     "llm",
     "brain",
@@ -302,7 +303,7 @@ WS_MAX_TEXT_CHARS = 8000
 WS_AUTH_TIMEOUT_SECONDS = env.float("YIMI_WS_AUTH_TIMEOUT_SECONDS", default=10.0)
 # Reply chunks to one device leave at most once per this window (yimi_project.push.ReplyChunks).
 REPLY_CHUNK_WINDOW_SECONDS = 0.02
-# The Mac relay (devices/mac_relay.py): how long a connected Mac has to take an operation
+# The Mac relay (devices/mac/relay.py): how long a connected Mac has to take an operation
 # (else mac_offline), and to answer it (else mac_timeout; below the pack's platform timeout).
 MAC_OP_ACCEPT_SECONDS = env.float("YIMI_MAC_OP_ACCEPT_SECONDS", default=5.0)
 MAC_OP_TIMEOUT_SECONDS = env.float("YIMI_MAC_OP_TIMEOUT_SECONDS", default=30.0)
@@ -480,7 +481,7 @@ PAYMENTS_AUTOPAY_DAILY_MAX = env.str("YIMI_PAYMENTS_AUTOPAY_DAILY_MAX", default=
 PAYMENTS_AUTOPAY_UNDO_SECONDS = env.int("YIMI_PAYMENTS_AUTOPAY_UNDO_SECONDS", default=5)
 PAYMENTS_SAME_PAYEE_WINDOW_SECONDS = 30 * 60
 
-# --- voice (devices/voice, accounts/voice) -------------------------------------------------------
+# --- voice (voice/, accounts/voice.py) ---------------------------------------------------
 YIMI_LOCAL_CATALOG_FILE = env.str("YIMI_LOCAL_CATALOG_FILE", default="")
 # Model prices per provider and model, per million tokens (JSON, format in llm/usage.py); no
 # prices ship with Yimi: without this file every cost is recorded as unknown.

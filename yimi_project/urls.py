@@ -14,7 +14,7 @@ urlpatterns = [
     path("api/", include("memory.urls")),
     path("internal/gateway/", include("capabilities.urls")),
     path("internal/memory/", include("memory.internal_urls")),
-    path("internal/mac/", include("devices.mac_urls")),  # the owner-mac pack (devices/mac_internal.py)
+    path("internal/mac/", include("devices.mac.urls")),  # the owner-mac pack (devices/mac/internal.py)
     path("internal/erasure/", include("memory.timeline.erasure_urls")),  # the erasure pack (memory/timeline/erasure_views.py)
     path("internal/profile/", include("memory.assertions.profile_urls")),  # the personal pack (memory/assertions/profile_views.py)
     path("internal/health/", include("memory.personal.health_urls")),  # the health pack (memory/personal/health_views.py)

@@ -66,7 +66,8 @@ CAPABILITIES_DIR = REPO_ROOT / "capabilities"
 SHARED_MODULES = (
     REPO_ROOT / "memory" / "__init__.py", REPO_ROOT / "memory" / "assertions" / "__init__.py",
     REPO_ROOT / "memory" / "assertions" / "speaking_rules.py",
-    REPO_ROOT / "devices" / "__init__.py", REPO_ROOT / "devices" / "mac_sandbox.py", REPO_ROOT / "devices" / "mac_desktop.py",
+    REPO_ROOT / "devices" / "__init__.py", REPO_ROOT / "devices" / "mac" / "__init__.py",
+    REPO_ROOT / "devices" / "mac" / "sandbox.py", REPO_ROOT / "devices" / "mac" / "desktop.py",
 )
 SANDBOX_UID = 65534
 PLATFORM_SOCKET_IN_SANDBOX = Path("/run/yimi")

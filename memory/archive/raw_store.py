@@ -18,7 +18,7 @@ and the files under the hot root (``RAW_HOT_ROOT``, default ``DATA_DIR/raw``).
 2. **Archive batches** (``ArchiveBatcher``): live audio frames are gathered and written
    whenever 500 ms (since the batch's first frame, on the injected clock), 20 frames or
    64 KiB is reached, whichever first. The voice socket feeds analysis only audio that a
-   batch already made durable (devices/voice_consumer.py).
+   batch already made durable (devices/consumers/voice.py).
 3. **Read** (``read_original``): the hot file (its SHA-256 checked); the hot copy gone →
    the registered cold reader (``register_cold_reader``: one range read from the cold pack);
    neither → ``original_unavailable``.

@@ -11,7 +11,7 @@ needs that daphne's command line cannot set (docs/protocol.md, "Close codes").
 - autobahn lets an application close only with 1000 or 3000-4999, but 1013 (Try Again
   Later, IANA-registered, RFC 6455 section 7.4.2) is what a device must get when Redis or
   the database is down, and 1011 (Internal Error) when the server fails before ``ready``
-  (``devices.consumers``). Registered codes in ``SERVER_CLOSE_CODES`` are sent as they are.
+  (``devices.consumers.connection``). Registered codes in ``SERVER_CLOSE_CODES`` are sent as they are.
 
 daphne builds its websocket protocol from ``WebSocketFactory.protocol`` (the Twisted
 factory's protocol class); ``install`` points it at ``DeviceSocketProtocol``. The ASGI

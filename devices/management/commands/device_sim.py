@@ -31,11 +31,11 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from brain.agent_loop import DELEGATED_ACK
-from devices.consumers import CLOSE_AUTH_FAILED, CLOSE_REVOKED
-from devices.mac_crypto import pause_message
-from devices.mac_sandbox import MacSandbox
-from devices.mac_sim import MacAgent
-from devices.mac_sim import serve as mac_serve
+from devices.consumers.connection import CLOSE_AUTH_FAILED, CLOSE_REVOKED
+from devices.mac.crypto import pause_message
+from devices.mac.sandbox import MacSandbox
+from devices.mac.sim import MacAgent
+from devices.mac.sim import serve as mac_serve
 from devices.simulator import (
     ConnectionLost,
     DeviceConnection,
@@ -265,7 +265,7 @@ class Command(BaseCommand):
             self.stdout.write(f"confirmed: {result['role']} is now version {result['version']}; it takes effect from the next run")
 
     async def _mac(self, opts: dict[str, Any]) -> None:
-        """The simulated Mac (devices/mac_sim.py): operations run inside ``--sandbox`` only."""
+        """The simulated Mac (devices/mac/sim.py): operations run inside ``--sandbox`` only."""
         identity = load_identity(Path(opts["key_file"]))
         if identity.kind != "mac":
             raise CommandError(f"{opts['key_file']} is a {identity.kind}: pair a device with --kind mac")

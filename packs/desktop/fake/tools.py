@@ -2,7 +2,7 @@
 
 It loads ``server/tools.py`` and replaces its ``relay`` (the request to the platform, which
 seals the operation to the Mac) with the simulated Mac's own executor
-(``devices.mac_sandbox.MacSandbox`` and its simulated desktop, devices/mac_desktop.py, the
+(``devices.mac.sandbox.MacSandbox`` and its simulated desktop, devices/mac/desktop.py, the
 ones ``device_sim mac`` runs) on a fresh temporary directory: same windows, same refusals
 (``not_frontmost``, ``no_window``, ``path_outside_sandbox``, ...), same result fields.
 Nothing leaves that directory; there is no platform, so there is no pause and no
@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from devices.mac_sandbox import MacSandbox
+from devices.mac.sandbox import MacSandbox
 
 _SPEC = importlib.util.spec_from_file_location("yimi_pack_desktop_server_for_fake", Path(__file__).resolve().parent.parent / "server" / "tools.py")
 assert _SPEC is not None and _SPEC.loader is not None

@@ -2,7 +2,7 @@
 
 It loads ``server/tools.py`` and replaces its ``relay`` (the request to the platform, which
 seals the operation to the Mac) with the simulated Mac's own executor
-(``devices.mac_sandbox.MacSandbox``, the one ``device_sim mac`` runs) on a fresh temporary
+(``devices.mac.sandbox.MacSandbox``, the one ``device_sim mac`` runs) on a fresh temporary
 directory: same paths, same refusals (``path_outside_sandbox``, ``not_found``,
 ``command_not_allowed``, ...), same result fields. Nothing leaves that directory; there is
 no platform, so there is no pause and no ``mac_offline`` here.
@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from devices.mac_sandbox import MacSandbox
+from devices.mac.sandbox import MacSandbox
 
 _SPEC = importlib.util.spec_from_file_location("yimi_pack_owner_mac_server_for_fake", Path(__file__).resolve().parent.parent / "server" / "tools.py")
 assert _SPEC is not None and _SPEC.loader is not None

@@ -4,7 +4,7 @@ The owner enrolls a person from photos (each with exactly one face), sees who is
 under which face model — and who must be enrolled again because the face model in use
 changed —, raises a person's threshold (never lowers it) and forgets a person. The
 photos are read once and not kept. Everything is written by the services:
-``devices.faces.enroll_from_photos`` and ``accounts.faces``.
+``voice.faces.enroll_from_photos`` and ``accounts.faces``.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from django.template.response import TemplateResponse
 from accounts import faces as enrolled
 from accounts.models import FaceEnrollment
 from accounts.owner_admin import OwnerContentAdmin
-from devices import faces
 from llm import catalog
+from voice import faces
 from yimi_project.errors import YimiError
 
 PHOTO_MAX_BYTES = faces.IMAGE_MAX_BYTES
@@ -76,7 +76,7 @@ class FaceEnrollmentAdmin(OwnerContentAdmin):
             "uncertain_from": enrolled.UNCERTAIN_FROM,
             "photos_max": enrolled.PHOTOS_MAX,
         }
-        return TemplateResponse(request, "admin/devices/faces.html", context, status=status)
+        return TemplateResponse(request, "admin/voice/faces.html", context, status=status)
 
     def _post(self, request: HttpRequest) -> HttpResponse:
         owner_id = _owner_id(request)

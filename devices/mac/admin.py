@@ -1,4 +1,4 @@
-"""The Mac command log in the console: owner only, read-only (written by devices/mac_relay.py)."""
+"""The Mac command log in the console: owner only, read-only (written by devices/mac/relay.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from django.contrib import admin
 from django.http import HttpRequest
 
 from accounts.owner_admin import OwnerContentAdmin
-from devices.mac_models import MacOperation
+from devices.mac.models import MacOperation
 
 
 @admin.register(MacOperation)

@@ -2,6 +2,6 @@ from __future__ import annotations
 
 from django.urls import path
 
-from devices.mac_internal import mac_op
+from devices.mac.internal import mac_op
 
 urlpatterns = [path("op/", mac_op)]

@@ -3,7 +3,7 @@
 
 ``MacAgent`` turns a ``mac.op`` frame into a ``mac.result`` frame: it checks the instance's
 signature and the expiry, refuses while the owner paused it, decrypts, executes inside its
-sandbox (devices/mac_sandbox.py), seals the result with the operation's result key and signs
+sandbox (devices/mac/sandbox.py), seals the result with the operation's result key and signs
 it with the Mac's paired key. ``serve`` runs it on a ``DeviceConnection``; tests drive
 ``handle_op`` over their own socket.
 """
@@ -18,8 +18,8 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from devices import mac_crypto
-from devices.mac_sandbox import MacSandbox
+from devices.mac import crypto as mac_crypto
+from devices.mac.sandbox import MacSandbox
 
 
 class MacAgent:

@@ -26,14 +26,14 @@ from companion import snapshot as call_snapshot
 from companion.tasks import dispatch_call_summary
 from devices import push_to_talk
 from devices import services as device_services
-from devices.consumers import DeviceConsumer
-from devices.voice import ambient, asr, audio, config, realtime, tts
-from devices.voice import services as voice_services
-from devices.voice.services import SessionStatus
-from devices.voice.session import SAMPLE_RATE, StreamOutput, Utterance, VoiceSession, ms
+from devices.consumers.device import DeviceConsumer
 from llm import roles
 from memory.archive import raw_store
 from memory.personal.ambient import AmbientSource
+from voice import ambient, asr, audio, config, realtime, tts
+from voice import services as voice_services
+from voice.services import SessionStatus
+from voice.session import SAMPLE_RATE, StreamOutput, Utterance, VoiceSession, ms
 from yimi_project import push
 from yimi_project.errors import YimiError
 from yimi_project.logs import log_event
@@ -47,8 +47,8 @@ class VoiceConsumer(DeviceConsumer):
     status: SessionStatus | None = None
     call: VoiceCall | None = None
     enrollment: list[Utterance] | None = None
-    speaker: tts.ReplySpeaker | None = None  # speaks the replies of runs started here (devices/voice/tts.py)
-    front: realtime.RealtimeFront | None = None  # the realtime front, when configured (devices/voice/realtime.py)
+    speaker: tts.ReplySpeaker | None = None  # speaks the replies of runs started here (voice/tts.py)
+    front: realtime.RealtimeFront | None = None  # the realtime front, when configured (voice/realtime.py)
     _checked_at: float | None = None  # when an audio frame last re-checked the device (None: none has yet)
     _audio_heard: bool = False  # the open call's first played audio was recorded (brain.call_events)
     archive: raw_store.ArchiveBatcher | None = None  # the stream's archive batches (memory/archive/raw_store.py), owner devices only
@@ -274,7 +274,7 @@ class VoiceConsumer(DeviceConsumer):
         ambient.analysis.kick()
 
     async def _analyse_ambient(self, utt: Utterance, outcome: Any) -> dict[str, Any]:
-        """Ambient speech goes to the process's bounded analysis (devices/voice/ambient.py)
+        """Ambient speech goes to the process's bounded analysis (voice/ambient.py)
         when the session has a server ASR engine, and only once its original is durably
         archived (memory/archive/raw_store.py); what ``voice.utterance`` says of it: ``analysis``
         ``queued`` (with ``chunks`` and ``dropped``), ``refused`` (with ``code``:
@@ -513,7 +513,7 @@ class VoiceConsumer(DeviceConsumer):
             # The reply was heard: the owner may answer without the wake word.
             self.session.open_request_window(self.session.position, config.followup_window_seconds(), preroll=0.0)
 
-    # --- spoken replies and the realtime front (devices/voice/tts.py, devices/voice/realtime.py) ---
+    # --- spoken replies and the realtime front (voice/tts.py, voice/realtime.py) ---
 
     async def _open_speech(self, status: SessionStatus) -> tuple[str, str]:
         """The session's synthesizer and realtime front; returns what ``voice.started``

@@ -2,7 +2,7 @@
 utterances, speaker embeddings, wake words, and the request/playback windows.
 
 No database here: ``VoiceSession`` turns PCM into ``Utterance`` objects; what they
-become is decided by ``devices.voice.services``. Positions are in samples of this
+become is decided by ``voice.services``. Positions are in samples of this
 stream (16 kHz), so windows are exact whatever the network does; wall-clock times
 (for trust windows) are the moments the frames holding the speech arrived.
 """
@@ -19,9 +19,9 @@ from typing import Any
 import numpy as np
 from django.utils import timezone
 
-from devices.voice.asr import Recognizer
-from devices.voice.audio import SAMPLE_RATE, estimate_quality
-from devices.voice.engines import SpeakerEmbedder, WakeWordStream
+from voice.asr import Recognizer
+from voice.audio import SAMPLE_RATE, estimate_quality
+from voice.engines import SpeakerEmbedder, WakeWordStream
 from yimi_project.errors import YimiError
 
 VAD_WINDOW = 512  # samples per Silero window at 16 kHz
@@ -150,7 +150,7 @@ class VoiceSession:
 
     def transcribe(self, utt: Utterance) -> str | None:
         """The utterance's text from the server's ASR engine, or None without one (blocking:
-        the socket uses ``devices.voice.asr.hear``, which runs it off the event loop)."""
+        the socket uses ``voice.asr.hear``, which runs it off the event loop)."""
         if self.transcriber is None:
             return None
         return self.transcriber.transcribe(utt.samples)

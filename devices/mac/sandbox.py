@@ -16,7 +16,7 @@ Rules of the sandbox:
 - ``operate_app`` and ``screenshot`` are simulated: applications are names in a state file
   (``.yimi-apps.json``) in the sandbox, a screenshot is a small PNG made here;
 - the ``desktop`` pack's operations (windows, clipboard, keys, clicks, system settings) act
-  on a simulated desktop kept in ``.yimi-desktop.json`` (devices/mac_desktop.py).
+  on a simulated desktop kept in ``.yimi-desktop.json`` (devices/mac/desktop.py).
 
 Sizes are kept under the websocket's 64 KiB frame once sealed: a read returns at most
 ``MAX_READ_BYTES`` (and says ``truncated``), command output keeps its last ``MAX_OUTPUT_BYTES``.
@@ -34,7 +34,7 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from devices.mac_desktop import DESKTOP_KINDS, DESKTOP_STATE, DesktopOps, DesktopRefused
+from devices.mac.desktop import DESKTOP_KINDS, DESKTOP_STATE, DesktopOps, DesktopRefused
 
 MAX_READ_BYTES = 24 * 1024
 MAX_WRITE_BYTES = 24 * 1024
@@ -45,7 +45,7 @@ ALLOWED_PROGRAMS = frozenset({"echo", "ls", "cat", "wc", "pwd", "true", "false",
 APP_STATE = ".yimi-apps.json"
 APP_ACTIONS = ("open", "activate", "quit")
 FILE_KINDS = ("read_file", "write_file", "list_dir", "run_command", "operate_app", "screenshot")  # the owner-mac pack's
-KINDS = FILE_KINDS + DESKTOP_KINDS  # and the desktop pack's (devices/mac_desktop.py)
+KINDS = FILE_KINDS + DESKTOP_KINDS  # and the desktop pack's (devices/mac/desktop.py)
 
 
 class Refused(Exception):

@@ -8,7 +8,7 @@ Which engine a session uses, running it off the event loop, and what happens whe
   the answer is ``{"text": ...}``. A configured role wins over the local catalog: a deployer
   who set a provider prefers it. It is resolved per session, so a change applies to the
   next ``voice.start``.
-- **local**: the catalog's ``asr`` model (``devices.voice.engines.Transcriber``: sherpa-onnx
+- **local**: the catalog's ``asr`` model (``voice.engines.Transcriber``: sherpa-onnx
   or faster-whisper), checked (digests, child-process probe) and loaded once per process.
 
 Bounds: local transcriptions run on **one worker thread per process** (one at a time: the
@@ -35,8 +35,8 @@ from typing import Any, Protocol
 import httpx
 import numpy as np
 
-from devices.voice.audio import SAMPLE_RATE
 from llm import roles
+from voice.audio import SAMPLE_RATE
 from yimi_project.errors import YimiError
 from yimi_project.logs import log_event
 

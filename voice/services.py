@@ -10,7 +10,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.db import transaction
@@ -23,13 +23,16 @@ from accounts.voice import SpeakerDecision
 from accounts.voiceprint import EnrollmentSegment, LearningOutcome
 from brain.models import Run
 from brain.services import AcceptedUtterance, accept_voice_utterance
-from devices.models import Device, VoiceUtterance
-from devices.voice import asr as voice_asr
-from devices.voice import config, engines
-from devices.voice.session import Utterance, VoiceSession
 from llm import model_settings
+from voice import asr as voice_asr
+from voice import config, engines
+from voice.models import VoiceUtterance
+from voice.session import Utterance, VoiceSession
 from yimi_project.errors import YimiError
 from yimi_project.logs import log_event
+
+if TYPE_CHECKING:  # devices/ is above voice/: the socket hands its Device in
+    from devices.models import Device
 
 Disposition = VoiceUtterance.Disposition
 
@@ -53,7 +56,7 @@ def open_session(device: Device, channel: Any, mode: Any = "normal") -> tuple[Vo
     process runs (required: without it nothing can be segmented); 3. the effective
     voiceprint model (identity) and the selected one (enrollment); 4. speech recognition:
     the ``asr_remote`` role when configured, else the catalog's ASR model
-    (``devices.voice.asr``); the wake-word model when the catalog selects one. Models that fail their checks are reported
+    (``voice.asr``); the wake-word model when the catalog selects one. Models that fail their checks are reported
     on the settings page and the session runs without them (except VAD).
     """
     if not isinstance(channel, str) or not voiceprint.CHANNEL_NAME.match(channel):

@@ -1,6 +1,6 @@
-"""The Mac relay's records (devices/mac_relay.py; docs/protocol.md, "The Mac relay").
+"""The Mac relay's records (devices/mac/relay.py; docs/protocol.md, "The Mac relay").
 
-Written only by ``devices.mac_relay``. Nothing here holds an operation's or a result's
+Written only by ``devices.mac.relay``. Nothing here holds an operation's or a result's
 content: the relay carries those sealed to the Mac's key, and the command log keeps only
 what the owner reads to know what Yimi did on the Mac (see ``MacOperation``).
 """

@@ -33,8 +33,8 @@ from django.conf import settings
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import WebSocketException
 
-from devices.voice.tts import SAMPLE_RATE, Resampler
 from llm.roles import RoleSettings
+from voice.tts import SAMPLE_RATE, Resampler
 from yimi_project.errors import YimiError
 from yimi_project.logs import log_event
 

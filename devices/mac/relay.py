@@ -1,10 +1,10 @@
 """The Mac relay: operations on the owner's paired Mac over its ``/ws/device/`` socket
-(docs/protocol.md, "The Mac relay"; the crypto is devices/mac_crypto.py).
+(docs/protocol.md, "The Mac relay"; the crypto is devices/mac/crypto.py).
 
 The only writer of ``MacKey``, ``MacPause`` and ``MacOperation`` (the command log).
 
 One operation (``relay``), called by the ``owner-mac`` pack's internal endpoint
-(devices/mac_internal.py) for the owner of the call:
+(devices/mac/internal.py) for the owner of the call:
 
 1. refused with ``paused`` (logged) when the owner paused Mac operations;
 2. the owner's Mac with a registered X25519 key (the latest ``mac.hello``), else
@@ -38,9 +38,9 @@ from django.utils import timezone
 
 from accounts.identity import sign_as_instance
 from accounts.services import device_scope_limit
-from devices import mac_crypto
-from devices.mac_desktop import DESKTOP_KINDS, DESKTOP_READ_KINDS, DESKTOP_WRITE_KINDS
-from devices.mac_models import MacKey, MacOperation, MacPause
+from devices.mac import crypto as mac_crypto
+from devices.mac.desktop import DESKTOP_KINDS, DESKTOP_READ_KINDS, DESKTOP_WRITE_KINDS
+from devices.mac.models import MacKey, MacOperation, MacPause
 from devices.models import Device
 from yimi_project import push
 from yimi_project.errors import YimiError
@@ -52,7 +52,7 @@ READ_KINDS = OWNER_MAC_READ_KINDS + DESKTOP_READ_KINDS  # an observe (or owner_d
 WRITE_KINDS = OWNER_MAC_WRITE_KINDS + DESKTOP_WRITE_KINDS  # an owner_data decision
 KINDS = READ_KINDS + WRITE_KINDS
 # The packs that may use the relay and the operations each may ask for (each operation is
-# also the name of that pack's tool that does it; devices/mac_internal.py checks both).
+# also the name of that pack's tool that does it; devices/mac/internal.py checks both).
 PACK_KINDS = {"owner-mac": OWNER_MAC_READ_KINDS + OWNER_MAC_WRITE_KINDS, "desktop": DESKTOP_KINDS}
 PAUSE_KINDS = ("phone", "mac")  # the devices the owner pauses from: the phone, the Mac's hotkey
 OPS_REMEMBERED = 64  # per socket: ops sent and not answered
@@ -248,7 +248,7 @@ async def _send_and_wait(layer: Any, prepared: Prepared, kind: str, frame: dict[
     return {"op_id": op_id, "status": status, **{k: v for k, v in result.items() if k != "status"}}
 
 
-# --- the device socket's side (devices/consumers.py calls these) -----------------------------
+# --- the device socket's side (devices/consumers/ calls these) -----------------------------
 
 
 async def on_hello(consumer: Any, frame: dict[str, Any]) -> None:

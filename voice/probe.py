@@ -5,7 +5,7 @@ Python cannot catch that. The catalog validates what it knows with the ``onnx`` 
 this probe is the second line: the server first builds the engine here, in a child
 process, and only loads the model itself when the child exited cleanly.
 
-Run as ``python -m devices.voice.probe '<json>'`` with ``{"kind", "files", "metadata"}``
+Run as ``python -m voice.probe '<json>'`` with ``{"kind", "files", "metadata"}``
 (and ``engine`` for ASR: ``sherpa-onnx`` or ``faster-whisper``).
 Prints one JSON line ``{"ok": true, "dim": ...}``; any crash shows up as the exit status.
 Imports no Django, so it starts in about 0.1 s.

@@ -22,9 +22,9 @@ from typing import Any
 import numpy as np
 from django.conf import settings
 
-from devices.voice.audio import SAMPLE_RATE
-from devices.voice.probe import build, whisper_transcribe
 from llm.catalog import CatalogEntry, check_entry, verify_files
+from voice.audio import SAMPLE_RATE
+from voice.probe import build, whisper_transcribe
 from yimi_project.errors import YimiError
 from yimi_project.logs import log_event
 
@@ -45,7 +45,7 @@ def probe(entry: CatalogEntry) -> dict[str, Any]:
     spec = {"kind": entry.kind, "files": {f.role: f.path for f in entry.files}, "metadata": entry.metadata, "engine": entry.engine}
     try:
         done = subprocess.run(
-            [sys.executable, "-m", "devices.voice.probe", json.dumps(spec)],
+            [sys.executable, "-m", "voice.probe", json.dumps(spec)],
             cwd=str(Path(settings.BASE_DIR)),
             capture_output=True,
             text=True,
@@ -154,7 +154,7 @@ def voice_activity_detector(entry: CatalogEntry) -> Any:
 @dataclass
 class Transcriber:
     """A local ASR model, loaded once per process and shared by every session (one lock:
-    one transcription at a time per model; ``devices.voice.asr`` runs it off the event
+    one transcription at a time per model; ``voice.asr`` runs it off the event
     loop on its own worker thread). ``engine`` says which runtime: sherpa-onnx or
     faster-whisper (CTranslate2)."""
 

@@ -25,7 +25,7 @@ fixed:
 
 The scheduler is plain data with an injected clock (``clock`` returns seconds); the
 process's drain task (``AmbientAnalysis``) runs it on the event loop and transcribes off
-it through ``devices.voice.asr.transcribe`` (the same bounded engine thread as requests).
+it through ``voice.asr.transcribe`` (the same bounded engine thread as requests).
 """
 
 from __future__ import annotations
@@ -41,10 +41,10 @@ from typing import Any
 import numpy as np
 from channels.db import database_sync_to_async
 
-from devices.voice import asr
-from devices.voice.audio import SAMPLE_RATE
 from memory.personal import ambient as ambient_log
 from memory.personal.ambient import AmbientSource
+from voice import asr
+from voice.audio import SAMPLE_RATE
 from yimi_project.errors import YimiError
 from yimi_project.logs import log_event
 
@@ -217,7 +217,7 @@ class AmbientWork:
     """What one chunk needs to be analysed and kept: the engine, the owner, the source and
     the wall-clock time of the utterance's first sample."""
 
-    recognizer: Any  # devices.voice.asr.Recognizer
+    recognizer: Any  # voice.asr.Recognizer
     owner_id: int
     source: AmbientSource
     utterance_start: int  # stream sample of the utterance's start

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from django.conf import settings
 
-from devices.voice.audio import BYTES_PER_SECOND
+from voice.audio import BYTES_PER_SECOND
 
 
 def request_window_seconds() -> float:

@@ -4,7 +4,7 @@ Internal listener + a pack capability of a call still executing, whose pack decl
 ``mac`` platform API and is one the API serves (``owner-mac``, ``desktop``), exactly as
 memory's endpoints (yimi_project.internal.pack_call_claims). The body is
 ``{"kind": "<op>", "payload": {...}}``; the answer ``{"result": {...}}`` is the Mac's
-decrypted result (devices/mac_relay.py). What the capability allows:
+decrypted result (devices/mac/relay.py). What the capability allows:
 
 - the operation is the call's own tool: a call of ``<pack>__read_file`` reads a file and
   does nothing else; and it is one of that pack's operations (``mac_relay.PACK_KINDS``:
@@ -29,7 +29,7 @@ from typing import Any
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from devices import mac_relay
+from devices.mac import relay as mac_relay
 from yimi_project import jsonbody
 from yimi_project.errors import YimiError
 from yimi_project.internal import call_owner, error_response, live_pack_call_claims

@@ -1,6 +1,6 @@
 """What the simulated Mac's desktop does with a ``desktop`` pack operation (docs/protocol.md,
 "The Mac relay", desktop op kinds). Standard library only; mixed into
-``devices.mac_sandbox.MacSandbox``, so ``device_sim mac`` and the packs' fakes run it.
+``devices.mac.sandbox.MacSandbox``, so ``device_sim mac`` and the packs' fakes run it.
 
 The desktop is SIMULATED: there is no window server here. Its state is one JSON file in the
 sandbox (``DESKTOP_STATE``) holding windows (front to back; each with an app, a title,
