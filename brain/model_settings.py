@@ -35,8 +35,9 @@ from accounts.services import is_owner_device
 from accounts.voiceprint import enrolled_channels
 from brain import catalog
 from brain.catalog import CatalogEntry
+from brain.dispatch import start_task
+from brain.executors import REBUILD_VECTOR_INDEX
 from brain.models import ModelSelection, ModelSwitch
-from brain.tasks import dispatch_rebuild
 from yimi_project.errors import YimiError
 from yimi_project.logs import log_event
 
@@ -334,7 +335,7 @@ def _settle_voiceprint(row: ModelSelection, owner_id: int) -> None:
 
 
 def _dispatch_rebuild_after_commit(model_id: str, version: str) -> None:
-    transaction.on_commit(lambda: dispatch_rebuild(model_id, version))
+    transaction.on_commit(lambda: start_task(REBUILD_VECTOR_INDEX, model_id, version))
 
 
 def rebuild_progress(model_id: str, version: str, done: int, total: int) -> bool:

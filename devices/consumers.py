@@ -30,9 +30,10 @@ from accounts.models import Scope
 from accounts.services import device_scope_limit, is_owner_device
 from brain import catalog, geofences, model_settings, role_drafts
 from brain.consent_execution import acknowledge_denied
-from brain.dispatch import dispatch_card_execution, dispatch_payment, dispatch_run, ensure_embedded_sweeper, publish_run
+from brain.dispatch import dispatch_card_execution, dispatch_payment, dispatch_run, publish_run
 from brain.payment_execution import acknowledge_declined
 from brain.services import accept_utterance, trace_stages_update
+from brain.sweeper import ensure_embedded_sweeper
 from brain.trace import now_ms
 from consent import services as consent
 from devices import hud, mac_relay

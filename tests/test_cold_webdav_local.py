@@ -23,7 +23,7 @@ from django.conf import settings as django_settings
 from django.db import connections
 
 from brain import dispatch
-from brain.dispatch import stop_embedded_sweeper
+from brain.sweeper import stop_embedded_sweeper
 from memory import archive
 from memory import webdav as cold_webdav
 from memory.cold_models import ColdPack

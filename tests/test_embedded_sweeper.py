@@ -15,10 +15,10 @@ import pytest
 from django.utils import timezone
 
 from brain import reminders
-from brain.dispatch import stop_embedded_sweeper
 from brain.models import Run
 from brain.runner import execute_run
 from brain.services import claim_run
+from brain.sweeper import stop_embedded_sweeper
 from memory.models import TimelineEntry
 from tests.conftest import db_async, open_socket, script
 from tests.test_consent import packs, phone  # noqa: F401 - fixtures: the outbox pack, a phone
