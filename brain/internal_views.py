@@ -1,5 +1,7 @@
-"""Internal endpoints for the ``schedule`` and ``model_settings`` packs (internal listener
-+ a pack capability).
+"""Internal endpoints brain answers for packs, on the internal listener, each for a pack
+capability: the ``schedule`` pack's reminders, the ``model_settings`` pack's roles and
+drafts, and one chat turn for packs that run a model loop (``executor``). They parse and
+authorize; reminders, roles and drafts are written by their own modules.
 
     GET  internal/reminders/?include_done=1      → 200 {"reminders": [...]}
     POST internal/reminders/                     → 201 {"reminder": {...}, "created": true}
