@@ -1,28 +1,33 @@
-"""Where runs execute: a Celery worker when a broker is configured (``REDIS_URL``),
-otherwise tasks on the web server's own event loop (the embedded default)."""
+"""Starting work: a run, a sub-agent task, an approved card's call, a payment, a feature's
+Celery task. With a broker (``REDIS_URL``) each goes to a Celery worker, sent by its task
+name (a run goes on the run lane, ``brain.run_lane``); in the embedded default it runs as a
+task on the web server's own event loop, executed by the coroutine registered under the
+same name (``brain.executors``). This module never imports what executes the work: the
+executors import it (``keep_claim``, ``dispatch_task``, ``dispatch_payment``). It also keeps
+the server's event loop (``remember_loop``) so synchronous code can hand work back to it
+(``start_payment``), and the in-process tasks until they end (``keep``). The embedded
+default's sweeper is ``brain.sweeper``."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import contextvars
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Coroutine
 from typing import Any
 
+import redis
 from asgiref.sync import SyncToAsync, sync_to_async
 from channels.db import database_sync_to_async
 from django.conf import settings
 
-from brain.consent_execution import execute_approved
+from brain import executors, run_lane
 from brain.trace import now_ms
-from consent.services import expire_cards, settle_interrupted_executions
 from llm.client import keep_client_on
-from payments.services import expire_authorizations
+from payments.services import EXECUTE_PAYMENT_TASK
+from yimi_project.celery import app as celery_app
 from yimi_project.logs import log_event
 
 _tasks: set[asyncio.Task] = set()
-_sweeper: asyncio.Task | None = None
-_due_sweeps: list[Callable[[], Awaitable[None]]] = []
 
 
 def uses_broker() -> bool:
@@ -34,9 +39,7 @@ async def dispatch_run(run_id: Any) -> None:
     travels with it (the ``queued`` stage of its trace, ``brain.trace``)."""
     if uses_broker() and await sync_to_async(publish_run, thread_sensitive=False)(run_id):
         return
-    from brain.runner import execute_run
-
-    _start(execute_run(run_id, stages={"queued": now_ms()}))
+    _start(executors.executor(executors.RUN)(run_id, stages={"queued": now_ms()}))
 
 
 def publish_run(run_id: Any) -> bool:
@@ -48,10 +51,6 @@ def publish_run(run_id: Any) -> bool:
     the run, already stored, is sent by the recovery sweep."""
     if not uses_broker():
         return False
-    import redis
-
-    from brain import run_lane
-
     try:
         run_lane.push(run_id, {"queued": now_ms()})
     except redis.RedisError as exc:  # the run is stored: the recovery sweep sends it once Redis is back
@@ -62,33 +61,25 @@ def publish_run(run_id: Any) -> bool:
 async def dispatch_task(task_id: Any) -> None:
     """Start a sub-agent task: on a Celery worker, or on this event loop."""
     if uses_broker():
-        from brain.tasks import execute_agent_task_task
-
-        await sync_to_async(execute_agent_task_task.delay, thread_sensitive=False)(str(task_id))
+        await sync_to_async(_send, thread_sensitive=False)(executors.AGENT_TASK, str(task_id))
         return
-    from brain.agent_loop import execute_agent_task
-
-    _start(execute_agent_task(task_id))
+    _start(executors.executor(executors.AGENT_TASK)(task_id))
 
 
 async def dispatch_card_execution(card_id: Any) -> None:
     """Run an approved card's call (exactly once, guarded by its execution token)."""
     if uses_broker():
-        from brain.execution_tasks import execute_approved_task
-
-        await sync_to_async(execute_approved_task.delay, thread_sensitive=False)(str(card_id))
+        await sync_to_async(_send, thread_sensitive=False)(executors.CARD_EXECUTION, str(card_id))
         return
-    _start(execute_approved(card_id))
+    _start(executors.executor(executors.CARD_EXECUTION)(card_id))
 
 
 async def dispatch_payment(authorization_id: Any, *, delay: float = 0.0) -> None:
     """Pay with an authorization (after ``delay``: a small auto-payment's undo window)."""
     if uses_broker():
-        from brain.execution_tasks import execute_payment_task
-
-        await sync_to_async(lambda: execute_payment_task.apply_async((str(authorization_id),), countdown=delay), thread_sensitive=False)()
+        await sync_to_async(_send, thread_sensitive=False)(EXECUTE_PAYMENT_TASK, str(authorization_id), countdown=delay)
         return
-    from brain.payment_execution import execute_payment
+    execute_payment = executors.executor(EXECUTE_PAYMENT_TASK)
 
     async def later() -> None:
         await asyncio.sleep(delay)
@@ -102,9 +93,7 @@ def start_payment(authorization_id: Any, *, delay: float) -> None:
     server's event loop. The payment authority asks for it after its transaction commits
     (``yimi_project.push.start_after_commit``; registered by ``BrainConfig.ready``)."""
     if uses_broker():
-        from brain.execution_tasks import execute_payment_task
-
-        execute_payment_task.apply_async((str(authorization_id),), countdown=delay)
+        _send(EXECUTE_PAYMENT_TASK, str(authorization_id), countdown=delay)
         return
     # Called in a sync_to_async thread: asgiref remembers the loop that called it.
     loop = getattr(SyncToAsync.threadlocal, "main_event_loop", None) or _main_loop
@@ -115,6 +104,12 @@ def start_payment(authorization_id: Any, *, delay: float) -> None:
     loop.call_soon_threadsafe(
         lambda: asyncio.ensure_future(dispatch_payment(authorization_id, delay=delay)), context=contextvars.Context()
     )
+
+
+def _send(task_name: str, *args: Any, countdown: float | None = None) -> None:
+    """Publish the Celery task ``task_name`` with ``args`` (after ``countdown`` seconds), by
+    name: the message a registered task's ``apply_async`` publishes."""
+    celery_app.send_task(task_name, args=args, countdown=countdown)
 
 
 _main_loop: asyncio.AbstractEventLoop | None = None
@@ -142,10 +137,12 @@ def _start(coro: Coroutine[Any, Any, Any]) -> None:
     socket's that started it, whose database thread (``DeviceConsumer.__call__``) ends with
     the socket while the run may go on. Its database calls go to the process's shared
     thread, as before sockets had threads of their own."""
-    _keep(asyncio.get_running_loop().create_task(coro, context=contextvars.Context()))
+    keep(asyncio.get_running_loop().create_task(coro, context=contextvars.Context()))
 
 
-def _keep(task: asyncio.Task) -> None:
+def keep(task: asyncio.Task) -> None:
+    """Hold an in-process task until it ends (the loop keeps only weak references) and log
+    its failure."""
     _tasks.add(task)
     task.add_done_callback(_tasks.discard)
     task.add_done_callback(_log_failure)
@@ -155,80 +152,3 @@ def _log_failure(task: asyncio.Task) -> None:
     if not task.cancelled() and task.exception() is not None:
         exc = task.exception()
         log_event("inprocess_task_failed", error=type(exc).__name__, detail=str(exc)[:300])
-
-
-def register_due_sweep(sweep: Callable[[], Awaitable[None]]) -> None:
-    """A higher app's due work for the embedded sweeper, what beat sends it with a broker
-    (``schedules.tasks.sweep_due``: reminders, schedules, watches; from
-    ``SchedulesConfig.ready``). Each round runs them in registration order, before cards
-    and authorizations expire."""
-    if sweep not in _due_sweeps:
-        _due_sweeps.append(sweep)
-
-
-def ensure_embedded_sweeper() -> None:
-    """Embedded default only (no Celery beat): recover runs left by a previous process
-    and then every ``RUN_RECOVERY_SECONDS`` (30 s), and every ``DUE_SWEEP_SECONDS`` (10 s)
-    run the registered due sweeps (``register_due_sweep``: reminders, schedules, watches)
-    and expire unanswered cards and unused authorizations, on the web
-    server's event loop; every ``ARCHIVE_ROUND_SECONDS`` (60 s) start a cold-pack round
-    beside it (``_archive_round``). Started by the first websocket connection."""
-    global _sweeper
-    remember_loop()
-    if uses_broker() or not settings.YIMI_EMBEDDED_SWEEPER or (_sweeper is not None and not _sweeper.done()):
-        return
-    _sweeper = asyncio.ensure_future(_sweep_forever())
-
-
-async def stop_embedded_sweeper() -> None:
-    """Cancel the embedded sweeper (if this process runs one) and wait for it to end."""
-    global _sweeper
-    sweeper, _sweeper = _sweeper, None
-    if sweeper is None or sweeper.done():
-        return
-    sweeper.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await sweeper
-
-
-def _archive_round() -> asyncio.Task:
-    """Beat's ``archive-round`` for the embedded default: one cold-pack migration round
-    (``memory.tasks.archive_round``), as a task beside the sweep on a database thread of its
-    own, since a round uploads for seconds and must hold up neither the due sweeps nor the
-    sockets' database calls."""
-    from django.db import connections
-
-    from memory.tasks import archive_round_task
-
-    def one_round() -> None:
-        try:
-            archive_round_task()
-        finally:
-            connections.close_all()  # this pool thread's own connections
-
-    task = asyncio.ensure_future(sync_to_async(one_round, thread_sensitive=False)())
-    _keep(task)
-    return task
-
-
-async def _sweep_forever() -> None:
-    from brain.recovery import recover_runs
-
-    loop = asyncio.get_running_loop()
-    last_recovery = loop.time() - settings.RUN_RECOVERY_SECONDS
-    last_archive, archive = loop.time() - settings.ARCHIVE_ROUND_SECONDS, None
-    while True:
-        try:
-            if loop.time() - last_recovery >= settings.RUN_RECOVERY_SECONDS:
-                last_recovery = loop.time()
-                await recover_runs()
-            if loop.time() - last_archive >= settings.ARCHIVE_ROUND_SECONDS and (archive is None or archive.done()):
-                last_archive, archive = loop.time(), _archive_round()
-            for sweep in _due_sweeps:
-                await sweep()
-            await sync_to_async(expire_cards)()
-            await sync_to_async(settle_interrupted_executions)()  # as beat's consent.tasks.expire_cards
-            await sync_to_async(expire_authorizations)()
-        except Exception as exc:  # noqa: BLE001 - the sweeper must outlive one bad round
-            log_event("embedded_sweep_failed", error=type(exc).__name__)
-        await asyncio.sleep(settings.DUE_SWEEP_SECONDS)

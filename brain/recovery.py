@@ -18,14 +18,13 @@ import redis
 from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async
 
-from brain import run_lane, services
+from brain import executors, reporting, run_lane, services
 from brain.agents import tasks_to_recover
 from brain.dispatch import dispatch_run, dispatch_task, uses_broker
-from brain.runner import _announce
 from yimi_project.celery import app as celery_app
 from yimi_project.logs import log_event
 
-RUN_TASK = "brain.tasks.execute_run"
+RUN_TASK = executors.RUN
 RUN_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 # kombu's Redis transport: a queue is one list per priority step (the base name for 0,
 # then "<name>\x06\x16<step>"); messages a worker reserved wait in the "unacked" hash.
@@ -78,7 +77,7 @@ async def recover_runs(*, now: datetime | None = None) -> tuple[int, int]:
         outcome = await database_sync_to_async(services.expire_run)(run_id)
         if outcome is not None:
             expired += 1
-            await _announce(*outcome)
+            await reporting.announce_outcome(*outcome)
     requeued = 0
     for run_id in again:
         if await database_sync_to_async(services.mark_requeued)(run_id, now=now):  # another sweep may have been first

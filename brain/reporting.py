@@ -1,4 +1,6 @@
-"""Telling the truth about tool results: the three exits of one set of facts.
+"""Telling the owner what happened: a run's outcome (``announce_outcome``: its reply or
+notice to the device that spoke, ``timeline.new`` to the others), and the truth about tool
+results, the three exits of one set of facts:
 
 1. activity cards, whose status comes straight from receipts (``unknown`` and
    ``waiting`` included), pushed to the owner's devices;
@@ -22,7 +24,7 @@ from typing import Any
 
 from channels.db import database_sync_to_async
 
-from brain.models import AgentTask
+from brain.models import AgentTask, Run
 from brain.prompts import OWNER_SYSTEM
 from brain.services import store_reply_once
 from capabilities import services, truth
@@ -31,6 +33,7 @@ from capabilities.models import ReceiptRecord, ToolCall
 from llm import roles
 from llm.client import BrainError, complete
 from llm.usage import CallContext
+from memory.models import TimelineEntry
 from yimi_project import push
 from yimi_project.errors import YimiError
 from yimi_project.ids import uuid_or_nil
@@ -186,3 +189,28 @@ def report_for_records(records: list[ReceiptRecord], owner_id: int, header: list
     new = [f.text for f in facts if f.for_owner and f.id not in delivered]
     lines = [*header, "Facts from receipts (only these may be stated; they will be checked): " + (" ".join(new) or "none")]
     return Report("\n".join(lines), [r.receipt for r in records], facts, delivered)
+
+
+async def announce_outcome(run: Run, entry: TimelineEntry, *, told: bool = True, last_chunk: dict[str, Any] | None = None) -> None:
+    """Deliver a run's outcome (its reply, or its notice) to the origin device and tell the
+    other devices to sync: at the end of a run (``brain.runner``), or when the recovery
+    sweep expires a run too old to answer (``brain.recovery``).
+    ``told``: the reply carried facts (``facts_carried``); without, the ACK has no ledger
+    to close (``ledgers``, read by the consumer, not sent). ``last_chunk``: the reply's
+    last ``reply.chunk`` (``ReplyChunks.last``), sent ahead of the outcome in its message."""
+    if entry.kind == TimelineEntry.Kind.REPLY:
+        frame = {"type": "reply.done", "run_id": str(run.id), "reply_to_seq": run.inbound.seq, "seq": entry.seq, "text": entry.text,
+                 "ledgers": told}
+    else:
+        frame = {
+            "type": "notice",
+            "run_id": str(run.id),
+            "reply_to_seq": run.inbound.seq,
+            "seq": entry.seq,
+            "code": entry.notice_code,
+            "text": entry.text,
+        }
+    await push.to_device_then_owner(
+        run.origin_device_id, frame, run.owner_id, push.timeline_new(entry.seq, known_to_device=run.origin_device_id),
+        before=last_chunk,
+    )

@@ -10,7 +10,9 @@ process right after the admission commits (``push``; ``brain.dispatch.publish_ru
 worker process serves the lane on its run loop (``serve``, started when the worker is ready,
 ``brain.apps``): it pops an entry only while it has a free run slot (``YIMI_WORKER_RUNS``),
 so a warm worker with nothing to do takes the run at once, and a busy one leaves it on the
-list for the next free slot, on this worker or another.
+list for the next free slot, on this worker or another. The lane executes a run with the
+executor registered under the run task's name (``brain.executors.RUN``): it never imports
+the runner.
 
 What Celery's late ack gave, the run's row gives: a run is claimed by a compare-and-set and
 kept by its heartbeat (``brain.services``). An entry popped by a worker that dies before it
@@ -38,6 +40,9 @@ import redis
 import redis.asyncio as aredis
 from django.conf import settings
 
+from brain import executors
+from brain.worker import in_own_context, worker_loop
+from yimi_project.celery import app
 from yimi_project.logs import log_event
 
 LANE_BLOCK_SECONDS = 5  # one blocking pop
@@ -57,15 +62,11 @@ def lane_key() -> str:
     """The lane's Redis key: beside the Celery queue this process publishes to, under the
     same key prefix (``CELERY_TASK_DEFAULT_QUEUE``, kombu's ``global_keyprefix``), so an
     instance's runs never reach another instance's workers."""
-    from yimi_project.celery import app
-
     prefix = (app.conf.broker_transport_options or {}).get("global_keyprefix", "") or ""
     return f"{prefix}{app.conf.task_default_queue}{LANE_SUFFIX}"
 
 
 def broker_url() -> str:
-    from yimi_project.celery import app
-
     return str(app.conf.broker_url)
 
 
@@ -190,11 +191,10 @@ class Lane:
 
 
 async def execute_on_worker(run_id: str, stages: dict[str, float]) -> Any:
-    """A lane run, as a Celery run task runs it: in a context of its own, so its database
-    calls get a thread of their own (``brain.tasks.in_own_context``)."""
-    from brain.runner import execute_run
-    from brain.tasks import in_own_context
-
+    """A lane run, as a Celery run task runs it: by the executor registered under the run
+    task's name (``brain.executors.RUN``), in a context of its own, so its database calls
+    get a thread of their own (``brain.worker.in_own_context``)."""
+    execute_run = executors.executor(executors.RUN)
     return await in_own_context(execute_run(run_id, stages=stages))
 
 
@@ -203,13 +203,11 @@ _serving: Any = None
 
 
 def start_on_worker() -> None:
-    """Serve the lane on this worker process's run loop (``brain.tasks.worker_loop``), with
+    """Serve the lane on this worker process's run loop (``brain.worker.worker_loop``), with
     as many slots as the worker has run slots. Connected to Celery's ``worker_ready``."""
     global _lane, _serving
     if not settings.CELERY_BROKER_URL or (_serving is not None and not _serving.done()):
         return
-    from brain.tasks import worker_loop
-
     _lane = Lane(execute_on_worker, slots=settings.CELERY_WORKER_CONCURRENCY, url=broker_url(), key=lane_key())
     _serving = asyncio.run_coroutine_threadsafe(_lane.serve(), worker_loop())
     log_event("run_lane_serving", lane=_lane.key, slots=settings.CELERY_WORKER_CONCURRENCY)
@@ -222,8 +220,6 @@ def stop_on_worker(timeout: float | None = None) -> None:
     lane, serving = _lane, _serving
     if lane is None or serving is None:
         return
-    from brain.tasks import worker_loop
-
     limit = settings.RUN_LANE_DRAIN_SECONDS if timeout is None else timeout
     left = asyncio.run_coroutine_threadsafe(lane.drain(limit), worker_loop()).result(limit + LANE_BLOCK_SECONDS + 5)
     if left:

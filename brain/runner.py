@@ -229,7 +229,7 @@ async def execute_run(run_id: Any, *, stages: dict[str, float] | None = None) ->
         expired = await database_sync_to_async(services.expire_claimed)(run)
         if expired is None:
             return "skipped"
-        await _announce(run, expired)
+        await reporting.announce_outcome(run, expired)
         return Run.State.EXPIRED
     beat = asyncio.ensure_future(keep_claim(lambda: services.heartbeat(run)))
     sent = 0
@@ -292,7 +292,7 @@ async def execute_run(run_id: Any, *, stages: dict[str, float] | None = None) ->
         log_event("run_lost_claim", run_id=str(run.id))
         await _send_last_alone(chunks, last_chunk)  # the run is another worker's now
         return "skipped"
-    await _announce(run, entry, told=bool(told), last_chunk=last_chunk)
+    await reporting.announce_outcome(run, entry, told=bool(told), last_chunk=last_chunk)
     for task in delegated:  # after the reply is stored, so the report comes after it
         await dispatch_task(task.id)
     return state
@@ -332,26 +332,3 @@ async def _deferred_usage_written(calls: usage.CallContext) -> AsyncIterator[Non
         yield
     finally:
         await usage.record_deferred_safely(calls)  # nothing waits unless the run ended before its store
-
-
-async def _announce(run: Run, entry: TimelineEntry, *, told: bool = True, last_chunk: dict[str, Any] | None = None) -> None:
-    """Deliver the outcome to the origin device and tell the other devices to sync.
-    ``told``: the reply carried facts (``facts_carried``); without, the ACK has no ledger
-    to close (``ledgers``, read by the consumer, not sent). ``last_chunk``: the reply's
-    last ``reply.chunk`` (``ReplyChunks.last``), sent ahead of the outcome in its message."""
-    if entry.kind == TimelineEntry.Kind.REPLY:
-        frame = {"type": "reply.done", "run_id": str(run.id), "reply_to_seq": run.inbound.seq, "seq": entry.seq, "text": entry.text,
-                 "ledgers": told}
-    else:
-        frame = {
-            "type": "notice",
-            "run_id": str(run.id),
-            "reply_to_seq": run.inbound.seq,
-            "seq": entry.seq,
-            "code": entry.notice_code,
-            "text": entry.text,
-        }
-    await push.to_device_then_owner(
-        run.origin_device_id, frame, run.owner_id, push.timeline_new(entry.seq, known_to_device=run.origin_device_id),
-        before=last_chunk,
-    )

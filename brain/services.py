@@ -1,4 +1,9 @@
-"""Runs: the only code that writes ``Run``.
+"""Runs: the only code that writes ``Run``. It owns a run's life in the database: an
+utterance admitted with its timeline entry and its run in one transaction
+(``accept_utterance``, ``accept_voice_utterance``) or a scheduled run created
+(``create_scheduled_run``), the claim and its heartbeat (``claim_for_turn``, ``heartbeat``), the outcome stored only while the claim
+is still the run's (``finish_run``, ``store_reply_once``), expiry, and the runs the
+recovery sweep must send again (``runs_to_recover``, ``mark_requeued``).
 
 State transitions are conditional UPDATEs (compare-and-set); a transition that finds
 the row in another state did not happen, and the caller backs off.

@@ -12,8 +12,8 @@ class SchedulesConfig(AppConfig):
 
     def ready(self) -> None:
         # Here, not at the top: the sweep's modules import models, which exist only once the
-        # app registry is ready (brain.dispatch is a layer below; no cycle is being dodged).
-        from brain import dispatch
+        # app registry is ready (brain.sweeper is a layer below; no cycle is being dodged).
+        from brain import sweeper
         from schedules.tasks import sweep_due
 
-        dispatch.register_due_sweep(sweep_due)  # the embedded default's beat: reminders, schedules, watches
+        sweeper.register_due_sweep(sweep_due)  # the embedded default's beat: reminders, schedules, watches

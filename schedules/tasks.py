@@ -6,7 +6,7 @@ They keep the names they were registered under while they lived in the ``brain``
 ``brain.tasks.run_due_watches``), so beat entries and tasks already queued on an installed
 instance still run. Without a broker (the embedded default) ``sweep_due`` does the same on
 the web server's event loop: ``SchedulesConfig.ready`` registers it with brain's embedded
-sweeper (``brain.dispatch.register_due_sweep``).
+sweeper (``brain.sweeper.register_due_sweep``).
 """
 
 from __future__ import annotations

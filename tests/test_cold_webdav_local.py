@@ -23,7 +23,7 @@ from django.conf import settings as django_settings
 from django.db import connections
 
 from brain import dispatch
-from brain.dispatch import stop_embedded_sweeper
+from brain.sweeper import stop_embedded_sweeper
 from memory.archive import cold_store as archive
 from memory.archive import webdav as cold_webdav
 from memory.archive.models import ColdPack

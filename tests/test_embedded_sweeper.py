@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from brain.dispatch import stop_embedded_sweeper
 from brain.models import Run
 from brain.runner import execute_run
 from brain.services import claim_run
+from brain.sweeper import stop_embedded_sweeper
 from memory.models import TimelineEntry
 from schedules import reminders
 from tests.conftest import db_async, open_socket, script

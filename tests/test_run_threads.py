@@ -1,4 +1,4 @@
-"""A run's database thread (brain.tasks.in_own_context): an idle thread an earlier run used
+"""A run's database thread (brain.worker.in_own_context): an idle thread an earlier run used
 is reused, but never one a cancelled run left busy."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import threading
 
 from asgiref.sync import sync_to_async
 
-from brain import tasks
+from brain import worker
 
 WAIT = 30.0  # a limit for the test, never a timing assertion
 
@@ -29,16 +29,16 @@ def test_a_finished_runs_thread_is_reused_and_a_cancelled_runs_is_not() -> None:
         await sync_to_async(blocked)()
 
     async def scenario() -> tuple[int, int, int, bool]:
-        tasks._idle_executors.clear()
-        first = await tasks.in_own_context(thread_name())
-        second = await tasks.in_own_context(thread_name())  # the same idle thread
-        cancelled = asyncio.ensure_future(tasks.in_own_context(stuck()))
+        worker._idle_executors.clear()
+        first = await worker.in_own_context(thread_name())
+        second = await worker.in_own_context(thread_name())  # the same idle thread
+        cancelled = asyncio.ensure_future(worker.in_own_context(stuck()))
         await asyncio.to_thread(started.wait, WAIT)  # its call runs on the thread
         cancelled.cancel()
         await asyncio.gather(cancelled, return_exceptions=True)
-        third = await asyncio.wait_for(tasks.in_own_context(thread_name()), WAIT)  # does not queue behind it
+        third = await asyncio.wait_for(worker.in_own_context(thread_name()), WAIT)  # does not queue behind it
         release.set()
-        return first, second, third, bool(tasks._idle_executors)
+        return first, second, third, bool(worker._idle_executors)
 
     try:
         first, second, third, idle = asyncio.run(scenario())

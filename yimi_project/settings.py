@@ -234,7 +234,7 @@ CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 # A worker is one process whose runs overlap: a thread pool of YIMI_WORKER_RUNS slots, every
-# run on the process's one event loop (brain.tasks.on_worker_loop; README "Worker").
+# run on the process's one event loop (brain.worker.on_worker_loop; README "Worker").
 CELERY_WORKER_POOL = "threads"
 CELERY_WORKER_CONCURRENCY = env.int("YIMI_WORKER_RUNS", default=8)
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True

@@ -103,7 +103,7 @@ class HostProcess:
 
     async def start(self, timeout: float = 20.0) -> None:
         # A context of its own: the host outlives the run that started it (whose context,
-        # database thread included, ends with the run: brain.tasks.in_own_context).
+        # database thread included, ends with the run: brain.worker.in_own_context).
         self._task = asyncio.get_running_loop().create_task(self._serve(), context=contextvars.Context())
         await asyncio.wait_for(self._ready.wait(), timeout)
         if self.session is None:

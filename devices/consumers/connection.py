@@ -32,7 +32,7 @@ from redis.exceptions import RedisError
 from accounts.identity import instance_public_key_b64, sign_as_instance
 from accounts.models import Scope
 from accounts.services import device_scope_limit
-from brain.dispatch import ensure_embedded_sweeper
+from brain.sweeper import ensure_embedded_sweeper
 from brain.trace import now_ms
 from devices import services as device_services
 from devices.models import Device
