@@ -48,7 +48,7 @@ TASKS: tuple[Task, ...] = (
     )),
     Task("packs", "Packs", ("capabilities.registeredpack", "capabilities.packcandidate", "capabilities.secretgrant", "workshop.workshopbuild")),
     Task("devices", "Devices and who may speak", (
-        "devices.device", "devices.pairingcode", "devices.macoperation", "accounts.voiceprintenrollment",
+        "accounts.device", "accounts.pairingcode", "devices.macoperation", "accounts.voiceprintenrollment",
         "accounts.faceenrollment", "accounts.admissionrecord", "accounts.channelthreshold", "accounts.trustwindow",
     )),
     Task("releases", "Releases", ("releases.release", "releases.releaseevent", "releases.rollbackrequest", "releases.baselinecard")),

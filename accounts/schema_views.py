@@ -31,7 +31,7 @@ class DeviceSignatureScheme(OpenApiAuthenticationExtension):  # type: ignore[no-
     """How the schema names the devices' request signatures (named by path: accounts sits
     below devices)."""
 
-    target_class = "devices.authentication.DeviceSignatureAuthentication"
+    target_class = "accounts.authentication.DeviceSignatureAuthentication"
     name = "deviceSignature"
 
     def get_security_definition(self, auto_schema: Any) -> dict[str, Any]:

@@ -52,7 +52,7 @@ def is_owner_device(device: Any) -> bool:
         return False
     meta = getattr(device, "_meta", None)  # a model row, or a plain signer (llm.model_settings.SwitchSigner)
     if meta is not None and meta.get_field("owner").is_cached(device):
-        # Read with the device in the same query (devices.services.active_device, on every
+        # Read with the device in the same query (accounts.devices.active_device, on every
         # frame): the account as of that read, without a second round trip.
         return bool(device.owner.is_owner and device.owner.is_active)
     return User.objects.filter(pk=device.owner_id, is_owner=True, is_active=True).exists()

@@ -80,13 +80,12 @@ def main() -> None:
     print("migrating a fresh database …", file=sys.stderr)
     call_command("migrate", verbosity=0)
     from accounts import voice as identity
-    from accounts.models import VoiceCall
+    from accounts.models import Device, VoiceCall
     from accounts.services import ensure_owner
     from companion import snapshot as call_snapshot
     from companion import topics as topic_state
     from companion.extractor import EXTRACTOR_VERSION
     from companion.models import CallSummary, TopicState
-    from devices.models import Device
     from memory.assertions import store as assertions
     from memory.assertions.store import CommitRequest
     from memory.timeline.entries import append_entry

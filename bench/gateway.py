@@ -78,10 +78,10 @@ def main() -> None:
     write_pack(packs_dir, "demo")
     call_command("migrate", verbosity=0)
 
+    from accounts.devices import PairingRequest, issue_pairing_code, pair_device
     from accounts.services import ensure_owner
     from brain.services import accept_utterance
     from capabilities.services import CallRequest, decide, record_receipt
-    from devices.services import PairingRequest, issue_pairing_code, pair_device
 
     owner = ensure_owner("owner", "benchmark-password").user  # type: ignore[union-attr]
     _, code = issue_pairing_code(owner)

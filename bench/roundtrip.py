@@ -100,8 +100,8 @@ from datetime import timedelta
 from django.utils import timezone
 from accounts.models import User
 from accounts.services import get_owner
-from devices.models import PairingCode
-from devices.services import CODE_ALPHABET, CODE_LENGTH, _digest, format_code, issue_pairing_code
+from accounts.models import PairingCode
+from accounts.devices import _digest, CODE_ALPHABET, CODE_LENGTH, format_code, issue_pairing_code
 owner = get_owner()
 for o in range(OWNERS):
     if o == 0:

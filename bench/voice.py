@@ -242,9 +242,9 @@ def reply_latency(work: Path, rounds: int) -> None:
     from channels.testing import WebsocketCommunicator
     from django.core.management import call_command
 
+    from accounts.devices import PairingRequest, issue_pairing_code, pair_device
     from accounts.services import ensure_owner
-    from devices.services import PairingRequest, issue_pairing_code, pair_device
-    from devices.signatures import auth_message
+    from accounts.signatures import auth_message
     from llm import roles
     from llm.fake_server import FakeBrainServer, Script
     from tests.conftest import pairing_payload

@@ -31,7 +31,7 @@ class Run(models.Model):
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="runs")
     admission = models.OneToOneField("accounts.AdmissionRecord", on_delete=models.PROTECT, related_name="run")
     inbound = models.OneToOneField("memory.TimelineEntry", on_delete=models.PROTECT, related_name="run")
-    origin_device = models.ForeignKey("devices.Device", on_delete=models.PROTECT, related_name="runs")
+    origin_device = models.ForeignKey("accounts.Device", on_delete=models.PROTECT, related_name="runs")
     class Origin(models.TextChoices):
         INTERACTIVE = "interactive"  # the owner (or a guest) said something
         SCHEDULED = "scheduled"  # a scheduled task: nobody is there to answer a card

@@ -18,14 +18,14 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import cache
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from accounts.models import AdmissionRecord, VoiceCall
+from accounts.models import AdmissionRecord, Device, VoiceCall
 from accounts.services import admit_scheduled, text_admission, voice_admission
 from brain.agents import ACTIVE, run_has_active_agents
 from brain.models import AgentTask, Run
@@ -35,9 +35,6 @@ from capabilities.models import ReceiptRecord, ToolCall
 from memory.models import ImageRecord, TimelineEntry
 from memory.timeline import entries as timeline
 from yimi_project.infra import statements
-
-if TYPE_CHECKING:  # the device that spoke, from the consumer above (devices/)
-    from devices.models import Device
 
 NOTICE_TEXT = {
     "brain_timeout": "I couldn't answer this: my brain did not respond in time. Nothing was answered; please ask again.",

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from accounts.models import Device
 from capabilities.authorities import GateQuestion, Verdict
 from capabilities.models import ToolCall
 from capabilities.services import canonical, record_gateway_receipt, sha256
@@ -27,9 +28,6 @@ from yimi_project import push
 from yimi_project.errors import YimiError
 from yimi_project.ids import uuid_or_nil
 from yimi_project.logs import log_event
-
-if TYPE_CHECKING:  # the caller's device (devices/ is above): only its fields and verify_signature are used
-    from devices.models import Device
 
 DOOR_LOCK_TASK_TYPES = frozenset({"door_lock", "lock"})
 RIDE_TASK_TYPES = frozenset({"ride"})

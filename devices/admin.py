@@ -6,10 +6,11 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
+from accounts.devices import issue_pairing_code, revoke_device
+from accounts.models import Device, PairingCode
 from accounts.owner_admin import OwnerContentAdmin
 from devices.mac import admin as mac_admin  # noqa: F401  (registers the Mac command log)
-from devices.models import Delivery, Device, PairingCode
-from devices.services import issue_pairing_code, revoke_device
+from devices.models import Delivery
 
 
 class RevokedFilter(admin.SimpleListFilter):
@@ -72,7 +73,7 @@ class PairingCodeAdmin(OwnerContentAdmin):
         from django.http import HttpResponseRedirect
         from django.urls import reverse
 
-        return HttpResponseRedirect(reverse("admin:devices_pairingcode_changelist"))
+        return HttpResponseRedirect(reverse("admin:accounts_pairingcode_changelist"))
 
 
 @admin.register(Delivery)

@@ -17,11 +17,11 @@ from django.shortcuts import render
 from django.urls import reverse
 from django.utils import timezone
 
+from accounts.models import Device
 from accounts.services import is_owner
 from brain.models import Run
 from capabilities.manifest import load_packs
 from consent.models import ConsentCard
-from devices.models import Device
 from llm.probe import brain_status
 from payments.models import PaymentAuthorization
 

@@ -21,9 +21,9 @@ from typing import Any
 from django.conf import settings
 from django.utils import timezone
 
+from accounts.models import Device
 from consent import services as consent
 from devices.hud_models import DeviceState
-from devices.models import Device
 from payments.models import PaymentAuthorization
 from yimi_project.errors import YimiError
 from yimi_project.ids import uuid_or_nil

@@ -9,7 +9,7 @@ class DeviceState(models.Model):
     """The device's own report: ``riding`` (on a bike or scooter) turns off head gestures
     until the device reports otherwise. Written only by ``devices.hud.report_state``."""
 
-    device = models.OneToOneField("devices.Device", on_delete=models.CASCADE, primary_key=True, related_name="state")
+    device = models.OneToOneField("accounts.Device", on_delete=models.CASCADE, primary_key=True, related_name="state")
     riding = models.BooleanField(default=False)
     reported_at = models.DateTimeField()
 

@@ -21,9 +21,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from accounts.models import Scope
+from accounts.models import Device, Scope
 from accounts.services import device_scope_limit
-from devices.models import Device
 from memory.personal import images
 from yimi_project.api_schema import responses
 from yimi_project.errors import YimiError

@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.conf import settings
 from django.db import models
 
-from devices.models import Device
+from accounts.models import Device
 
 
 class PushToTalkHold(models.Model):

@@ -26,7 +26,7 @@ import websockets
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from devices.signatures import auth_message, challenge_message, http_message, pairing_message
+from accounts.signatures import auth_message, challenge_message, http_message, pairing_message
 
 
 class SimulatorError(Exception):

@@ -7,9 +7,9 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from accounts.devices import MAX_CAPTURE_CHANNELS, PairingRequest, pair_device
 from accounts.identity import instance_public_key_b64
-from devices.models import Device
-from devices.services import MAX_CAPTURE_CHANNELS, PairingRequest, pair_device
+from accounts.models import Device
 from yimi_project.api_schema import PARSE_ERRORS, responses
 
 

@@ -14,23 +14,25 @@ The only code that writes ``ModelSelection`` and ``ModelSwitch``. Per kind:
   the old model effective and shows the error.
 - ``face``: listed only; switching goes through face enrollment.
 
-A switch must be signed on one of the owner's devices (``model_switch_message``). Devices
-are the ``devices`` app's, a layer above: it registers the devices that may sign
-(``register_switch_signers``) when Django starts, and this module never imports it.
+A switch must be signed on one of the owner's devices (``model_switch_message``): the
+account's active devices (``accounts.models.Device``), each checking its own key.
 """
 
 from __future__ import annotations
 
+import functools
 import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any
 
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from accounts import signatures
+from accounts.models import Device
 from accounts.services import is_owner_device
 from accounts.voiceprint import enrolled_channels
 from llm import catalog
@@ -38,6 +40,7 @@ from llm.catalog import CatalogEntry
 from llm.models import ModelSelection, ModelSwitch
 from llm.tasks import dispatch_rebuild
 from yimi_project.errors import YimiError
+from yimi_project.ids import uuid_or_nil
 from yimi_project.logs import log_event
 
 RESTART_KINDS = ("asr", "vad", "wake_word")
@@ -52,13 +55,13 @@ def model_switch_message(device_id: str, kind: str, model_id: str, version: str,
     return f"yimi-model-switch-v1\n{device_id}\n{kind}\n{model_id}\n{version}\n{digest_summary}\n{issued_at}\n{nonce}".encode()
 
 
-# --- who may sign: the device authority's answer, registered when Django starts ----------------
+# --- who may sign: the owner's active devices -------------------------------------------------
 
 
 @dataclass(frozen=True)
 class SwitchSigner:
-    """A device that may sign a switch, as the device authority describes it.
-    ``verify(message, signature)`` checks the device's signature over ``message``."""
+    """A device that may sign a switch. ``verify(message, signature)`` checks the device's
+    signature over ``message``."""
 
     id: str
     name: str
@@ -67,28 +70,27 @@ class SwitchSigner:
     verify: Callable[[bytes, str], bool] = field(repr=False, compare=False)
 
 
-class SwitchSigners(Protocol):
+def _signer(device: Device) -> SwitchSigner:
+    return SwitchSigner(
+        id=str(device.id), name=device.name, owner_id=device.owner_id, is_guest=device.is_guest,
+        verify=functools.partial(signatures.verify, device.public_key),
+    )
+
+
+class SwitchSigners:
     def active(self, device_id: str) -> SwitchSigner | None:
         """The active (not revoked) device with this id, of any account; None if none."""
-        ...
+        device = Device.objects.filter(id=uuid_or_nil(device_id), revoked_at=None).first()
+        return _signer(device) if device is not None else None
 
     def of_owner(self, owner_id: int) -> list[SwitchSigner]:
         """The account's active, non-guest devices, by name (the settings page offers them)."""
-        ...
-
-
-_SIGNERS: list[SwitchSigners] = []
-
-
-def register_switch_signers(signers: SwitchSigners) -> None:
-    """Called from the ``devices`` app's ``AppConfig.ready``."""
-    _SIGNERS[:] = [signers]
+        devices = Device.objects.filter(owner_id=owner_id, revoked_at=None, is_guest=False).order_by("name")
+        return [_signer(device) for device in devices]
 
 
 def switch_signers() -> SwitchSigners:
-    if not _SIGNERS:
-        raise YimiError("forbidden", "no device authority is installed: nothing can sign a model switch")
-    return _SIGNERS[0]
+    return SwitchSigners()
 
 
 # --- reading --------------------------------------------------------------------------------

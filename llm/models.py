@@ -65,7 +65,7 @@ class ModelSwitch(models.Model):
     kind = models.CharField(max_length=16)
     model_id = models.CharField(max_length=80)
     version = models.CharField(max_length=64)
-    device = models.ForeignKey("devices.Device", on_delete=models.PROTECT, related_name="model_switches")
+    device = models.ForeignKey("accounts.Device", on_delete=models.PROTECT, related_name="model_switches")
     issued_at = models.DateTimeField()
     nonce = models.CharField(max_length=64, unique=True, help_text="single use: replay guard")
     message = models.TextField(help_text="the canonical message the device signed")

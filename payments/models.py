@@ -73,7 +73,7 @@ class PaymentAuthorization(models.Model):
     expires_at = models.DateTimeField(null=True, blank=True, help_text="authorized_at + 60 s")
     undo_until = models.DateTimeField(null=True, blank=True, help_text="small auto-pay: the owner may undo until then")
     used_at = models.DateTimeField(null=True, blank=True)
-    authorized_by = models.ForeignKey("devices.Device", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    authorized_by = models.ForeignKey("accounts.Device", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     void_reason = models.CharField(max_length=100, blank=True)
     # The phone card as it was issued (the ``payment.card`` frame): a phone that connects
     # later is sent exactly this, never a card rebuilt from an intent that moved on.
@@ -83,6 +83,6 @@ class PaymentAuthorization(models.Model):
 class UnlockLease(models.Model):
     """A device's signed word that it is unlocked, valid for a short time."""
 
-    device = models.ForeignKey("devices.Device", on_delete=models.CASCADE, related_name="unlock_leases")
+    device = models.ForeignKey("accounts.Device", on_delete=models.CASCADE, related_name="unlock_leases")
     granted_at = models.DateTimeField(auto_now_add=True)
     expires_at = models.DateTimeField(db_index=True)

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal, InvalidOperation
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from zoneinfo import ZoneInfo
 
 from django.conf import settings
@@ -25,7 +25,7 @@ from django.db import transaction
 from django.db.models import Q, Sum
 from django.utils import timezone
 
-from accounts.models import AdmissionRecord, User
+from accounts.models import AdmissionRecord, Device, User
 from accounts.voice_checks import voice_request_verified
 from capabilities.authorities import GateQuestion, RunBinding, TrustedField, Verdict
 from capabilities.models import ToolCall
@@ -37,9 +37,6 @@ from yimi_project import push
 from yimi_project.errors import YimiError
 from yimi_project.ids import uuid_or_nil
 from yimi_project.logs import log_event
-
-if TYPE_CHECKING:  # the caller's device (devices/ is above): only its fields and verify_signature are used
-    from devices.models import Device
 
 # Device.Kind values: payment cards go to the owner's phones; an unlock lease is held by a
 # phone or glasses.

@@ -67,7 +67,7 @@ class BaselineCard(models.Model):
     state = models.CharField(max_length=16, choices=State.choices, default=State.PENDING, db_index=True)
     created_at = models.DateTimeField()
     answered_at = models.DateTimeField(null=True, blank=True)
-    answered_by = models.ForeignKey("devices.Device", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    answered_by = models.ForeignKey("accounts.Device", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     answered_via = models.CharField(max_length=16, blank=True)  # device | console
 
     def __str__(self) -> str:

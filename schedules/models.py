@@ -52,7 +52,7 @@ class Schedule(models.Model):
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="schedules")
-    device = models.ForeignKey("devices.Device", on_delete=models.PROTECT, related_name="schedules", help_text="the device its runs answer on")
+    device = models.ForeignKey("accounts.Device", on_delete=models.PROTECT, related_name="schedules", help_text="the device its runs answer on")
     prompt = models.TextField(help_text="what to do, as the owner would say it")
     interval_seconds = models.PositiveIntegerField(null=True, blank=True)
     daily_at = models.TimeField(null=True, blank=True, help_text="local time (TIME_ZONE)")
@@ -83,7 +83,7 @@ class Watch(models.Model):
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="watches")
-    device = models.ForeignKey("devices.Device", on_delete=models.PROTECT, related_name="watches", help_text="the device its runs are bound to")
+    device = models.ForeignKey("accounts.Device", on_delete=models.PROTECT, related_name="watches", help_text="the device its runs are bound to")
     label = models.CharField(max_length=200, help_text="what the notice names, e.g. 快递 YT1234")
     tool = models.CharField(max_length=120, help_text="pack__tool, e.g. parcels__track")
     arguments = models.JSONField(default=dict, blank=True)

@@ -22,7 +22,7 @@ def second_owner_device(username: str = "other") -> Any:
 
     from django.contrib.auth import get_user_model
 
-    from devices.models import Device
+    from accounts.models import Device
 
     user = get_user_model().objects.create_user(username, password="another long password")
     return Device.objects.create(owner=user, name="other phone", kind="phone", capture_channels=["phone_app"],

@@ -19,7 +19,7 @@ from channels.testing import WebsocketCommunicator
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from devices.signatures import auth_message, pairing_message
+from accounts.signatures import auth_message, pairing_message
 from llm.fake_server import FakeBrainServer, Rule, Script
 
 REQUIRE_SERVICES = os.environ.get("YIMI_REQUIRE_SERVICES") == "1"
@@ -198,7 +198,7 @@ def pairing_payload(code: str, *, kind: str = "phone", key: Ed25519PrivateKey | 
 @pytest.fixture
 def make_device(owner: Any) -> Any:
     """Pair a device through the real pairing service."""
-    from devices.services import PairingRequest, issue_pairing_code, pair_device
+    from accounts.devices import PairingRequest, issue_pairing_code, pair_device
 
     def make(kind: str = "phone", *, guest: bool = False, **extra: Any) -> SimDevice:
         _, code = issue_pairing_code(owner, for_guest=guest)

@@ -18,13 +18,14 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from accounts.models import User
+from accounts.devices import active_device, revoke_device
+from accounts.models import Device, User
 from brain.models import Run
 from brain.services import accept_utterance, trace_stages_update
 from capabilities.models import ToldFact
 from capabilities.services import acknowledge_entry as acknowledge_facts
-from devices.models import Delivery, Device
-from devices.services import acknowledge, active_device, record_delivery, revoke_device
+from devices.models import Delivery
+from devices.services import acknowledge, record_delivery
 from schedules.models import Watch, WatchNotice
 from schedules.watches import acknowledge_entry as acknowledge_notice
 from schedules.watches import create_watch

@@ -19,11 +19,10 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from accounts.models import AdmissionRecord, User
+from accounts.devices import active_device
+from accounts.models import AdmissionRecord, Device, User
 from brain.models import Run
 from brain.services import accept_utterance
-from devices.models import Device
-from devices.services import active_device
 from memory.models import TimelineCounter, TimelineEntry
 from tests.conftest import SimDevice, db_async, new_client_id, open_socket, receive_until
 

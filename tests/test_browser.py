@@ -24,14 +24,14 @@ from typing import Any, TypeVar
 import pytest
 from django.db import connections
 
+from accounts.devices import authenticate_challenge, revoke_device
+from accounts.signatures import auth_message
 from brain.models import Run
 from brain.services import accept_utterance
 from capabilities.mcp_host import runtime
 from capabilities.packkit import receipt, value
 from capabilities.services import CallRequest, decide, record_receipt
 from consent.models import ConsentCard
-from devices.services import authenticate_challenge, revoke_device
-from devices.signatures import auth_message
 from memory.assertions import store as assertions
 from memory.assertions.store import CommitRequest
 from memory.models import Assertion, AssertionVersion
@@ -232,7 +232,7 @@ def test_the_owner_revokes_a_device_and_filters_the_revoked(page: Any, live_serv
     make_device("phone", name="kitchen phone")
     glasses = make_device("glasses", name="old glasses").device
     sign_in(page, live_server, owner)
-    page.goto(f"{live_server.url}/admin/devices/device/")
+    page.goto(f"{live_server.url}/admin/accounts/device/")
     shot(page, "08-devices")
     row = page.locator("#result_list tbody tr", has_text="old glasses")
     assert "no" in row.locator("td.field-revoked").inner_text()
@@ -245,12 +245,12 @@ def test_the_owner_revokes_a_device_and_filters_the_revoked(page: Any, live_serv
     revoked_cell = page.locator("#result_list tbody tr", has_text="old glasses").locator("td.field-revoked").inner_text()
     assert revoked_cell.startswith("revoked 20"), revoked_cell
     page.click("#changelist-filter a:text-is('Revoked')")
-    page.wait_for_url("**/admin/devices/device/?revoked=yes")
+    page.wait_for_url("**/admin/accounts/device/?revoked=yes")
     shot(page, "10-devices-revoked-filter")
     listing = page.inner_text("#result_list")
     assert "old glasses" in listing and "kitchen phone" not in listing
     page.click("#changelist-filter a:text-is('In use')")
-    page.wait_for_url("**/admin/devices/device/?revoked=no")
+    page.wait_for_url("**/admin/accounts/device/?revoked=no")
     listing = page.inner_text("#result_list")
     assert "kitchen phone" in listing and "old glasses" not in listing
     glasses.refresh_from_db()

@@ -17,13 +17,13 @@ from channels.testing import WebsocketCommunicator
 from django.utils import timezone
 
 from accounts.models import VoiceCall
+from accounts.signatures import auth_message
 from companion import events as call_events
 from companion import persona, privacy_epoch
 from companion import snapshot as call_snapshot
 from companion import tasks as topic_tasks
 from companion import topics as topic_state
 from companion.models import CallEvent, CallSnapshot, CallSummary, ContentCard, TopicState
-from devices.signatures import auth_message
 from llm.fake_server import Rule
 from memory.models import TimelineEntry
 from tests.companion_support import TranscribedCall, second_owner_device, states

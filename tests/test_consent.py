@@ -390,7 +390,7 @@ def test_revoking_a_remembered_consent_asks_again(phone: Any) -> None:
 
 
 async def test_the_owner_grants_ride_permission_from_a_signed_device_frame(phone: Any) -> None:
-    from devices.signatures import auth_message
+    from accounts.signatures import auth_message
 
     comm, challenge = await open_socket(phone, authenticate=False)
     await comm.send_json_to({"type": "auth", "device_id": str(phone.device.id), "signature": phone.sign(auth_message(challenge["nonce"], str(phone.device.id)))})

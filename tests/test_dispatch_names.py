@@ -10,7 +10,7 @@ from payments.services import EXECUTE_PAYMENT_TASK
 from yimi_project.celery import app
 
 IN_PROCESS = (executors.RUN, executors.AGENT_TASK, executors.CARD_EXECUTION, EXECUTE_PAYMENT_TASK)
-SENT_BY_NAME = (*IN_PROCESS, executors.REBUILD_VECTOR_INDEX)
+SENT_BY_NAME = IN_PROCESS
 
 
 def test_every_name_dispatch_sends_is_a_registered_celery_task() -> None:

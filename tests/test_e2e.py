@@ -22,8 +22,8 @@ import websockets
 from django.conf import settings as django_settings
 from django.db import connection
 
+from accounts.devices import issue_pairing_code
 from devices.models import Delivery
-from devices.services import issue_pairing_code
 from devices.simulator import DeviceConnection, pair, read_timeline
 from memory.models import TimelineEntry
 from tests.conftest import db_async, need, script

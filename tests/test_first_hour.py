@@ -24,11 +24,11 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.test import override_settings
 
+from accounts.models import PairingCode
+from accounts.signatures import challenge_message
 from devices.consumers.connection import CLOSE_REVOKED
 from devices.management.commands.device_sim import Command as DeviceSim
 from devices.management.commands.device_sim import checked_server
-from devices.models import PairingCode
-from devices.signatures import challenge_message
 from devices.simulator import DeviceIdentity, _raw_private, new_key, refusal
 from tests.ports import free_port
 

@@ -31,8 +31,8 @@ import pytest
 from django.conf import settings as django_settings
 from django.db import connection
 
-from devices.models import PairingGuessSlot
-from devices.services import issue_pairing_code
+from accounts.devices import issue_pairing_code
+from accounts.models import PairingGuessSlot
 from devices.simulator import DeviceConnection, pair
 from tests.conftest import db_async, need, pairing_payload
 from tests.ports import free_port

@@ -12,9 +12,8 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from accounts.models import User
+from accounts.models import Device, User
 from capabilities.manifest import load_packs
-from devices.models import Device
 from llm import probe, roles
 from tests.ports import free_port
 
@@ -48,7 +47,7 @@ def test_home_shows_the_owner_what_yimi_is_doing(owner: Any, make_device: Any) -
     assert "No consent or payment card is waiting." in page
     assert list(response.context["devices_recent"]) == [phone]
     assert list(response.context["devices_other"]) == [mac]
-    for link in ("/admin/", "/admin/devices/device/", "/admin/brain/run/", "/api/health/"):
+    for link in ("/admin/", "/admin/accounts/device/", "/admin/brain/run/", "/api/health/"):
         assert f'href="{link}"' in page
 
 
@@ -76,7 +75,7 @@ def test_home_links_to_what_the_owner_manages(owner: Any, probe_afresh: None) ->
     assert re.findall(r'href="([^"]+)">([^<]+)<', manage) == [
         ("/admin/memory/timelineentry/", "Timeline"), ("/admin/memory/assertion/", "Memory"),
         ("/admin/llm/modelrole/", "Models"), ("/admin/capabilities/registeredpack/", "Packs"),
-        ("/admin/devices/device/", "Devices"),
+        ("/admin/accounts/device/", "Devices"),
     ]
 
 

@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 from django.test import Client
 
-from devices.models import SignedRequestNonce
-from devices.services import accept_request_nonce
+from accounts.devices import accept_request_nonce
+from accounts.models import SignedRequestNonce
 from memory.timeline.entries import append_entry
 from yimi_project.errors import YimiError
 
@@ -92,7 +92,7 @@ def test_a_nonce_is_remembered_until_its_timestamp_leaves_the_window(make_device
 
 
 def test_revoked_device_cannot_read(make_device: Any) -> None:
-    from devices.services import revoke_device
+    from accounts.devices import revoke_device
 
     sim = make_device()
     revoke_device(sim.device)

@@ -10,8 +10,7 @@ import pytest
 from django.conf import settings
 from django.core.management import call_command
 
-from accounts.models import User
-from devices.models import PairingCode
+from accounts.models import PairingCode, User
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

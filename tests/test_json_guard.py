@@ -19,10 +19,10 @@ import pytest
 from django.apps import apps
 from django.test import Client
 
+from accounts.devices import issue_pairing_code
+from accounts.models import Device
 from brain.models import Run
 from capabilities.models import ToolCall
-from devices.models import Device
-from devices.services import issue_pairing_code
 from memory.models import TimelineEntry
 from tests.conftest import db_async, internal_client, open_socket, pack_capability, pairing_payload
 from tests.gateway_support import run_with_demo_pack

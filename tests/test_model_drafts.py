@@ -102,7 +102,7 @@ def test_the_device_and_the_platform_compute_the_same_digest_and_message(db: Any
 def test_a_forged_guest_foreign_expired_or_locked_confirmation_changes_nothing(db: Any, keys: Path, make_device: Any, django_user_model: Any) -> None:
     use_brain(DEAD_URL)
     sim, other, guest = make_device(), make_device(), make_device(guest=True)
-    from devices.models import Device
+    from accounts.models import Device
     from tests.conftest import SimDevice, new_keypair
 
     stranger = django_user_model.objects.create_user("second", password="x" * 12, is_staff=True, is_superuser=True)

@@ -25,7 +25,7 @@ from django.conf import settings as django_settings
 from django.core.management import call_command
 from django.db import connection
 
-from devices.services import issue_pairing_code
+from accounts.devices import issue_pairing_code
 from devices.simulator import DeviceConnection, DeviceIdentity, SimulatorError, pair
 from releases import pointers, processes
 from tests.conftest import db_async, need, use_brain

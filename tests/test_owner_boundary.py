@@ -16,13 +16,12 @@ from django.test import Client
 from django.utils import timezone
 
 from accounts import voice, voiceprint
-from accounts.models import AdmissionRecord
+from accounts.devices import issue_pairing_code
+from accounts.models import AdmissionRecord, Device, PairingCode
 from accounts.owner_admin import OwnerContentAdmin, PlatformAdmin
 from accounts.services import text_admission, voice_admission
 from accounts.voiceprint import EnrollmentSegment
 from brain.services import accept_utterance
-from devices.models import Device, PairingCode
-from devices.services import issue_pairing_code
 from memory.assertions import store as assertions
 from tests.conftest import SimDevice, new_keypair
 from yimi_project.errors import YimiError
@@ -47,8 +46,8 @@ OWNER_CONTENT_PAGES = [
     "/admin/consent/rememberedconsent/",
     "/admin/consent/ridepermission/",
     "/admin/payments/paymentintent/",
-    "/admin/devices/device/",
-    "/admin/devices/pairingcode/",
+    "/admin/accounts/device/",
+    "/admin/accounts/pairingcode/",
     "/admin/devices/delivery/",
     "/admin/voice/voiceutterance/",
     "/admin/llm/modelselection/",
@@ -98,10 +97,10 @@ def test_a_second_superuser_cannot_issue_an_owner_pairing_code(owner: Any, secon
         with pytest.raises(YimiError) as err:
             issue_pairing_code(second_superuser, for_guest=for_guest)
         assert err.value.code == "forbidden"
-    refused = logged_in(second_superuser).post("/admin/devices/pairingcode/add/", {})
+    refused = logged_in(second_superuser).post("/admin/accounts/pairingcode/add/", {})
     assert refused.status_code == 403
     assert PairingCode.objects.count() == 0
-    made = logged_in(owner).post("/admin/devices/pairingcode/add/", {}, follow=True)
+    made = logged_in(owner).post("/admin/accounts/pairingcode/add/", {}, follow=True)
     assert made.status_code == 200 and "New pairing code" in made.content.decode()
     assert list(PairingCode.objects.values_list("owner_id", "for_guest")) == [(owner.id, False)]
 
@@ -172,7 +171,7 @@ def test_only_the_owner_reads_owner_content_in_the_admin(owner: Any, second_supe
         f"/admin/brain/run/{said.run_id}/change/",
         f"/admin/memory/assertion/{belief}/change/",
         f"/admin/memory/assertion/{belief}/forget/",
-        f"/admin/devices/device/{phone.device.pk}/change/",
+        f"/admin/accounts/device/{phone.device.pk}/change/",
         f"/admin/accounts/user/{owner.pk}/change/",
         f"/admin/accounts/user/{owner.pk}/password/",
     ]

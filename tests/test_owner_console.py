@@ -17,11 +17,11 @@ from django.test import Client
 from django.utils import timezone
 from drf_spectacular.validation import validate_schema
 
+from accounts.devices import revoke_device
 from accounts.owner_admin import clip
 from brain.models import AgentTask, Run
 from brain.services import accept_utterance
 from capabilities.models import ReceiptRecord, ToolCall
-from devices.services import revoke_device
 from memory.assertions import preferences
 from memory.assertions import store as assertions
 from memory.assertions.store import CommitRequest
@@ -145,11 +145,11 @@ def test_devices_are_listed_readably_with_a_revoked_filter(owner: Any, make_devi
     gone = make_device(name="old watch phone").device
     revoke_device(gone)
     mine = logged_in(owner)
-    everything = mine.get("/admin/devices/device/").content.decode()
+    everything = mine.get("/admin/accounts/device/").content.decode()
     assert "kitchen phone" in everything and "old watch phone" in everything and "last seen" in everything.lower()
-    in_use = mine.get("/admin/devices/device/?revoked=no").content.decode()
+    in_use = mine.get("/admin/accounts/device/?revoked=no").content.decode()
     assert "kitchen phone" in in_use and "old watch phone" not in in_use
-    assert "old watch phone" in mine.get("/admin/devices/device/?revoked=yes").content.decode()
+    assert "old watch phone" in mine.get("/admin/accounts/device/?revoked=yes").content.decode()
     assert kept.name == "kitchen phone"
 
 

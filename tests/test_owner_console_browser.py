@@ -95,6 +95,6 @@ def test_the_owner_walks_the_console_from_the_home(page: Any, live_server: Any, 
     assert PACK not in load_packs().packs and RegisteredPack.objects.get(name=PACK).enabled is False
 
     go_home_and_follow(page, live_server, "Devices")
-    page.wait_for_url("**/admin/devices/device/")
+    page.wait_for_url("**/admin/accounts/device/")
     shot(page, "console-09-devices")
     assert "kitchen phone" in page.inner_text("#result_list")

@@ -35,7 +35,7 @@ def test_the_index_is_grouped_by_the_owners_tasks_in_order(owner: Any) -> None:
     assert links["Memory"][0] == "/admin/memory/assertion/"
     assert links["Models and persona"][:2] == ["/admin/llm/modelrole/", "/admin/llm/modelselection/"]
     assert links["Packs"][0] == "/admin/capabilities/registeredpack/"
-    assert links["Devices and who may speak"][0] == "/admin/devices/device/"
+    assert links["Devices and who may speak"][0] == "/admin/accounts/device/"
     assert ">Watches<" in page and "Watchs" not in page
     # the sidebar on every other page has the same sections
     sidebar = client.get("/admin/brain/run/").content.decode()

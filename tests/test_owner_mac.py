@@ -20,13 +20,13 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from django.core.management import call_command
 
+from accounts.signatures import auth_message
 from capabilities import packkit
 from capabilities.manifest import load_pack
 from devices.mac import crypto as mac_crypto
 from devices.mac.models import MacKey, MacOperation, MacPause
 from devices.mac.sandbox import MacSandbox
 from devices.mac.sim import MacAgent
-from devices.signatures import auth_message
 from tests.conftest import db_async, open_socket, pack_capability, receive_until
 from tests.test_memory_forgetting import places_holding
 

@@ -8,8 +8,8 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from devices.models import Device, PairingCode
-from devices.services import PairingRequest, issue_pairing_code, pair_device
+from accounts.devices import PairingRequest, issue_pairing_code, pair_device
+from accounts.models import Device, PairingCode
 from tests.conftest import need, new_keypair, pairing_payload
 from yimi_project.errors import YimiError
 

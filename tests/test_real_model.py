@@ -16,8 +16,8 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.test import override_settings
 
+from accounts.models import PairingCode
 from accounts.services import get_owner
-from devices.models import PairingCode
 from llm import roles
 from llm.role_draft_models import ModelRoleDraft
 from tests.ports import free_port

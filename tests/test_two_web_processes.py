@@ -21,7 +21,7 @@ import pytest
 from django.conf import settings as django_settings
 from django.db import connection
 
-from devices.services import issue_pairing_code
+from accounts.devices import issue_pairing_code
 from devices.simulator import DeviceConnection, DeviceIdentity, pair
 from tests.conftest import db_async, need, script
 from tests.ports import free_port
@@ -158,8 +158,8 @@ def revoke_in_admin(web: WebProcesses, index: int, device_id: str) -> None:
             "csrfmiddlewaretoken": client.cookies["csrftoken"], "next": "/admin/",
         }))
         assert response.status_code == 302, response.text[:500]
-        served_there(client.get("/admin/devices/device/"))
-        response = served_there(client.post("/admin/devices/device/", data={
+        served_there(client.get("/admin/accounts/device/"))
+        response = served_there(client.post("/admin/accounts/device/", data={
             "action": "revoke", "_selected_action": device_id, "select_across": "0", "index": "0",
             "csrfmiddlewaretoken": client.cookies["csrftoken"],
         }))

@@ -13,9 +13,9 @@ from channels.testing import WebsocketCommunicator
 
 from accounts import voice
 from accounts.models import AdmissionRecord, VoiceprintEnrollment
+from accounts.signatures import auth_message
 from brain.models import Run
 from devices.models import Delivery
-from devices.signatures import auth_message
 from memory.models import TimelineEntry
 from tests import voice_support
 from tests.conftest import db_async, device_socket, receive_until
@@ -154,8 +154,8 @@ async def test_audio_rechecks_the_device_so_a_revocation_whose_close_was_lost_en
     revocation's close message never reached the socket."""
     from django.utils import timezone
 
+    from accounts.models import Device
     from devices.consumers.voice import DEVICE_RECHECK_SECONDS, VoiceConsumer
-    from devices.models import Device
 
     now = [1000.0]
     monkeypatch.setattr(VoiceConsumer, "recheck_clock", staticmethod(lambda: now[0]))

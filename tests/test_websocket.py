@@ -10,13 +10,14 @@ from typing import Any
 import pytest
 from channels.testing import WebsocketCommunicator
 
-from accounts.models import AdmissionRecord
+from accounts import devices as device_identity
+from accounts.devices import revoke_device
+from accounts.models import AdmissionRecord, Device
+from accounts.signatures import auth_message, challenge_message, verify
 from brain.models import Run
 from devices import services as device_services
 from devices.consumers.device import DeviceConsumer
-from devices.models import Delivery, Device
-from devices.services import revoke_device
-from devices.signatures import auth_message, challenge_message, verify
+from devices.models import Delivery
 from memory.models import TimelineEntry
 from memory.timeline.entries import append_entry
 from tests.conftest import SOCKET_TIMEOUT, SimDevice, db_async, new_client_id, new_keypair, open_socket, receive_until, script
@@ -114,14 +115,14 @@ async def test_an_auth_frame_in_time_is_checked_however_long_the_check_takes(
     (a slow database, a busy machine) ends in ready, not auth_timeout or service_unavailable."""
     sim = await db_async(make_device)()
     checking, finish = threading.Event(), threading.Event()
-    check = device_services.authenticate_challenge
+    check = device_identity.authenticate_challenge
 
     def slow_check(*args: Any) -> Any:
         checking.set()
         assert finish.wait(SOCKET_TIMEOUT * 3)
         return check(*args)
 
-    monkeypatch.setattr(device_services, "authenticate_challenge", slow_check)
+    monkeypatch.setattr(device_identity, "authenticate_challenge", slow_check)
     comm, challenge = await open_socket(authenticate=False)
     try:
         await comm.send_json_to(auth_frame(sim, challenge))
@@ -159,7 +160,7 @@ async def test_revoked_device_cannot_send_even_if_the_close_message_is_lost(make
     comm, _ = await open_socket(sim)
     from django.utils import timezone
 
-    from devices.models import Device
+    from accounts.models import Device
 
     # Revoke behind the consumer's back: no group message reaches it.
     await db_async(Device.objects.filter(id=sim.device.id).update)(revoked_at=timezone.now())
@@ -179,14 +180,14 @@ async def test_a_device_revoked_between_its_login_check_and_joining_its_groups_g
     groups: ``device_revoked`` and 4403 instead of ``ready``, and it is in no group after."""
     sim = await db_async(make_device)()
     other = await db_async(make_device)()  # one of the owner's devices that stays
-    login_check = device_services.authenticate_challenge
+    login_check = device_identity.authenticate_challenge
 
     def revoked_right_after_the_check(*args: Any) -> Device:
         device = login_check(*args)
         assert revoke_device(device) is True  # its device.revoked reaches no socket: none joined yet
         return device
 
-    monkeypatch.setattr(device_services, "authenticate_challenge", revoked_right_after_the_check)
+    monkeypatch.setattr(device_identity, "authenticate_challenge", revoked_right_after_the_check)
     comm, challenge = await open_socket(authenticate=False, path=path)
     await comm.send_json_to(auth_frame(sim, challenge))
     answer = await comm.receive_json_from()
@@ -345,7 +346,7 @@ async def test_an_unexpected_error_before_ready_answers_internal_error_and_close
     def broken(*args: Any) -> None:
         raise RuntimeError("trace text")
 
-    monkeypatch.setattr(device_services, "authenticate_challenge", broken)
+    monkeypatch.setattr(device_identity, "authenticate_challenge", broken)
     comm, challenge = await open_socket(authenticate=False)
     await comm.send_json_to(auth_frame(sim, challenge))
     assert (await comm.receive_json_from())["code"] == "internal_error"

@@ -31,7 +31,7 @@ class VoiceUtterance(models.Model):
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="voice_utterances")
-    device = models.ForeignKey("devices.Device", on_delete=models.CASCADE, related_name="voice_utterances")
+    device = models.ForeignKey("accounts.Device", on_delete=models.CASCADE, related_name="voice_utterances")
     channel = models.CharField(max_length=32)
     call = models.ForeignKey("accounts.VoiceCall", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     mode = models.CharField(max_length=16, default="normal")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.conf import settings
 from django.db import transaction
@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from accounts import voice as identity
 from accounts import voiceprint
-from accounts.models import VoiceCall
+from accounts.models import Device, VoiceCall
 from accounts.voice import SpeakerDecision
 from accounts.voiceprint import EnrollmentSegment, LearningOutcome
 from brain.models import Run
@@ -30,9 +30,6 @@ from voice.models import VoiceUtterance
 from voice.session import Utterance, VoiceSession
 from yimi_project.errors import YimiError
 from yimi_project.logs import log_event
-
-if TYPE_CHECKING:  # devices/ is above voice/: the socket hands its Device in
-    from devices.models import Device
 
 Disposition = VoiceUtterance.Disposition
 

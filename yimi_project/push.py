@@ -224,7 +224,7 @@ class ReplyChunks:
 
 
 def register_device_chooser(chooser: DeviceChooser) -> None:
-    """devices/ answers ``owner_devices`` (``DevicesConfig.ready``)."""
+    """accounts/ answers ``owner_devices`` (``AccountsConfig.ready``)."""
     global _device_chooser
     _device_chooser = chooser
 

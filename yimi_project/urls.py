@@ -1,11 +1,25 @@
 from __future__ import annotations
 
 from django.contrib import admin
-from django.urls import include, path
+from django.urls import include, path, re_path
 
-from yimi_project.views import health, health_live
+from yimi_project.views import health, health_live, moved_admin_page
+
+# Admin pages whose models moved to another app (the restructure of issue 36): the old
+# address answers a permanent redirect, so bookmarks and links in old notes still work.
+MOVED_ADMIN_PAGES = {
+    ("devices", "accounts"): ("device", "pairingcode"),
+    ("devices", "voice"): ("voiceutterance",),
+    ("brain", "llm"): ("modelselection", "modelrole", "modelroledraft", "modelusage"),
+    ("brain", "companion"): ("personaversion", "contentcard", "callsnapshot", "privacyepoch", "companionsettings"),
+    ("brain", "schedules"): ("reminder", "schedule", "watch", "watchnotice"),
+}
 
 urlpatterns = [
+    *(
+        re_path(rf"^admin/{old}/(?P<rest>(?:{'|'.join(models)})/.*)$", moved_admin_page, {"app": new})
+        for (old, new), models in MOVED_ADMIN_PAGES.items()
+    ),
     path("admin/", admin.site.urls),
     path("api/health/", health),  # readiness: the database, Redis and the brain
     path("api/health/live/", health_live),  # liveness: this process and its database

@@ -30,7 +30,7 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connection, connections
-from django.http import HttpRequest, JsonResponse
+from django.http import HttpRequest, HttpResponse, HttpResponsePermanentRedirect, JsonResponse
 
 from yimi_project.logs import log_event
 
@@ -204,3 +204,10 @@ async def health_live(request: HttpRequest) -> JsonResponse:
     database, the channel layer and ``build`` (the switch verifies it)."""
     database_ok = await database_answers()
     return _answer([] if database_ok else ["database_unavailable"], await _details(request, database_ok))
+
+
+def moved_admin_page(request: HttpRequest, rest: str, app: str) -> HttpResponse:
+    """A permanent redirect from an admin page whose model moved to another app (its URL
+    names the app), keeping the rest of the path and the query string."""
+    query = request.META.get("QUERY_STRING", "")
+    return HttpResponsePermanentRedirect(f"/admin/{app}/{rest}" + (f"?{query}" if query else ""))

@@ -9,13 +9,13 @@ from typing import Any
 
 from channels.db import database_sync_to_async
 
+from accounts.models import Device
 from brain.consent_execution import acknowledge_denied
 from brain.dispatch import dispatch_card_execution, dispatch_payment
 from brain.payment_execution import acknowledge_declined
 from consent import services as consent
 from devices import hud
 from devices.consumers.connection import DeviceConnection
-from devices.models import Device
 from payments import services as payments
 from releases import baseline as release_baseline
 

@@ -29,14 +29,13 @@ from django.conf import settings
 from django.db import InterfaceError, OperationalError
 from redis.exceptions import RedisError
 
+from accounts import devices as device_identity
 from accounts.identity import instance_public_key_b64, sign_as_instance
-from accounts.models import Scope
+from accounts.models import Device, Scope
 from accounts.services import device_scope_limit
+from accounts.signatures import challenge_message
 from brain.sweeper import ensure_embedded_sweeper
 from brain.trace import now_ms
-from devices import services as device_services
-from devices.models import Device
-from devices.signatures import challenge_message
 from memory.timeline import entries as timeline
 from yimi_project import jsonbody, push
 from yimi_project.errors import YimiError
@@ -227,7 +226,7 @@ class DeviceConnection(AsyncWebsocketConsumer):
             # group message that closes us were lost; a text frame does it in its own
             # database trip (``_on_text``: one trip per utterance, not two).
             if frame["type"] not in self.RECHECKED_IN_HANDLER:
-                self.device = await database_sync_to_async(device_services.active_device)(self.device.id)
+                self.device = await database_sync_to_async(device_identity.active_device)(self.device.id)
             await handler(self, frame)
         except YimiError as exc:
             if exc.code == "device_revoked":
@@ -256,7 +255,7 @@ class DeviceConnection(AsyncWebsocketConsumer):
                 return  # the deadline passed first: the socket is closing with 4408
             self._auth_timer.cancel()  # a complete auth frame came in time: its check may take as long as it takes
         try:
-            device = await database_sync_to_async(device_services.authenticate_challenge)(
+            device = await database_sync_to_async(device_identity.authenticate_challenge)(
                 frame.get("device_id"), self.nonce, frame.get("signature")
             )
         except YimiError as exc:
@@ -275,7 +274,7 @@ class DeviceConnection(AsyncWebsocketConsumer):
             comes. From here on a revocation's close reaches this socket. With the scope
             admission will use (accounts.services.device_scope_limit): a guest device, or a
             device of any account but the owner's, is admitted as guest."""
-            fresh = device_services.active_device(device.id)
+            fresh = device_identity.active_device(device.id)
             return fresh, device_scope_limit(fresh)
 
         try:

@@ -10,12 +10,13 @@ from typing import Any
 from channels.db import database_sync_to_async
 from django.conf import settings
 
+from accounts import devices as device_identity
+from accounts.models import Device
 from brain.dispatch import dispatch_run, publish_run
 from brain.services import accept_utterance, trace_stages_update
 from brain.trace import now_ms
 from devices import services as device_services
 from devices.consumers.connection import DeviceConnection
-from devices.models import Device
 from memory.timeline import entries as timeline
 from yimi_project import push
 from yimi_project.errors import YimiError
@@ -47,7 +48,7 @@ class TimelineFrames(DeviceConnection):
             """One trip to this socket's database thread: the device re-check (with its
             owner's account, which admission reads), admission + timeline entry + run in
             one transaction, and after commit the run's Celery message (``publish_run``)."""
-            device = device_services.active_device(device_id)
+            device = device_identity.active_device(device_id)
             accepted = accept_utterance(device, client_id, text, thinking=thinking, received_ms=received_ms)
             return device, accepted, (not accepted.duplicate and publish_run(accepted.run_id))
 

@@ -18,6 +18,7 @@ from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async
 from django.utils import timezone
 
+from accounts import devices as device_identity
 from accounts import voice as identity
 from accounts.models import VoiceCall
 from brain.dispatch import dispatch_run
@@ -25,7 +26,6 @@ from companion import events as call_events
 from companion import snapshot as call_snapshot
 from companion.tasks import dispatch_call_summary
 from devices import push_to_talk
-from devices import services as device_services
 from devices.consumers.device import DeviceConsumer
 from llm import roles
 from memory.archive import raw_store
@@ -98,7 +98,7 @@ class VoiceConsumer(DeviceConsumer):
             # frames a second); every text frame re-checks it (DeviceConsumer._receive_text).
             now = self.recheck_clock()
             if self._checked_at is None or now - self._checked_at >= DEVICE_RECHECK_SECONDS:
-                self.device = await database_sync_to_async(device_services.active_device)(self.device.id)
+                self.device = await database_sync_to_async(device_identity.active_device)(self.device.id)
                 self._checked_at = now
         except YimiError as exc:
             if exc.code == "device_revoked":

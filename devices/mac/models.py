@@ -16,7 +16,7 @@ from django.db import models
 class MacKey(models.Model):
     """The X25519 public key an owner's Mac registered with a signed ``mac.hello``."""
 
-    device = models.OneToOneField("devices.Device", on_delete=models.CASCADE, primary_key=True, related_name="mac_key")
+    device = models.OneToOneField("accounts.Device", on_delete=models.CASCADE, primary_key=True, related_name="mac_key")
     x25519_public_key = models.CharField(max_length=64, help_text="raw X25519 public key, base64")
     registered_at = models.DateTimeField()
 
@@ -30,7 +30,7 @@ class MacPause(models.Model):
     owner = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, primary_key=True, related_name="mac_pause")
     paused = models.BooleanField(default=False)
     changed_at = models.DateTimeField()
-    changed_by = models.ForeignKey("devices.Device", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    changed_by = models.ForeignKey("accounts.Device", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
 
     def __str__(self) -> str:
         return "paused" if self.paused else "running"
@@ -56,7 +56,7 @@ class MacOperation(models.Model):
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False, help_text="the op id on the wire")
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="mac_operations")
-    device = models.ForeignKey("devices.Device", null=True, blank=True, on_delete=models.SET_NULL, related_name="mac_operations")
+    device = models.ForeignKey("accounts.Device", null=True, blank=True, on_delete=models.SET_NULL, related_name="mac_operations")
     call_id = models.CharField(max_length=80, blank=True, help_text="the capability call that asked for it")
     tool = models.CharField(max_length=100, blank=True)
     kind = models.CharField(max_length=32)

@@ -37,11 +37,11 @@ from django.conf import settings
 from django.utils import timezone
 
 from accounts.identity import sign_as_instance
+from accounts.models import Device
 from accounts.services import device_scope_limit
 from devices.mac import crypto as mac_crypto
 from devices.mac.desktop import DESKTOP_KINDS, DESKTOP_READ_KINDS, DESKTOP_WRITE_KINDS
 from devices.mac.models import MacKey, MacOperation, MacPause
-from devices.models import Device
 from yimi_project import push
 from yimi_project.errors import YimiError
 from yimi_project.logs import log_event

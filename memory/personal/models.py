@@ -50,7 +50,7 @@ class HealthRecord(models.Model):
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="health_records")
-    device = models.ForeignKey("devices.Device", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    device = models.ForeignKey("accounts.Device", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     device_label = models.CharField(max_length=64)
     device_kind = models.CharField(max_length=16)
     client_id = models.CharField(max_length=64)
@@ -71,7 +71,7 @@ class HealthRecord(models.Model):
 class LocationReport(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="location_reports")
-    device = models.ForeignKey("devices.Device", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    device = models.ForeignKey("accounts.Device", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     device_label = models.CharField(max_length=64, help_text="the device's name when it reported")
     client_id = models.CharField(max_length=64, help_text="the frame's id (a resend is the same report)")
     lat = models.FloatField(help_text="WGS 84 latitude, degrees (7 decimals)")
@@ -121,7 +121,7 @@ class ImageRecord(models.Model):
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="images")
-    device = models.ForeignKey("devices.Device", null=True, blank=True, on_delete=models.SET_NULL, related_name="images")
+    device = models.ForeignKey("accounts.Device", null=True, blank=True, on_delete=models.SET_NULL, related_name="images")
     scope = models.CharField(max_length=16)  # the sending device's scope: owner or guest
     state = models.CharField(max_length=16, choices=State.choices, default=State.UPLOADED, db_index=True)
     retention = models.CharField(max_length=16, choices=Retention.choices)
@@ -162,7 +162,7 @@ class ImageRecord(models.Model):
 class AmbientRecord(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="ambient_records")
-    device = models.ForeignKey("devices.Device", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    device = models.ForeignKey("accounts.Device", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     device_label = models.CharField(max_length=64, help_text="the device's name when it was heard")
     channel = models.CharField(max_length=32, help_text="capture channel (phone_app, glasses, mac, ...)")
     utterance_id = models.UUIDField(help_text="the VoiceUtterance this chunk was cut from")

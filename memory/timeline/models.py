@@ -31,7 +31,7 @@ class TimelineEntry(models.Model):
     kind = models.CharField(max_length=16, choices=Kind.choices)
     text = models.TextField()
     device = models.ForeignKey(
-        "devices.Device", null=True, blank=True, on_delete=models.SET_NULL, related_name="timeline_entries"
+        "accounts.Device", null=True, blank=True, on_delete=models.SET_NULL, related_name="timeline_entries"
     )
     # The device's own id for an inbound frame; a resend with the same id is the same entry.
     client_id = models.CharField(max_length=64, null=True, blank=True)

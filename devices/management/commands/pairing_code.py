@@ -5,8 +5,8 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError
 
+from accounts.devices import issue_pairing_code
 from accounts.services import get_owner
-from devices.services import issue_pairing_code
 
 
 class Command(BaseCommand):

@@ -32,12 +32,12 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
+from accounts.devices import issue_pairing_code
 from accounts.identity import ensure_instance_identity, instance_public_key_b64
 from accounts.services import ensure_owner, get_owner
 from capabilities.registry.grants import grant_shipped_secrets
 from capabilities.registry.publish import record_shipped_versions
 from capabilities.registry_models import RegisteredPack
-from devices.services import issue_pairing_code
 from llm import keyring, roles
 from yimi_project.errors import YimiError
 from yimi_project.secrets import read_secret, read_secret_file

@@ -17,8 +17,8 @@ from django.conf import settings
 from rest_framework import authentication, exceptions
 from rest_framework.request import Request
 
-from devices import signatures
-from devices.services import accept_request_nonce, active_device
+from accounts import signatures
+from accounts.devices import accept_request_nonce, active_device
 from yimi_project.errors import YimiError
 
 

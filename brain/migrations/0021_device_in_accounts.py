@@ -1,0 +1,26 @@
+# Foreign keys to the device follow it to accounts (state only; the tables keep their names).
+
+import django.db.models.deletion
+from django.db import migrations, models
+
+
+class Migration(migrations.Migration):
+
+    dependencies = [
+        ('accounts', '0005_device_identity'),
+        ('brain', '0020_schedules_moved_out'),
+    ]
+
+    # State only: the tables and their constraints stay as they are (the models moved
+    # between apps, keeping their table names), so an installed instance upgrades in place.
+    operations = [
+        migrations.SeparateDatabaseAndState(
+            state_operations=[
+                migrations.AlterField(
+                    model_name='run',
+                    name='origin_device',
+                    field=models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='runs', to='accounts.device'),
+                ),
+            ],
+        ),
+    ]
