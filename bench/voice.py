@@ -443,7 +443,7 @@ def main() -> None:
     from devices.voice.engines import SpeakerEmbedder
     from devices.voice.probe import build
     from devices.voice.session import VoiceSession
-    from tests.voice_support import build_speaker_model
+    from tests.support.voice_support import build_speaker_model
 
     spec = importlib.util.find_spec("silero_vad")
     assert spec and spec.submodule_search_locations, "pip install --no-deps silero-vad"

@@ -19,7 +19,7 @@ when there is a reason to:
 
 A connection that fails the check is discarded by the pool, which gives the request
 another one, and the pool's other idle connections are swept with it
-(``PooledConnectionCheck``; tests/test_db_pool_check.py).
+(``PooledConnectionCheck``; tests/yimi_project/test_db_pool_check.py).
 """
 
 from __future__ import annotations
