@@ -5,7 +5,7 @@ named after code packages). The owner thinks in tasks: what Yimi heard and did, 
 for an answer, memory, models, packs, devices. ``OwnerConsoleSite.get_app_list`` groups
 the index and the sidebar by ``TASKS``, in that order, each model in the order listed. A
 model registered later and named in no task lands in "Other" at the end (never hidden);
-``tests/test_owner_console_index.py`` fails while any does, so a new model is placed on
+``tests/accounts/test_owner_console_index.py`` fails while any does, so a new model is placed on
 purpose. An app's own page (``/admin/<app_label>/``) stays Django's per-app list.
 
 Models are named by ``app_label.model_name`` strings: this module imports no app above

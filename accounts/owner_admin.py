@@ -72,7 +72,7 @@ class OwnerContentAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 class PlatformAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     """Base for an admin over the platform's own rows, not the owner's content (the pack
     registry, which staff review). Django's model permissions decide who sees it; every
-    such admin is named in ``tests/test_owner_boundary.py``, so a new one is a reviewed
+    such admin is named in ``tests/accounts/test_owner_boundary.py``, so a new one is a reviewed
     decision, never a default."""
 
 

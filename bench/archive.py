@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 from bench.support import percentile  # noqa: E402
 from memory.archive import coldpack  # noqa: E402
 from memory.archive.webdav import WebDAV  # noqa: E402
-from tests.webdav_support import PASSWORD, USER, WsgiDAVServer  # noqa: E402
+from tests.support.webdav_support import PASSWORD, USER, WsgiDAVServer  # noqa: E402
 
 RATE = 16000
 BYTES_PER_SECOND = RATE * 2

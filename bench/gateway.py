@@ -73,7 +73,7 @@ def main() -> None:
     from django.test.utils import CaptureQueriesContext
 
     from tests.conftest import pairing_payload
-    from tests.gateway_support import write_pack
+    from tests.support.gateway_support import write_pack
 
     write_pack(packs_dir, "demo")
     call_command("migrate", verbosity=0)

@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/vision.py [--rounds 200]
 
-Images: 1280 × 720 JPEGs (quality 85) made from the test photos (tests/data/faces): one with
+Images: 1280 × 720 JPEGs (quality 85) made from the test photos (tests/support/data/faces): one with
 two faces (Eileen Collins and Grace Hopper side by side), one with one face, one drawn scene
 with none. The work per image is the server's own (``voice.faces``): decode, OpenCV's Haar
 frontal-face cascade, a crop per face, one onnxruntime call for the faces, and no database.
@@ -91,7 +91,7 @@ def main() -> None:
     django.setup()
     cv2.setNumThreads(1)
     from llm.catalog import parse_catalog
-    from tests.face_support import COLLINS, HOPPER, build_face_model, drawn_scene, face_entry, jpeg, load, on_frame
+    from tests.support.face_support import COLLINS, HOPPER, build_face_model, drawn_scene, face_entry, jpeg, load, on_frame
     from voice import faces
 
     both = on_frame(load(COLLINS), scale=1.0, at=(0, 100))

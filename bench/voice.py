@@ -440,7 +440,7 @@ def main() -> None:
     import threading
 
     from llm.catalog import parse_catalog
-    from tests.voice_support import build_speaker_model
+    from tests.support.voice_support import build_speaker_model
     from voice.engines import SpeakerEmbedder
     from voice.probe import build
     from voice.session import VoiceSession

@@ -91,7 +91,7 @@ def _accept(
     Step 1 is the unique (device, client id) constraint itself, not a lookup first: a
     resend (rare: a reconnect) fails the entry's INSERT, the whole statement or transaction
     rolls back (admission and sequence number too, no gap) and the stored entry is read
-    then (tests/test_admission_queries.py)."""
+    then (tests/brain/test_admission_queries.py)."""
     entry = TimelineEntry(
         owner_id=device.owner_id, seq=0, kind=TimelineEntry.Kind.UTTERANCE, text=text, device_id=device.id, client_id=client_id,
         scope=admission.scope,

@@ -89,7 +89,7 @@ class ContentCardForm(forms.ModelForm):  # type: ignore[type-arg]
 
 @admin.register(ContentCard)
 class ContentCardAdmin(OwnerContentAdmin):
-    """Maintained by the owner (every admin page is the owner's: tests/test_owner_boundary);
+    """Maintained by the owner (every admin page is the owner's: tests/accounts/test_owner_boundary);
     each change is a new version."""
 
     form = ContentCardForm

@@ -464,7 +464,7 @@ def prepare(call: VoiceCall, *, now: datetime | None = None, reader: BackgroundR
     transaction is rolled back (no savepoint on the way of every start) and a second one
     takes the lock again and writes the fallback (persona + ``GENERIC_OPENING``, no
     background, no card) with the error's code. Nothing here calls a model or leaves the
-    host. Its statements are counted in tests/test_call_snapshot.py (the query budget).
+    host. Its statements are counted in tests/companion/test_call_snapshot.py (the query budget).
     """
     now = now or timezone.now()
     try:

@@ -326,7 +326,7 @@ class UnixWSGIServer:
     or 403) had its connection closed with the body unread, and a client whose body had not
     all been sent yet (a pack process descheduled between sending the headers and the
     body, on a busy machine) got EPIPE instead of the answer: ``PlatformLost``
-    (BrokenPipeError) in tests/test_pack_sandbox.py."""
+    (BrokenPipeError) in tests/capabilities/test_pack_sandbox.py."""
 
     def __init__(self, path: Path) -> None:
         import socketserver

@@ -76,7 +76,7 @@ _RETRY_RE = re.compile(_phrase_re(RETRY_WORDS).pattern + "|" + "|".join(RETRY_PA
 # run (most sentences of a reply): a substring test of every phrase on the lowered sentence
 # comes first. IGNORECASE also folds these non-ASCII letters into ASCII ones, which lower()
 # does not do the same way; a sentence with one of them takes the patterns always
-# (tests/test_truth.py checks that the list is whole).
+# (tests/capabilities/test_truth.py checks that the list is whole).
 FOLDS_INTO_ASCII = frozenset("\u0130\u0131\u017f\u212a")  # İ ı ſ K (Kelvin)
 _PHRASES = tuple(p.lower() for _, words in STATUS_WORDS for p in words)
 

@@ -1,7 +1,7 @@
 """Start the TLS front: make sure a certificate exists, render nginx.conf, exec nginx.
 
 The compose service ``front`` runs ``python docker/front/front.py`` (in the Yimi image,
-which has nginx from Debian's packages); ``tests/test_front.py`` imports this file and uses
+which has nginx from Debian's packages); ``tests/e2e/test_front.py`` imports this file and uses
 the same functions to run the same configuration against a real daphne.
 
 Certificates live in ``YIMI_FRONT_TLS_DIR`` (a volume), generated on the first start and

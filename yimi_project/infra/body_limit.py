@@ -11,7 +11,7 @@ Replaces: the unbounded read of Django's ``ASGIHandler.read_body`` (Django's
 ``DATA_UPLOAD_MAX_MEMORY_SIZE`` applies only once a view reads the body, after it is on
 disk); ``yimi_project.asgi`` wraps the HTTP application in it. Drop it when Django's ASGI
 handler refuses an oversized body before spooling it, with a limit per path.
-Tests: tests/test_body_limit.py.
+Tests: tests/yimi_project/test_body_limit.py.
 """
 
 from __future__ import annotations

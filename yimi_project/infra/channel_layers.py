@@ -35,7 +35,7 @@ killed (issue 35; docs/decisions/2026-12-03-channel-layer.md). Drop it when
 ``channels_redis`` receives through one reader per process inbox, sends to a group in one
 round trip, reports what does not fit instead of dropping it, and never hands out a dead
 connection; the ``timeline.new`` coalescing would then move to the device consumer.
-Tests: tests/test_channel_layer.py, tests/test_delivery.py, tests/test_outages.py.
+Tests: tests/yimi_project/test_channel_layer.py, tests/yimi_project/test_delivery.py, tests/e2e/test_outages.py.
 """
 
 from __future__ import annotations

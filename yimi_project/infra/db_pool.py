@@ -19,7 +19,7 @@ when there is a reason to:
 
 A connection that fails the check is discarded by the pool, which gives the request
 another one, and the pool's other idle connections are swept with it
-(``PooledConnectionCheck``; tests/test_db_pool_check.py).
+(``PooledConnectionCheck``; tests/yimi_project/test_db_pool_check.py).
 
 Replaces: psycopg_pool's ``ConnectionPool.check_connection``, the check Django installs with
 ``CONN_HEALTH_CHECKS``; settings put ``pooled_connection_check`` in ``OPTIONS["pool"]`` and

@@ -29,7 +29,7 @@ response that is not HTTP/1.1).
 Replaces: httpx (with httpcore and anyio) for a model call's streamed POST; ``llm.client``
 calls it by name (docs/decisions/2026-12-03-model-calls-over-h11.md). Drop it when httpx's
 own CPU per streamed request comes near a bare h11 exchange (the figures above);
-``llm.client`` then calls httpx for every endpoint. Tests: tests/test_brain_client_loops.py.
+``llm.client`` then calls httpx for every endpoint. Tests: tests/llm/test_brain_client_loops.py.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ It leans on Django's internals, to check on a Django or psycopg upgrade: ``Model
 ``Model.from_db``, ``Field.pre_save``/``get_db_prep_save``/``get_db_converters``,
 ``connection.ops`` and ``features``, psycopg's ``prepare_threshold`` (``custom_plans``).
 Drop it when the ORM keeps a query's compiled SQL per shape, so the hot paths can go back
-to it. Tests: tests/test_prepared_statements.py, tests/test_gateway_queries.py.
+to it. Tests: tests/yimi_project/test_prepared_statements.py, tests/capabilities/test_gateway_queries.py.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ Patches: daphne's ``WebSocketFactory.protocol`` (autobahn's ``failByDrop`` and
 ``serverClose``), installed by ``yimi_project.asgi``. Why: the device must learn why its
 socket closed (1009, 1007) and be told to come back later (1013) rather than see 1006. Drop
 it when daphne lets the server turn ``failByDrop`` off and autobahn lets an application
-close with 1011-1014. Tests: tests/test_e2e.py (1009, 1007, 1013), tests/test_websocket.py
+close with 1011-1014. Tests: tests/e2e/test_e2e.py (1009, 1007, 1013), tests/devices/test_websocket.py
 (1013 when Redis is down).
 """
 

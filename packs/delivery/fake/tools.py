@@ -3,7 +3,7 @@ in-memory platform.
 
 It loads ``server/tools.py`` and replaces its ``fetch`` (the carrier) and ``call`` (the
 platform's ``/internal/watches/parcels/``). The carrier knows ``CONTRACT-1`` (in transit)
-and every ``DELIVERED-*`` number (delivered), like tests/parcel_service.py; every other
+and every ``DELIVERED-*`` number (delivered), like tests/support/parcel_service.py; every other
 number is unknown. The platform applies ``schedules.parcels``' rules: a number is 1-64
 characters, following a followed number is the same watch, stopping a number never
 followed is ``not_found``. Nothing leaves the process.

@@ -59,7 +59,7 @@ NOT_ERASED = [
 ]
 
 
-# The same as memory.timeline.history_search and memory.recall (tests/test_memory_history_search.py
+# The same as memory.timeline.history_search and memory.recall (tests/memory/test_memory_history_search.py
 # checks the note and the limits match).
 HISTORY_LOOKUPS_PER_RUN = 3
 HISTORY_NOTE = (

@@ -1,7 +1,7 @@
 """A scripted cloud phone: the REST API the phone pack speaks, over an in-memory world.
 
 The same ``route(world, method, path, body)`` answers the pack's fake (in process) and the
-tests' local HTTP server (``tests/cloud_phone_fake.py``), so both speak one API:
+tests' local HTTP server (``tests/support/cloud_phone_fake.py``), so both speak one API:
 
     GET    /v1/devices                                   → {"devices": [{"id", "state", "leased"}]}
     POST   /v1/devices/{id}/start | /stop                → {"device": {...}}

@@ -54,7 +54,7 @@ def find_release(ref: str) -> Release:
 def parse_suite(text: str) -> gate.Suite:
     name, _, args = text.partition("=")
     if not name.strip() or not args.strip():
-        raise YimiError("invalid_request", f"--suite {text!r}: write NAME=PYTEST ARGS, e.g. gateway=tests/test_gateway.py")
+        raise YimiError("invalid_request", f"--suite {text!r}: write NAME=PYTEST ARGS, e.g. gateway=tests/capabilities/test_gateway.py")
     return gate.Suite(name.strip(), tuple(args.split()))
 
 

@@ -11,7 +11,7 @@ exactly Django's.
 Why: Django's own choice is a round trip on every checkout or no check at all (see
 ``yimi_project.infra.db_pool``). Drop it when Django passes a ``check`` from the pool options
 to psycopg_pool itself (or offers a cheaper check); settings' ENGINE then goes back to
-``django.db.backends.postgresql``. Tests: tests/test_db_pool_check.py, tests/test_db_pool.py.
+``django.db.backends.postgresql``. Tests: tests/yimi_project/test_db_pool_check.py, tests/yimi_project/test_db_pool.py.
 """
 
 from __future__ import annotations

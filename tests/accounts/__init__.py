@@ -1,0 +1,1 @@
+"""Tests of accounts: the owner, admission, voice identity, the owner-only admin and the owner's console."""

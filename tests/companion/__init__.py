@@ -1,0 +1,1 @@
+"""Tests of the companion: persona, call snapshot, topic state, the acceptance scenarios."""

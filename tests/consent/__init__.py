@@ -1,0 +1,1 @@
+"""Tests of consent: cards, execution tokens, remembered consent."""

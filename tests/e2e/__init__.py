@@ -1,0 +1,1 @@
+"""End-to-end tests: real daphne, Celery worker and front processes against PostgreSQL and Redis."""

@@ -1,0 +1,1 @@
+"""Tests of schedules: scheduled runs, watches, parcels."""

@@ -1,0 +1,1 @@
+"""Tests of the workshop: find, build, self-test in the sandbox, publish, its pack."""
