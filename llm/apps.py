@@ -20,7 +20,7 @@ class LlmConfig(AppConfig):
     def ready(self) -> None:
         # Here, not at the top: these modules import models, which exist only once the app
         # registry is ready (memory is a layer below; no cycle is being dodged).
-        from llm import probe
+        from llm import probe, tasks  # noqa: F401 - tasks: its Celery tasks, started by name (llm.model_settings)
         from llm.vector_index import effective_embedder
         from memory.timeline import embeddings
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
@@ -38,7 +39,7 @@ from accounts.voiceprint import enrolled_channels
 from llm import catalog
 from llm.catalog import CatalogEntry
 from llm.models import ModelSelection, ModelSwitch
-from llm.tasks import dispatch_rebuild
+from yimi_project.celery import app as celery_app
 from yimi_project.errors import YimiError
 from yimi_project.ids import uuid_or_nil
 from yimi_project.logs import log_event
@@ -335,8 +336,21 @@ def _settle_voiceprint(row: ModelSelection, owner_id: int) -> None:
 # --- embedding: effective once the derived index is rebuilt --------------------------------------
 
 
+REBUILD_VECTOR_INDEX = "devices.rebuild_vector_index"  # llm.tasks registers the task (LlmConfig.ready imports it)
+
+
 def _dispatch_rebuild_after_commit(model_id: str, version: str) -> None:
-    transaction.on_commit(lambda: dispatch_rebuild(model_id, version))
+    transaction.on_commit(lambda: _dispatch_rebuild(model_id, version))
+
+
+def _dispatch_rebuild(model_id: str, version: str) -> None:
+    """The rebuild, by its task name: on a Celery worker when a broker is configured;
+    inline in the embedded default (``apply``: an exception is kept in its result)."""
+    task = celery_app.tasks[REBUILD_VECTOR_INDEX]
+    if settings.CELERY_BROKER_URL:
+        task.delay(model_id, version)
+    else:
+        task.apply(args=(model_id, version))
 
 
 def rebuild_progress(model_id: str, version: str, done: int, total: int) -> bool:

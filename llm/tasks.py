@@ -1,5 +1,7 @@
 """The llm app's Celery tasks: probing a model draft's endpoint (``llm.role_drafts.dispatch_probe``)
-and rebuilding the vector index after an embedding model switch (``dispatch_rebuild``).
+and rebuilding the vector index after an embedding model switch (started by its name,
+``llm.model_settings.REBUILD_VECTOR_INDEX``: this module imports the modules that do the
+work, so theirs must not import it).
 
 Both keep the names they were registered under before they moved here (messages already
 queued on an installed instance carry those names): ``brain.tasks.probe_model_draft`` and
@@ -9,7 +11,8 @@ queued on an installed instance carry those names): ``brain.tasks.probe_model_dr
 from __future__ import annotations
 
 from celery import shared_task
-from django.conf import settings
+
+from llm.model_settings import REBUILD_VECTOR_INDEX
 
 
 @shared_task(name="brain.tasks.probe_model_draft")
@@ -23,16 +26,8 @@ def probe_draft_task(draft_id: str) -> str:
         return exc.code
 
 
-@shared_task(name="devices.rebuild_vector_index", acks_late=True)
+@shared_task(name=REBUILD_VECTOR_INDEX, acks_late=True)
 def rebuild_vector_index_task(model_id: str, version: str) -> str:
     from llm.vector_index import rebuild_vector_index
 
     return rebuild_vector_index(model_id, version)
-
-
-def dispatch_rebuild(model_id: str, version: str) -> None:
-    """On a Celery worker when a broker is configured; inline in the embedded default."""
-    if settings.CELERY_BROKER_URL:
-        rebuild_vector_index_task.delay(model_id, version)
-    else:
-        rebuild_vector_index_task.apply(args=(model_id, version))

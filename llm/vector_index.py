@@ -10,7 +10,7 @@ same rows recall searches; a rebuild replaces a model's rows in one transaction.
 Once its index is rebuilt, the catalog's effective embedding model is recall's embedder
 (``effective_embedder``, registered with ``memory.timeline.embeddings`` in ``LlmConfig.ready``:
 memory sits below llm and never imports it). The rebuild runs as the Celery task
-``devices.rebuild_vector_index`` (``llm.tasks.dispatch_rebuild``).
+``devices.rebuild_vector_index`` (``llm.tasks``, started by ``llm.model_settings``).
 """
 
 from __future__ import annotations

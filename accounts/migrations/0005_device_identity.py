@@ -5,17 +5,11 @@ import uuid
 from django.conf import settings
 from django.db import migrations, models
 
+from yimi_project.migration_ops import move_content_types
+
 
 MOVED = ('device', 'pairingcode', 'pairingguessslot', 'signedrequestnonce')
 
-
-def move_content_types(apps, schema_editor):
-    """The moved models' content types follow them (devices -> accounts), so staff
-    permissions and admin log entries that point at them survive the move."""
-    ContentType = apps.get_model("contenttypes", "ContentType")
-    for model in MOVED:
-        if not ContentType.objects.filter(app_label="accounts", model=model).exists():
-            ContentType.objects.filter(app_label="devices", model=model).update(app_label="accounts")
 
 
 class Migration(migrations.Migration):
@@ -109,5 +103,5 @@ class Migration(migrations.Migration):
                 ),
             ],
         ),
-        migrations.RunPython(move_content_types, migrations.RunPython.noop),
+        move_content_types(MOVED, 'devices', 'accounts'),
     ]

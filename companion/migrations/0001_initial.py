@@ -13,27 +13,13 @@ import django.db.models.deletion
 from django.conf import settings
 from django.db import migrations, models
 
+from yimi_project.migration_ops import move_content_types
+
 MODELS = (
     "personaversion", "contentcard", "callsnapshot", "privacyepoch", "companionsettings",
     "callsummary", "topicstate", "callevent",
 )
 
-
-def _relabel(apps, schema_editor, old, new):
-    """The models' content types from ``old`` to ``new``; a model that already has one
-    under ``new`` (none on an instance that never had this app) keeps both untouched."""
-    ContentType = apps.get_model("contenttypes", "ContentType")
-    types = ContentType.objects.using(schema_editor.connection.alias)
-    taken = set(types.filter(app_label=new, model__in=MODELS).values_list("model", flat=True))
-    types.filter(app_label=old, model__in=[m for m in MODELS if m not in taken]).update(app_label=new)
-
-
-def content_types_to_companion(apps, schema_editor):
-    _relabel(apps, schema_editor, "brain", "companion")
-
-
-def content_types_to_brain(apps, schema_editor):
-    _relabel(apps, schema_editor, "companion", "brain")
 
 
 class Migration(migrations.Migration):
@@ -235,5 +221,5 @@ class Migration(migrations.Migration):
                 ),
             ],
         ),
-        migrations.RunPython(content_types_to_companion, content_types_to_brain),
+        move_content_types(MODELS, 'brain', 'companion'),
     ]

@@ -11,22 +11,13 @@ import django.utils.timezone
 import uuid
 from django.db import migrations, models
 
+from yimi_project.migration_ops import move_content_types
+
 MODELS = (
     'modelrole', 'modelrolerevision', 'modelsettingsimport', 'modelroledraft', 'modelusage',
     'modelselection', 'modelswitch',
 )
 
-
-def move_content_types(from_app, to_app):
-    def move(apps, schema_editor):
-        ContentType = apps.get_model('contenttypes', 'ContentType')
-        content_types = ContentType.objects.using(schema_editor.connection.alias)
-        for model in MODELS:
-            if not content_types.filter(app_label=to_app, model=model).exists():
-                content_types.filter(app_label=from_app, model=model).update(app_label=to_app)
-        ContentType.objects.clear_cache()
-
-    return move
 
 
 class Migration(migrations.Migration):
@@ -203,5 +194,5 @@ class Migration(migrations.Migration):
             ],
             database_operations=[],
         ),
-        migrations.RunPython(move_content_types('brain', 'llm'), move_content_types('llm', 'brain')),
+        move_content_types(MODELS, 'brain', 'llm'),
     ]

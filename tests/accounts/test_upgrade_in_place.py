@@ -18,27 +18,16 @@ from django.contrib.contenttypes.models import ContentType
 from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
 
-# The leaf migrations of every app before the restructure's moves (main at 699e73a).
-BEFORE = [
-    ("accounts", "0004_face_enrollment"),
-    ("devices", "0009_push_to_talk_holds"),
-    ("memory", "0011_cold_packs"),
-    ("brain", "0017_watch_verbose_name_plural"),
-    ("consent", "0001_initial"),
-    ("payments", "0002_authorization_card_as_issued"),
-    ("releases", "0002_watchdog_and_requests"),
-    ("llm", None),  # the apps the restructure made did not exist yet
-    ("companion", None),
-    ("schedules", None),
-    ("voice", None),
-]
+from tests.support.migrations import BEFORE_RESTRUCTURE
+
+BEFORE = BEFORE_RESTRUCTURE
 
 
 def _migrate(targets: list[tuple[str, str | None]]):  # type: ignore[no-untyped-def]
     executor = MigrationExecutor(connection)
     executor.loader.build_graph()
     executor.migrate(targets)
-    return executor.loader.project_state(targets).apps
+    return executor.loader.project_state([t for t in targets if t[1] is not None]).apps
 
 
 def _latest() -> list[tuple[str, str]]:
@@ -52,9 +41,10 @@ def test_an_instance_made_before_the_moves_upgrades_in_place() -> None:
     try:
         old = _migrate(BEFORE)
         # The instance as it was: its content type for devices.Device, a permission on it.
+        ContentType.objects.clear_cache()
         ContentType.objects.filter(app_label="accounts", model="device").delete()
-        ct = ContentType.objects.create(app_label="devices", model="device")
-        Permission.objects.create(content_type=ct, codename="view_device", name="Can view device")
+        ct, _ = ContentType.objects.get_or_create(app_label="devices", model="device")
+        Permission.objects.get_or_create(content_type=ct, codename="view_device", defaults={"name": "Can view device"})
 
         User = old.get_model("accounts", "User")
         Device = old.get_model("devices", "Device")
@@ -77,6 +67,7 @@ def test_an_instance_made_before_the_moves_upgrades_in_place() -> None:
     assert current_apps.get_model("accounts", "PairingCode").objects.get(used_by=device).digest == "d" * 64
     entry = current_apps.get_model("memory", "TimelineEntry").objects.get(seq=1)
     assert entry.device_id == device.id and entry.device.name == "phone"
+    ContentType.objects.clear_cache()
     moved = Permission.objects.get(codename="view_device")
     assert (moved.content_type.app_label, moved.content_type.model) == ("accounts", "device")
     assert not ContentType.objects.filter(app_label="devices", model="device").exists()

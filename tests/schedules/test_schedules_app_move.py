@@ -21,21 +21,17 @@ from django.utils import timezone
 from brain.services import create_scheduled_run
 from memory.timeline.entries import append_entry
 from schedules.models import Reminder, Schedule, Watch, WatchNotice
+from tests.support.migrations import BEFORE_RESTRUCTURE
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 MOVED = ("reminder", "schedule", "watch", "watchnotice")
-BRAIN_STATE_DELETE = ("brain", "0020_schedules_moved_out")
 
 
 def before_the_move(executor: MigrationExecutor) -> list[tuple[str, str | None]]:
-    """The leaves an instance had before the move: every app's leaf, except that brain
-    stops before its state-only delete and the schedules app has no migration yet."""
-    graph = executor.loader.graph
-    brain_before = [parent for parent in graph.node_map[BRAIN_STATE_DELETE].parents if parent.key[0] == "brain"]
-    assert len(brain_before) == 1
-    leaves = [leaf for leaf in graph.leaf_nodes() if leaf[0] not in ("brain", "schedules")]
-    return [*leaves, brain_before[0].key, ("schedules", None)]
+    """The leaves an instance had before the restructure: brain still holds the models and
+    the schedules app has no migration yet."""
+    return BEFORE_RESTRUCTURE
 
 
 @pytest.fixture
