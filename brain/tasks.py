@@ -1,11 +1,11 @@
 """The run core's Celery tasks (Celery's autodiscovery imports this module on a worker;
 ``BrainConfig.ready`` imports it in every process): a run, a sub-agent task, beat's run
-recovery, the dispatch probe and the vector index rebuild, each under the name messages
-already queued carry. Each hands its coroutine to the worker's one event loop
+recovery and the dispatch probe, each under the name messages already queued carry. Each hands its coroutine to the worker's one event loop
 (``brain.worker.on_worker_loop``). Here the executors are registered by those names with
 ``brain.executors``, so ``brain.dispatch`` and the run lane start them without importing
-them; the Celery tasks of card executions and payments (``brain.execution_tasks``) and of
-the features in brain/ are imported at the end, to register them as well.
+them; the Celery tasks of card executions and payments (``brain.execution_tasks``) and the two
+tasks other apps keep under a ``brain.tasks.`` name (companion's call summary, llm's draft
+probe) are imported at the end, to register them in every process as well.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Who must hear that a memory source changed: forgotten, edited or erased.
 
 Apps above memory keep things derived from the owner's memory (the companion's call
-snapshots, summaries and topic progress in ``brain``). Memory cannot import them, so each
+snapshots, summaries and topic progress in ``companion``). Memory cannot import them, so each
 registers a listener here when Django starts (``AppConfig.ready``), the same seam as
 ``memory.copies``; ``assertions.forget``, ``assertions.commit`` (a new version of an
 existing assertion) and ``erasure.erase`` call ``notify`` inside their transaction, so a

@@ -233,7 +233,7 @@ def owner_devices(owner_id: int, kinds: tuple[str, ...]) -> list[Any]:
     """Ids of the owner's active, non-guest devices of ``kinds`` (``Device.Kind`` values);
     all of them if none is of those kinds, so a card is never addressed to nobody."""
     if _device_chooser is None:
-        raise RuntimeError("no device chooser registered: the devices app is not installed")
+        raise RuntimeError("no device chooser registered: the accounts app is not installed")
     return _device_chooser(owner_id, kinds)
 
 

@@ -2,8 +2,8 @@
 
 An embedding model comes from the local model catalog: once a switch's index rebuild has
 finished (``llm.vector_index``, which stores its vectors here), the catalog's effective
-embedding model is recall's embedder. The catalog is the model authority's (``brain``, a
-layer above, which memory never imports): brain registers it here when Django starts
+embedding model is recall's embedder. The catalog is the model authority's (``llm``, a
+layer above, which memory never imports): llm registers it here when Django starts
 (``register_catalog_embedder``). ``settings.YIMI_EMBEDDING_MODEL`` can name a registered
 embedder instead (tests, benchmarks). Without either, recall uses keyword search alone.
 Nothing here downloads anything.
@@ -93,7 +93,7 @@ _CATALOG_EMBEDDER: list[Callable[[], Embedder | None]] = []
 
 
 def register_catalog_embedder(provider: Callable[[], Embedder | None]) -> None:
-    """Called from the model authority's ``AppConfig.ready`` (``brain``): ``provider`` gives
+    """Called from the model authority's ``AppConfig.ready`` (``llm``): ``provider`` gives
     the local catalog's effective embedding model, or None when there is none."""
     _CATALOG_EMBEDDER[:] = [provider]
 
