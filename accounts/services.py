@@ -8,6 +8,11 @@ other account is admitted as ``guest`` (``not_owner_device``). Every inbound utt
 stores an ``AdmissionRecord`` with its scope: typed text by ``text_admission``, speech by
 ``voice_admission`` from the voice identity decision (which can also give
 ``owner_uncertain``).
+
+The only code that writes ``AdmissionRecord``, but on the hot text path: ``text_admission``
+and ``voice_admission`` make the record and ``brain.services.accept_utterance`` (and
+``accept_voice_utterance``) inserts it with the utterance's entry and run, in one statement
+(docs/architecture.md, "One writer per table").
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ from typing import Any
 from channels.db import database_sync_to_async
 from django.conf import settings
 
-from brain import agents, reporting, trace
+from brain import agents, reporting, services, trace
 from brain.dispatch import keep_claim
 from brain.models import AgentTask, Run
 from brain.prompts import decide_thinking, skills_block
@@ -204,10 +204,11 @@ async def main_turn(
 
 def _turn_thinking(run: Run) -> bool:
     """This turn's thinking switch: the front's ``thinking`` field when it sent one (stored
-    on the run at admission), else what the owner asked for; recorded on the run."""
+    on the run at admission), else what the owner asked for; recorded on the run
+    (``brain.services.record_thinking``)."""
     thinking = decide_thinking(run.inbound.text, run.thinking)
     if run.thinking is None:
-        Run.objects.filter(id=run.id, thinking__isnull=True).update(thinking=thinking)
+        services.record_thinking(run.id, thinking)
         run.thinking = thinking
     return thinking
 

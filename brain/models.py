@@ -1,8 +1,6 @@
-"""The run core's tables: ``Run`` (one utterance answered; written only by ``brain.services``)
-and ``AgentTask`` (one sub-agent's delegated work; written only by ``brain.agents``). The
-local model choices (``ModelSelection``, ``ModelSwitch``, written by
-``llm.model_settings``) are here too; the app's other models are defined in modules of
-their own and imported at the end, so Django registers them with the brain app."""
+"""The run core's tables: ``Run`` (one utterance answered; written by ``brain.services``, but
+its ``tool_calls_used`` by ``brain.agents`` and its ``model_roles`` by ``brain.run_pins``) and
+``AgentTask`` (one sub-agent's delegated work; written only by ``brain.agents``)."""
 
 from __future__ import annotations
 

@@ -2,8 +2,11 @@
 utterance admitted with its timeline entry and its run in one transaction
 (``accept_utterance``, ``accept_voice_utterance``) or a scheduled run created
 (``create_scheduled_run``), the claim and its heartbeat (``claim_for_turn``, ``heartbeat``), the outcome stored only while the claim
-is still the run's (``finish_run``, ``store_reply_once``), expiry, and the runs the
-recovery sweep must send again (``runs_to_recover``, ``mark_requeued``).
+is still the run's (``finish_run``, ``store_reply_once``), the turn's thinking switch
+(``record_thinking``), expiry, and the runs the recovery sweep must send again
+(``runs_to_recover``, ``mark_requeued``). Two columns are written by their own modules:
+``tool_calls_used`` by ``brain.agents`` (the run tree's tool budget) and ``model_roles`` by
+``brain.run_pins`` (llm's role pin, registered with ``llm.roles``).
 
 State transitions are conditional UPDATEs (compare-and-set); a transition that finds
 the row in another state did not happen, and the caller backs off.
@@ -536,6 +539,12 @@ def mark_requeued(run_id: Any, *, now: datetime | None = None) -> bool:
     waiting = Q(state=Run.State.QUEUED) | Q(state=Run.State.RUNNING, heartbeat_at__lt=stale_heartbeat)
     last_message_old = Q(enqueued_at__lt=cutoff) | Q(enqueued_at=None, created_at__lt=cutoff)
     return Run.objects.filter(waiting, last_message_old, id=run_id).update(enqueued_at=now) == 1
+
+
+def record_thinking(run_id: Any, thinking: bool) -> None:
+    """Record a turn's thinking switch on a run that has none yet (the front sent none):
+    one conditional UPDATE (``thinking IS NULL``), so a switch already stored is kept."""
+    Run.objects.filter(id=run_id, thinking__isnull=True).update(thinking=thinking)
 
 
 def store_reply_once(run: Run, text: str, claim: Any) -> TimelineEntry | None:

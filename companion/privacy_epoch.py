@@ -10,6 +10,8 @@ before it writes (``is_current``).
 
 Invalidators (``register_invalidator``) are called inside the bump's transaction, so
 derived rows (e.g. the topics' summaries) are marked in the same commit as the change.
+
+The only code that writes ``PrivacyEpoch`` and ``CompanionSettings``.
 """
 
 from __future__ import annotations

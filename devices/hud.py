@@ -9,7 +9,8 @@
   ``consent.answer`` (``consent.services.card_message``); a payment is never paid by a nod
   (``payment_needs_phone``: it needs a fresh authorization on the phone) and a shake only
   hides it on the glasses; an activity card can only be dismissed.
-- **Riding**: a ``device.state`` frame reports ``riding``; while the device's last report
+- **Riding**: a ``device.state`` frame reports ``riding`` (``report_state``, the only code that
+  writes ``DeviceState``); while the device's last report
   says it rides, every gesture is refused (``gesture_while_riding``) and changes nothing.
 """
 

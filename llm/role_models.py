@@ -1,7 +1,7 @@
 """Model roles: which OpenAI-compatible endpoint and model each role of Yimi uses.
 
 Written only by ``llm.roles`` (and ``llm.management.commands.model_settings``, which
-calls it). Provider keys are stored encrypted (``llm.keyring``); the plaintext never
+calls it) and ``llm.role_backup`` (restoring a backup, rotating the master key). Provider keys are stored encrypted (``llm.keyring``); the plaintext never
 reaches a row, a log line or the admin.
 """
 

@@ -1,6 +1,9 @@
 """Model roles: the one authority over which endpoint, model and key each role uses.
 
-The only code that writes ``ModelRole``, ``ModelRoleRevision`` and ``ModelSettingsImport``.
+The only code that writes ``ModelRole``, ``ModelRoleRevision`` and ``ModelSettingsImport``, but
+for backups: ``llm.role_backup`` restores a backup (each role through ``apply``, then it deletes
+the roles the backup lacks and records the environment import as done) and re-wraps every
+sealed key of the roles and their revisions when the master key is rotated.
 
 - ``resolve(role)``: the role's current settings, with the provider key decrypted. Roles
   without a row fall back (``delegation``, ``executor_fast``, ``executor_thorough`` and

@@ -4,7 +4,8 @@ local models (``catalog_admin``).
 One row per role: provider, model, base URL, where the settings came from ("imported
 from the environment at first start on <date>", "set in the console", ...) and whether a
 key is set — never the key, which this page never decrypts. Read-only: changes are drafts
-confirmed on one of the owner's devices, and ``llm.roles.apply`` is their only writer.
+confirmed on one of the owner's devices, and ``llm.roles.apply`` writes them (a backup's
+restore and a master key's rotation are ``llm.role_backup``'s).
 """
 
 from __future__ import annotations

@@ -8,7 +8,8 @@ state becomes ``refused``, with the reason, and it is never asked again).
 above, with the repository paths (a trailing ``/`` is a directory) that carry
 it. A path is protected when it equals an entry or lies under a directory entry.
 
-The card is a ``BaselineCard`` row (one per release, ever), pushed to the owner's card
+The card is a ``BaselineCard`` row (one per release, ever; this is the only code that
+writes ``BaselineCard``), pushed to the owner's card
 devices as a ``release.card`` frame (docs/protocol.md) and answered there with a signed
 ``release.answer`` (``answer_card``), or by the owner in the console (``answer_in_console``).
 

@@ -1,4 +1,4 @@
-"""Reminders, scheduled tasks and watches (models only). The only code that writes them:
+"""Reminders, scheduled tasks and watches (models only). Each is written only by its module:
 ``schedules.reminders`` (``Reminder``), ``schedules.schedules`` (``Schedule``) and
 ``schedules.watches`` (``Watch``, ``WatchNotice``; geofences and followed parcels are
 watches, made by ``schedules.geofences`` and ``schedules.parcels`` through it).

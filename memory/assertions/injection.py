@@ -26,6 +26,10 @@ session, so the owner's session is rebuilt when the owner speaks again). Core pr
 entries and speaking preferences are not facts here: every run gets them whole from the
 projections. A rebuild lists at most ``MAX_FACTS`` facts (newest first) and says how
 many more exist; the baseline still holds them all.
+
+The only code that writes ``MemorySession``, but one step of forgetting:
+``memory.assertions.store.forget`` resets the sessions that were told a forgotten fact
+(their blocks and baseline dropped, revision + 1), in the forget's transaction.
 """
 
 from __future__ import annotations

@@ -1,5 +1,7 @@
 """L3 assertions (docs/memory.md): written only by ``memory.assertions.store`` (commit,
-forget, re-evaluation marks) and ``memory.assertions.injection`` (sessions)."""
+forget, re-evaluation marks; a forget also resets the sessions told a forgotten fact) and
+``memory.assertions.injection`` (sessions); a timeline erasure's receipt is
+``memory.timeline.erasure``'s."""
 
 from __future__ import annotations
 

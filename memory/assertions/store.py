@@ -1,5 +1,7 @@
 """L3 assertions: the only code that writes ``Assertion``, ``AssertionVersion``,
-``AssertionDependency`` and ``MemoryReceipt`` (flow F7 of docs/architecture.md).
+``AssertionDependency`` and ``MemoryReceipt`` (flow F7 of docs/architecture.md), but the
+receipts of a timeline erasure, which ``memory.timeline.erasure`` stores in its own
+transaction (kind ``erase``).
 
 - ``commit``: a new version, compare-and-set on the version the writer believes current,
   in one transaction under the owner's memory lock (``memory.locks``). A request id seen

@@ -1,4 +1,5 @@
-"""The ambient log's one writer and its reader for the brain (docs/voice.md).
+"""The ambient log's one writer (the only code that writes ``AmbientRecord``) and its reader
+for the brain (docs/voice.md).
 
 - ``record`` keeps one analysed chunk of overheard speech with its source.
 - ``recent`` is what a run is told of it: the records heard in the last ``WINDOW_SECONDS``

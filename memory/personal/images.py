@@ -22,6 +22,9 @@
    the request it served has ended (``release_after_run``), or, unused, until the request
    window has passed (``purge_stale``), unless the owner keeps it (``keep_image``).
    Purging deletes both files and keeps the row as a tombstone (no path, no people).
+
+An erasure of the timeline (``memory.timeline.erasure``) purges the images of the entries
+it erases itself, in its own transaction, and deletes their files after it commits.
 """
 
 from __future__ import annotations

@@ -17,7 +17,8 @@ circle the owner keeps ("家", "公司"), one per name.
 
 Images from devices (a first-person photo from the glasses, a picture from the phone).
 
-Written only by ``memory.personal.images``. The bytes live under ``DATA_DIR/images/<owner>/``
+Written only by ``memory.personal.images`` (and purged with the entries they belong to by
+``memory.timeline.erasure``). The bytes live under ``DATA_DIR/images/<owner>/``
 (``path``, relative to the data directory) next to a JSON file with their source; this row
 is the index: who sent it, when it was captured, which timeline entry refers to it, which
 utterance it is about, and how long it is kept.

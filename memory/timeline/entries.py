@@ -1,8 +1,11 @@
-"""The timeline (L4): the code that writes ``TimelineEntry``. Two callers on the hot text
-path insert an entry inside a statement of their own, taking its number with this module's
-``seq_upsert``: ``brain.services.accept_utterance`` (a text with its admission and run) and
+"""The timeline (L4): the code that writes ``TimelineEntry`` and ``TimelineCounter``. Two
+callers on the hot text path insert an entry inside a statement of their own, taking its
+number with this module's ``seq_upsert``: ``brain.services.accept_utterance`` (a text with its
+admission and run; ``accept_voice_utterance`` the same for speech) and
 ``brain.services.finish_run`` (a reply while closing its run);
-docs/decisions/2026-12-03-query-budgets.md.
+docs/decisions/2026-12-03-query-budgets.md. ``releases.notices.notify_owner`` creates and
+locks the owner's counter row itself before ``append_entry``, to write a release notice once;
+``memory.timeline.erasure`` erases entries (their text, for good).
 
 Sequence numbers are per owner, strictly increasing and gapless. ``append_entry`` takes
 the owner's next number with one upsert of the owner's counter row (``INSERT ... ON
