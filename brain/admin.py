@@ -1,6 +1,6 @@
 """Everything Yimi did, for the owner to audit: runs (the sentence that started each, its
 scope, the reply, the tool calls with their receipts, the sub-agent tasks) and each run's
-model calls on its page (``llm.usage_admin``; the model pages are the llm app's, ``llm.admin``);
+model calls on its page (``llm.admin``; the model pages are the llm app's, ``llm.admin``);
 reminders, scheduled tasks and watches are ``schedules.admin``'s. Read-only:
 ``brain``'s services are the only writers; the actions here call them."""
 
@@ -17,7 +17,7 @@ from brain import trace
 from brain.models import AgentTask, Run
 from capabilities.admin import receipt_line
 from capabilities.models import ToolCall
-from llm.usage_admin import ModelUsageInline  # also registers the model usage page
+from llm.admin import ModelUsageInline  # also registers the model usage page
 
 
 class ToolCallInline(ReadOnlyInline):

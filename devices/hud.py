@@ -24,7 +24,7 @@ from django.utils import timezone
 
 from accounts.models import Device
 from consent import services as consent
-from devices.hud_models import DeviceState
+from devices.models import DeviceState
 from payments.models import PaymentAuthorization
 from yimi_project.errors import YimiError
 from yimi_project.ids import uuid_or_nil

@@ -21,7 +21,7 @@ from typing import Any
 
 from django.utils import timezone
 
-from devices.push_to_talk_models import PushToTalkHold
+from devices.models import PushToTalkHold
 from voice.ambient import PTT_HOLD_SECONDS
 
 REASON = "push_to_talk"

@@ -28,7 +28,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from llm import keyring, role_drafts, roles
-from llm.role_models import ModelRole, ModelRoleRevision, ModelSettingsImport, RoleSource
+from llm.models import ModelRole, ModelRoleRevision, ModelSettingsImport, RoleSource
 from yimi_project.errors import YimiError
 from yimi_project.files import fsync_dir, write_atomically
 from yimi_project.logs import log_event

@@ -44,8 +44,7 @@ from django.utils import timezone
 from accounts.services import is_owner_device
 from llm import keyring, roles
 from llm.model_settings import NONCE, SWITCH_MAX_SKEW_SECONDS, switch_signers
-from llm.role_draft_models import ModelRoleDraft
-from llm.role_models import ModelRole
+from llm.models import ModelRole, ModelRoleDraft
 from yimi_project.errors import YimiError
 from yimi_project.ids import uuid_or_nil
 from yimi_project.logs import log_event

@@ -40,7 +40,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from llm import keyring
-from llm.role_models import ROLE_NAMES, ModelRole, ModelRoleRevision, ModelSettingsImport, RoleSource
+from llm.models import ROLE_NAMES, ModelRole, ModelRoleRevision, ModelSettingsImport, RoleSource
 from yimi_project.errors import YimiError
 from yimi_project.infra import statements
 from yimi_project.logs import log_event

@@ -57,7 +57,7 @@ from django.db.models import Count, Sum
 from django.db.models.functions import TruncDate
 from django.utils import timezone
 
-from llm.usage_models import ModelUsage
+from llm.models import ModelUsage
 from yimi_project.errors import YimiError
 from yimi_project.infra import statements
 from yimi_project.logs import log_event

@@ -24,8 +24,7 @@ from devices.simulator import draft_confirm_message as sim_message
 from devices.simulator import draft_digest as sim_digest
 from llm import keyring, role_drafts, roles
 from llm.fake_server import FakeBrainServer, Rule
-from llm.role_draft_models import ModelRoleDraft
-from llm.role_models import ModelRole
+from llm.models import ModelRole, ModelRoleDraft
 from tests.conftest import (
     MID_RUN_RULES,
     CallbackScript,

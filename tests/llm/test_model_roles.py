@@ -21,7 +21,7 @@ from brain.runner import execute_run
 from brain.services import accept_utterance
 from llm import keyring, role_backup, roles
 from llm.fake_server import FakeBrainServer
-from llm.role_models import ModelRole, ModelRoleRevision, ModelSettingsImport
+from llm.models import ModelRole, ModelRoleRevision, ModelSettingsImport
 from tests.conftest import MID_RUN_RULES, CallbackScript, db_async, new_client_id, use_brain
 from yimi_project.errors import YimiError
 from yimi_project.logs import JsonFormatter

@@ -28,8 +28,8 @@ from brain.services import accept_utterance
 from llm import roles, usage
 from llm.client import BrainError, complete
 from llm.fake_server import FakeBrainServer, Script
+from llm.models import ModelUsage
 from llm.usage import CallContext, TokenUsage
-from llm.usage_models import ModelUsage
 from tests.conftest import db_async, new_client_id, script, use_brain
 
 pytestmark = pytest.mark.django_db(transaction=True)

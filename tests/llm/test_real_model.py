@@ -19,7 +19,7 @@ from django.test import override_settings
 from accounts.models import PairingCode
 from accounts.services import get_owner
 from llm import roles
-from llm.role_draft_models import ModelRoleDraft
+from llm.models import ModelRoleDraft
 from tests.support.ports import free_port
 
 pytestmark = pytest.mark.django_db

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from devices import push_to_talk
-from devices.push_to_talk_models import PushToTalkHold
+from devices.models import PushToTalkHold
 from memory.archive import cold_store as archive
 from memory.archive.models import ColdPack, ObjectLocation
 from tests.conftest import db_async, receive_until

@@ -146,7 +146,7 @@ def test_the_demo_brain_down_is_degraded_and_named_demo(owner: Any, refusing_url
 def test_no_brain_role_yet_is_not_a_failure_and_health_does_not_import_one(owner: Any) -> None:
     """Before the first-start import (yimi_init does it before `./yimi up` serves) there is
     nothing to probe: said as such, not degraded."""
-    from llm.role_models import ModelRole, ModelSettingsImport
+    from llm.models import ModelRole, ModelSettingsImport
 
     response = Client(REMOTE_ADDR="127.0.0.1").get("/api/health/")
     assert response.status_code == 200 and response.json()["brain"] == "not imported yet"

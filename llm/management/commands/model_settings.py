@@ -28,7 +28,7 @@ from urllib.parse import urlsplit
 from django.core.management.base import BaseCommand, CommandError
 
 from llm import role_backup, role_drafts, roles
-from llm.role_draft_models import ModelRoleDraft
+from llm.models import ModelRoleDraft
 from yimi_project.errors import YimiError
 from yimi_project.secrets import read_secret_file, write_private_file
 
