@@ -57,7 +57,7 @@ from pathlib import Path
 
 from capabilities.packkit import ToolRegistry, receipt, value
 
-_SPEC = importlib.util.spec_from_file_location("unit_converter_upstream", Path(__file__).resolve().parents[2] / "upstream" / "convert.py")
+_SPEC = importlib.util.spec_from_file_location("unit_converter_upstream", Path(__file__).resolve().parent.parent / "upstream" / "convert.py")
 upstream = importlib.util.module_from_spec(_SPEC)
 _SPEC.loader.exec_module(upstream)
 TOOLS = ToolRegistry()
