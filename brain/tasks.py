@@ -3,9 +3,9 @@
 recovery and the dispatch probe, each under the name messages already queued carry. Each hands its coroutine to the worker's one event loop
 (``brain.worker.on_worker_loop``). Here the executors are registered by those names with
 ``brain.executors``, so ``brain.dispatch`` and the run lane start them without importing
-them; the Celery tasks of card executions and payments (``brain.execution_tasks``) and the two
-tasks other apps keep under a ``brain.tasks.`` name (companion's call summary, llm's draft
-probe) are imported at the end, to register them in every process as well.
+them; the Celery tasks of card executions and payments (``brain.execution_tasks``) and
+companion's call summary (kept under the name ``brain.tasks.summarize_call``) are imported at
+the end, to register them in every process as well (llm's tasks: ``LlmConfig.ready``).
 """
 
 from __future__ import annotations
@@ -59,4 +59,3 @@ def sweep_runs() -> tuple[int, int]:
 
 from brain.execution_tasks import execute_approved_task, execute_payment_task  # noqa: E402,F401  (registers them)
 from companion.tasks import summarize_call_task  # noqa: E402,F401  (registers brain.tasks.summarize_call)
-from llm.tasks import probe_draft_task  # noqa: E402,F401  (registers brain.tasks.probe_model_draft)

@@ -14,7 +14,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.utils.safestring import mark_safe
 
-from accounts.owner_admin import OwnerContentAdmin, ReadOnlyInline, ReadOnlyOwnerAdmin
+from accounts.owner_admin import ReadOnlyInline, ReadOnlyOwnerAdmin
 from llm import catalog, keyring, model_settings, role_drafts, roles, usage
 from llm.models import ModelRole, ModelRoleDraft, ModelSelection, ModelSwitch, ModelUsage
 from yimi_project.errors import YimiError
@@ -30,16 +30,7 @@ from yimi_project.ids import uuid_or_nil
 # that device's signature over it (``model_settings.switch_model``).
 
 @admin.register(ModelSelection)
-class ModelSelectionAdmin(OwnerContentAdmin):
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
+class ModelSelectionAdmin(ReadOnlyOwnerAdmin):
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
         if request.method == "POST":
             return self._post(request)
@@ -107,16 +98,7 @@ class ModelSelectionAdmin(OwnerContentAdmin):
 # restore and a master key's rotation are ``llm.role_backup``'s).
 
 @admin.register(ModelRole)
-class ModelRoleAdmin(OwnerContentAdmin):
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
+class ModelRoleAdmin(ReadOnlyOwnerAdmin):
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
         marker = roles.import_marker()
         context = {
@@ -161,16 +143,7 @@ def options_from_form(data: Any) -> dict[str, Any]:
 
 
 @admin.register(ModelRoleDraft)
-class ModelRoleDraftAdmin(OwnerContentAdmin):
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
+class ModelRoleDraftAdmin(ReadOnlyOwnerAdmin):
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
         form: dict[str, Any] = {"role": "brain", "include_usage": True}
         if request.method == "POST":
