@@ -26,7 +26,7 @@ The blocking pop waits ``LANE_BLOCK_SECONDS`` (5 s) on a connection whose read t
 (the channel layer's lesson; each empty pop just blocks again), while a connection that
 went silent is given up within 10 s and made again.
 
-Kept on its CPU: 26% less per text than a Celery run task with late acks and prefetch 1,
+Kept on its CPU: 23% less per text than a Celery run task with late acks and prefetch 1,
 re-measured in issue 36 (docs/decisions/2026-12-03-run-lane.md).
 """
 
