@@ -20,11 +20,18 @@ each figure over the minimum SQL's. Under the table: the queries one decide + re
 issues (``CaptureQueriesContext``), and with ``--profile N`` a cProfile (pyinstrument if it
 is installed) of N in-process calls. The product allows 3 s per decide; the goals are
 in-process p99 <= 3 x the minimum SQL's p99, and p99 <= 15 ms over loopback.
+
+The ORM row (issue 36, step 3; bench-only, ``--no-orm`` skips it): the same in-process
+decide + receipt with ``yimi_project.infra.statements``' ``insert`` and ``fetch_by_pk``
+replaced, for that row's calls only, by what they stand for in the ORM
+(``obj.save(force_insert=True)`` and ``Model.objects.only(...).get(pk=...)``), interleaved
+with the other rows, so the two ways are compared in the same sitting against the same floor.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import subprocess
@@ -32,8 +39,9 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -50,6 +58,7 @@ def main() -> None:
     parser.add_argument("--show-queries", action="store_true", help="print the SQL of one decide + receipt")
     parser.add_argument("--profile", type=int, default=0, metavar="N", help="profile N in-process calls after the table")
     parser.add_argument("--no-http", action="store_true", help="skip the loopback HTTP row (no daphne)")
+    parser.add_argument("--no-orm", action="store_true", help="skip the ORM row (statements replaced by the ORM)")
     args = parser.parse_args()
 
     data_dir = Path(tempfile.mkdtemp(prefix="yimi-bench-gw-"))
@@ -102,6 +111,13 @@ def main() -> None:
         ("minimum SQL for it (floor)", floors["minimum"]),
         ("decide + receipt, in process", in_process),
     ]
+    if not args.no_orm:
+
+        def through_orm(i: int) -> None:
+            with orm_statements():
+                in_process(i)
+
+        rows.append(("  the same, ORM (bench switch)", through_orm))
 
     daphne = None
     client = None
@@ -164,7 +180,9 @@ def main() -> None:
         rows.append(("  the same, platform client", over_platform_client))
 
     try:
+        load_before = Path("/proc/loadavg").read_text().split()[0]
         figures = measure([fn for _, fn in rows], args.calls)
+        load_after = Path("/proc/loadavg").read_text().split()[0]
     finally:
         if client is not None:
             client.close()
@@ -180,11 +198,13 @@ def main() -> None:
     floor = figures[2]
     print(f"gateway: decide + receipt (observe tool), {args.calls} calls per row, interleaved in blocks of {BLOCK}, "
           f"PostgreSQL ({args.database_url.rsplit('/', 1)[-1]})")
-    print(f"{'path':<34}{'p50 ms':>9}{'p99 ms':>9}{'calls/s':>10}{'CPU ms':>9}{'p50 / min':>11}{'p99 / min':>11}")
+    print(f"{'path':<34}{'p50 ms':>9}{'p99 ms':>9}{'calls/s':>10}{'CPU ms':>9}{'p50 / min':>11}{'p99 / min':>11}{'CPU / min':>11}")
     for (name, _), (p50, p99, rate, cpu) in zip(rows, figures, strict=True):
-        print(f"{name:<34}{p50:>9.2f}{p99:>9.2f}{rate:>10.0f}{cpu:>9.2f}{ratio(p50 / floor[0]):>11}{ratio(p99 / floor[1]):>11}")
+        print(f"{name:<34}{p50:>9.2f}{p99:>9.2f}{rate:>10.0f}{cpu:>9.2f}{ratio(p50 / floor[0]):>11}{ratio(p99 / floor[1]):>11}"
+              f"{ratio(cpu / floor[3]):>11}")
     print("CPU ms: this process's CPU per call (the HTTP row's server side is daphne's, not counted)")
     print(f"queries per in-process decide + receipt: {len(queries.captured_queries)} (minimum SQL: 4)")
+    print(f"load average (1 min) before/after the measurement: {load_before}/{load_after}")
     if args.show_queries:
         for q in queries.captured_queries:
             print(f"  {q['time']:>6}s  {q['sql'][:160]}")
@@ -238,6 +258,29 @@ def sql_floor(connection, run_id: str, owner_id: int) -> dict[str, Callable[[int
             cursor.fetchone()
 
     return {"select": select, "insert": insert, "minimum": minimum}
+
+
+@contextlib.contextmanager
+def orm_statements() -> Iterator[None]:
+    """``statements.insert`` and ``statements.fetch_by_pk`` replaced by the ORM calls they
+    stand for, until the block ends (the ORM row)."""
+    from yimi_project.infra import statements
+
+    def insert(obj: Any) -> None:
+        obj.save(force_insert=True)
+
+    def fetch_by_pk(model: Any, pk: Any, field_names: tuple[str, ...]) -> Any:
+        try:
+            return model._default_manager.only(*field_names).get(pk=pk)
+        except model.DoesNotExist:
+            return None
+
+    saved = statements.insert, statements.fetch_by_pk
+    statements.insert, statements.fetch_by_pk = insert, fetch_by_pk  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        statements.insert, statements.fetch_by_pk = saved  # type: ignore[assignment]
 
 
 def measure(fns: list[Callable[[int], None]], calls: int) -> list[tuple[float, float, float, float]]:

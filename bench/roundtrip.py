@@ -46,6 +46,23 @@ processes), for comparisons. The dispatch floor: after each Yimi phase, 50 no-op
 (``brain.tasks.probe_dispatch``) are published one after the other on the same broker and
 queue; the row shows publish → a worker started it, which is what Celery dispatch alone
 costs a run. Run on demand; it is not part of the test suite.
+
+Dispatch (issue 36, step 3). ``--dispatch lane`` (the default) sends each run as the product
+does, on the run lane (``brain.run_lane``). ``--dispatch celery`` is a bench-only switch, not
+a product path: it sets ``YIMI_RUN_DISPATCH=celery`` for the web and worker processes, so
+``brain.dispatch.publish_run`` sends the run as the Celery task ``brain.tasks.execute_run``
+(``brain.tasks.execute_run_task``, ``acks_late=True``) and the worker is started with
+``--prefetch-multiplier 1`` (as settings already set it), the same thread pool and
+``YIMI_WORKER_RUNS``. A comma-separated list (``--dispatch lane,celery,lane,celery``)
+measures each in turn, on a fresh platform each, in one sitting; each CPU table prints the
+load average (``/proc/loadavg``) before and after its phase.
+
+Channel layer (issue 36, step 3). ``--channel-layer yimi`` (the default) is the product's
+(``yimi_project.infra.channel_layers.RedisChannelLayer``); ``--channel-layer stock`` is a
+bench-only switch (``YIMI_BENCH_CHANNEL_LAYER=stock``, read by settings) that runs the web
+and worker processes on ``channels_redis.core.RedisChannelLayer`` as shipped, with the same
+hosts, capacities and socket timeout. Comma-separated, like ``--dispatch``; with both lists
+the phases run in pairs (lane/yimi, celery/stock, ...: the lists are zipped, the shorter repeated).
 """
 
 from __future__ import annotations
@@ -53,6 +70,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import json
 import os
 import re
@@ -358,9 +376,11 @@ class CpuMeter:
         return {name: sum(_cpu_ms(p) for p in pids) for name, pids in parts.items()}
 
     def start(self) -> None:
+        self.load_before = load()
         self.before, self.wall = self._sample(), time.perf_counter()
 
     def stop(self) -> None:
+        self.load_after = load()
         after, self.wall = self._sample(), time.perf_counter() - self.wall
         self.used = {name: after[name] - self.before.get(name, 0.0) for name in after}
 
@@ -370,14 +390,25 @@ class CpuMeter:
         for name, ms in sorted(self.used.items(), key=lambda kv: -kv[1]):
             lines.append(f"  {name:<40}{ms / texts:>12.2f}{ms / total * 100 if total else 0:>7.0f}%")
         lines.append(f"  {'all (cores busy: ' + format(total / 1000 / self.wall, '.2f') + ')':<40}{total / texts:>12.2f}")
+        lines.append(f"  load average (1 min) before/after the phase: {self.load_before}/{self.load_after}")
         return lines
 
 
-def worker_commands(args: argparse.Namespace) -> list[tuple[str, list[str]]]:
-    """``--workers`` worker processes, each started as ``./yimi up`` starts one (``--pool threads``)."""
+def worker_commands(args: argparse.Namespace, dispatch: str = "lane") -> list[tuple[str, list[str]]]:
+    """``--workers`` worker processes, each started as ``./yimi up`` starts one (``--pool threads``);
+    with ``--dispatch celery``, also ``--prefetch-multiplier 1`` (settings' value, said out loud)."""
     pool = ["--pool", "threads"] if args.pool == "threads" else ["--pool", "prefork"]
+    prefetch = ["--prefetch-multiplier", "1"] if dispatch == "celery" else []
     return [(f"celery{w}", [str(BIN / "celery"), "-A", "yimi_project", "worker", "--loglevel=WARNING", *pool,
-                            f"--concurrency={args.runs}", "-n", f"bench{w}@%h"]) for w in range(args.workers)]
+                            f"--concurrency={args.runs}", *prefetch, "-n", f"bench{w}@%h"]) for w in range(args.workers)]
+
+
+def load() -> str:
+    """The 1-minute load average (other processes share the machine)."""
+    try:
+        return Path("/proc/loadavg").read_text().split()[0]
+    except (OSError, IndexError):
+        return "?"
 
 
 def web_commands(processes: int, port: int) -> list[tuple[str, list[str]]]:
@@ -391,7 +422,7 @@ def web_commands(processes: int, port: int) -> list[tuple[str, list[str]]]:
 
 
 def run_yimi(args: argparse.Namespace, data_dir: Path, *, unchecked: bool = False,
-             web_processes: int = 1) -> tuple[list[float], float, Delivery, list[float], CpuMeter]:
+             web_processes: int = 1, dispatch: str = "lane", layer: str = "yimi") -> tuple[list[float], float, Delivery, list[float], CpuMeter]:
     recreate_database(args.database_url)
     brain = FakeBrainServer(script=Script(rules=[Rule(reply=REPLY, chunk_chars=16, delay_ms=0)]))
     brain.start_in_thread()
@@ -407,13 +438,15 @@ def run_yimi(args: argparse.Namespace, data_dir: Path, *, unchecked: bool = Fals
         "PYTHONUNBUFFERED": "1",
         "YIMI_BENCH_UNCHECKED_REPLIES": "1" if unchecked else "0",
         "YIMI_WORKER_RUNS": str(args.runs),
+        "YIMI_RUN_DISPATCH": dispatch,  # bench-only switch (brain.dispatch.publish_run): lane or celery
+        "YIMI_BENCH_CHANNEL_LAYER": layer,  # bench-only switch (settings): yimi or stock (channels_redis as shipped)
     }
     procs: list[subprocess.Popen[bytes]] = []
     try:
         manage(env, "yimi_init", "--no-pairing-code")
         codes = pairing_codes(env, args.owners, args.devices_per_owner)
         port = free_port()
-        commands = [*web_commands(web_processes, port), *worker_commands(args)]
+        commands = [*web_commands(web_processes, port), *worker_commands(args, dispatch)]
         for name, cmd in commands:
             with open(data_dir / f"{name}.log", "wb") as log:  # the child keeps its own descriptor
                 procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT))
@@ -424,7 +457,7 @@ def run_yimi(args: argparse.Namespace, data_dir: Path, *, unchecked: bool = Fals
                                                            args.speakers))
         return latencies, wall, delivery, dispatch_floor(args.redis_url, env["YIMI_CHANNEL_PREFIX"]), cpu
     except BaseException:
-        for name in (n for n, _ in [*web_commands(web_processes, 0), *worker_commands(args)]):
+        for name in (n for n, _ in [*web_commands(web_processes, 0), *worker_commands(args, dispatch)]):
             path = data_dir / f"{name}.log"
             if path.exists():
                 print(f"--- end of {name}.log ---\n{path.read_text(errors='replace')[-3000:]}", file=sys.stderr)
@@ -524,6 +557,12 @@ def main() -> None:
     parser.add_argument("--speakers", type=int, default=None,
                         help="devices mid-text at once (default: all; 1 = a household where one device speaks at a time "
                              "while every device stays connected and gets the fan-out)")
+    parser.add_argument("--dispatch", default="lane",
+                        help="how a run reaches the worker, comma-separated to alternate in one sitting: lane (the "
+                             "product's run lane) or celery (bench-only switch: the Celery task, acks late, prefetch 1)")
+    parser.add_argument("--channel-layer", default="yimi",
+                        help="the channel layer, comma-separated to alternate in one sitting: yimi (the product's) or "
+                             "stock (bench-only switch: channels_redis as shipped)")
     parser.add_argument("--web-processes", default="1",
                         help="web processes to measure, comma-separated (e.g. 1,2: one table row each, same run)")
     args = parser.parse_args()
@@ -536,6 +575,14 @@ def main() -> None:
     devices = args.owners * args.devices_per_owner
     if args.owners < 1 or args.devices_per_owner < 1 or args.messages < 1 or devices * args.messages < 2:
         parser.error("need at least two texts in all (--owners x --devices-per-owner x --messages)")
+    dispatches = args.dispatch.split(",")
+    if not dispatches or any(d not in ("lane", "celery") for d in dispatches):
+        parser.error("--dispatch takes lane or celery, comma-separated")
+    layers = args.channel_layer.split(",")
+    if not layers or any(name not in ("yimi", "stock") for name in layers):
+        parser.error("--channel-layer takes yimi or stock, comma-separated")
+    turns = max(len(dispatches), len(layers))
+    setups = [(dispatches[t % len(dispatches)], layers[t % len(layers)]) for t in range(turns)]
     if args.speakers is not None and args.speakers < 1:
         parser.error("--speakers must be 1 or more")
 
@@ -543,19 +590,27 @@ def main() -> None:
     probes: list[float] = []
     stages: list[tuple[str, list[str]]] = []
     cpus: list[tuple[str, list[str]]] = []
-    for web in web_counts:
+    for web, (turn, (how, layer)) in itertools.product(web_counts, enumerate(setups)):
         for unchecked in (False, True) if not args.checked_only else (False,):
             label = "yimi, unchecked (bench switch)" if unchecked else "yimi, checked (as shipped)"
             if web > 1:
                 label = f"yimi, {'unchecked' if unchecked else 'checked'}, {web} web procs"
+            if len(setups) > 1 or how != "lane" or layer != "yimi":
+                label = f"{label.split(' (')[0]}, {how}/{layer} #{turn + 1}"
             with tempfile.TemporaryDirectory(prefix="yimi-bench-") as tmp:
-                latencies, wall, delivery, probed, cpu = run_yimi(args, Path(tmp), unchecked=unchecked, web_processes=web)
+                latencies, wall, delivery, probed, cpu = run_yimi(args, Path(tmp), unchecked=unchecked, web_processes=web,
+                                                                  dispatch=how, layer=layer)
                 cpus.append((label, cpu.lines(len(latencies))))
                 probes += probed
                 rows.append((label, figures(latencies, wall), delivery))
                 stages.append((label, stage_breakdown(args.database_url, len(latencies))))
-    echo = figures(*asyncio.run(echo_phase(devices, args.messages, args.timeout)))
+    echo_load, echo_cpu = load(), time.process_time()
+    echo_latencies, echo_wall = asyncio.run(echo_phase(devices, args.messages, args.timeout))
+    echo_cpu = (time.process_time() - echo_cpu) * 1000 / len(echo_latencies)  # server and clients: this process
+    echo = figures(echo_latencies, echo_wall)
     rows.append(("bare websockets echo (floor)", echo, None))
+    cpus.append(("bare websockets echo (floor)", [f"  {'all (server and clients, one process)':<40}{echo_cpu:>12.2f}",
+                                                   f"  load average (1 min) before/after the phase: {echo_load}/{load()}"]))
     dispatch = figures(probes, sum(probes))  # its rate: one task at a time, back to back
     rows.append(("celery no-op task (dispatch floor)", dispatch, None))
 

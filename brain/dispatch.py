@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import os
 from collections.abc import Coroutine
 from typing import Any
 
@@ -48,10 +49,18 @@ def publish_run(run_id: Any) -> bool:
     ``queued`` stage) and return True; False in the embedded default, where the caller
     starts it with ``dispatch_run``. The device socket calls it in the same database trip as
     the admission, so a text costs one thread hop, not two. Redis unreachable: logged, and
-    the run, already stored, is sent by the recovery sweep."""
+    the run, already stored, is sent by the recovery sweep.
+
+    ``YIMI_RUN_DISPATCH=celery`` is a bench-only switch (``bench/roundtrip.py --dispatch
+    celery``), not a product path: the run is sent as the Celery task ``executors.RUN``
+    (late ack, prefetch 1) instead, to measure the lane against it
+    (docs/decisions/2026-12-03-run-lane.md)."""
     if not uses_broker():
         return False
     try:
+        if os.environ.get("YIMI_RUN_DISPATCH") == "celery":  # bench-only switch (bench/roundtrip.py --dispatch celery)
+            _send(executors.RUN, str(run_id), {"queued": now_ms()})
+            return True
         run_lane.push(run_id, {"queued": now_ms()})
     except redis.RedisError as exc:  # the run is stored: the recovery sweep sends it once Redis is back
         log_event("run_not_queued", run_id=str(run_id), error=type(exc).__name__)

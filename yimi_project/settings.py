@@ -223,6 +223,10 @@ if REDIS_URL:
             },
         }
     }
+    # Bench-only switch (bench/roundtrip.py --channel-layer stock): channels_redis as shipped,
+    # for measuring yimi_project.infra.channel_layers against it. Not a product setting.
+    if env.str("YIMI_BENCH_CHANNEL_LAYER", default="") == "stock":
+        CHANNEL_LAYERS["default"]["BACKEND"] = "channels_redis.core.RedisChannelLayer"
 else:
     CHANNEL_LAYERS = {
         "default": {"BACKEND": "yimi_project.infra.channel_layers.InMemoryChannelLayer", "CONFIG": {"capacity": WS_SOCKET_CAPACITY}}

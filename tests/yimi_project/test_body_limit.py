@@ -71,3 +71,37 @@ async def test_a_body_within_the_limit_reaches_the_application(settings: Any) ->
     settings.MAX_REQUEST_BYTES = 100
     app, sent, _ = await run("/api/timeline/", [b"x" * 50, b"x" * 50], [(b"content-length", b"100")])
     assert app.read == 100 and sent[0]["status"] == 200
+
+
+async def test_the_asgi_application_refuses_an_oversized_body_before_django_reads_it(settings: Any) -> None:
+    """The wiring: ``yimi_project.asgi`` wraps its HTTP application in ``BodyLimit``, so an
+    upload declared over the limit is refused without one byte of it being read."""
+    import asyncio
+
+    from yimi_project.asgi import application
+
+    settings.IMAGE_MAX_BYTES = 1000
+    sent: list[Any] = []
+    pulled = 0
+
+    async def receive() -> dict[str, Any]:
+        nonlocal pulled
+        pulled += 1
+        if pulled == 1:
+            return {"type": "http.request", "body": b"x" * 1001, "more_body": False}
+        await asyncio.Event().wait()  # no disconnect: the client waits for the answer
+        raise AssertionError("unreachable")
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+        "path": "/api/images/", "raw_path": b"/api/images/", "root_path": "", "query_string": b"",
+        "headers": [(b"host", b"testserver"), (b"content-length", b"1001"), (b"content-type", b"image/jpeg")],
+        "server": ("testserver", 80), "client": ("127.0.0.1", 50000),
+    }
+    await asyncio.wait_for(application(scope, receive, send), 30)
+    assert pulled == 0
+    status, error = status_and_error(sent)
+    assert (status, error["code"], error["details"]["limit"]) == (413, "image_too_large", 1000)

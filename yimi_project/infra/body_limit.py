@@ -9,7 +9,8 @@ stable error body, and nothing more of it is read. Image uploads get ``IMAGE_MAX
 
 Replaces: the unbounded read of Django's ``ASGIHandler.read_body`` (Django's
 ``DATA_UPLOAD_MAX_MEMORY_SIZE`` applies only once a view reads the body, after it is on
-disk); ``yimi_project.asgi`` wraps the HTTP application in it. Drop it when Django's ASGI
+disk); ``yimi_project.asgi`` wraps the HTTP application in it
+(docs/decisions/2026-12-03-body-limit.md). Drop it when Django's ASGI
 handler refuses an oversized body before spooling it, with a limit per path.
 Tests: tests/yimi_project/test_body_limit.py.
 """

@@ -19,7 +19,8 @@ module calls it, so every daphne process serving ``yimi_project.asgi`` uses it.
 
 Patches: daphne's ``WebSocketFactory.protocol`` (autobahn's ``failByDrop`` and
 ``serverClose``), installed by ``yimi_project.asgi``. Why: the device must learn why its
-socket closed (1009, 1007) and be told to come back later (1013) rather than see 1006. Drop
+socket closed (1009, 1007) and be told to come back later (1013) rather than see 1006
+(docs/decisions/2026-12-03-websocket-transport.md). Drop
 it when daphne lets the server turn ``failByDrop`` off and autobahn lets an application
 close with 1011-1014. Tests: tests/e2e/test_e2e.py (1009, 1007, 1013), tests/devices/test_websocket.py
 (1013 when Redis is down).

@@ -20,7 +20,8 @@ Production never uses this backend.
 Patches: Django's ``DatabaseOperations.sql_flush`` for the test database only (ENGINE in
 ``test_settings``). Why: the truncating flush cost ~0.5 s per transactional test
 (docs/decisions/2026-12-03-test-database-flush.md). Drop it when Django's flush stops
-giving every table new files, or the suite stops paying for it."""
+giving every table new files, or the suite stops paying for it.
+Tests: tests/yimi_project/test_test_database_flush.py; figure: bench/flush.py."""
 
 from __future__ import annotations
 
