@@ -112,11 +112,11 @@ def acknowledge(device_id: Any, seq: Any, status: Any, *, ledgers: bool = True, 
     return device
 
 
-def _ride(rider: tuple[str, list[Any]] | None) -> None:
-    """Run ``acknowledge``'s rider on its own, after an ACK taken the general way."""
+def _ride(rider: Any) -> None:
+    """Run ``acknowledge``'s rider on its own, after an ACK taken the general way (its ``run``:
+    on SQLite the ORM, ``brain.services.TraceStamp``)."""
     if rider is not None:
-        with connection.cursor() as cursor:
-            cursor.execute(*rider)
+        rider.run()
 
 
 @cache
