@@ -13,7 +13,6 @@ import re
 import secrets
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from functools import cache
 from typing import Any
 
 from django.conf import settings
@@ -22,6 +21,7 @@ from django.utils import timezone
 
 from accounts import signatures
 from accounts.models import Device, PairingCode, PairingGuessSlot, SignedRequestNonce, User
+from accounts.queries import active_device_sql
 from accounts.services import is_owner
 from yimi_project import push
 from yimi_project.errors import YimiError
@@ -276,39 +276,34 @@ def _claim_code_and_create(request: PairingRequest, code: str, now: datetime) ->
 # --- authentication and revocation ------------------------------------------------------
 
 
-@cache
-def active_device_sql(vendor: str) -> tuple[str, tuple[Any, ...]]:
-    """``active_device``'s SELECT, built once per process from ``_meta``: every column of the
-    device and of its owner's account (as ``select_related("owner")``), by the device's id."""
-    quote = connection.ops.quote_name
-    d, u = Device._meta, User._meta
-    fields = (*d.concrete_fields, *u.concrete_fields)
-    sql = (
-        f"SELECT {statements.columns(fields, qualified=True)} FROM {quote(d.db_table)} INNER JOIN {quote(u.db_table)} "
-        f"ON ({statements.column(Device, 'owner', qualified=True)} = {statements.column(User, 'id', qualified=True)}) "
-        f"WHERE {statements.column(Device, 'id', qualified=True)} = %s LIMIT 1"
-    )
-    return sql, fields
-
-
 def active_device(device_id: Any) -> Device:
     """The device, if it exists and is not revoked; raises otherwise. Its owner's account
     comes in the same query (``accounts.services.is_owner_device`` reads it from there:
-    admission needs no second round trip). On every frame of every socket, so its SQL is
-    built once (``active_device_sql``), not by the ORM each time."""
-    sql, fields = active_device_sql(connection.vendor)
+    admission needs no second round trip). On every frame of every socket, so on PostgreSQL
+    its SQL is built once (``accounts.queries.active_device_sql``), not by the ORM each time;
+    SQLite takes the ORM (``select_related``)."""
+    if connection.vendor != "postgresql":
+        device = Device.objects.select_related("owner").filter(id=uuid_or_nil(device_id)).first()
+        if device is None:
+            raise YimiError("not_authenticated", "unknown device")
+        return _active(device)
+    sql, fields = active_device_sql()
     key = Device._meta.get_field("id").get_db_prep_value(uuid_or_nil(device_id), connection)
     return device_of(statements.fetch(sql, [key], fields), fields)
 
 
 def device_of(rows: list[list[Any]], fields: tuple[Any, ...]) -> Device:
     """The device (its owner's account cached on it) from the first row of a statement that
-    starts with ``active_device_sql``'s columns; raises as ``active_device`` does."""
+    starts with ``accounts.queries.active_device_sql``'s columns; raises as ``active_device`` does."""
     if not rows:
         raise YimiError("not_authenticated", "unknown device")
     n, m = len(Device._meta.concrete_fields), len(Device._meta.concrete_fields) + len(User._meta.concrete_fields)
     device = statements.instance(Device, fields[:n], rows[0][:n])
     Device._meta.get_field("owner").set_cached_value(device, statements.instance(User, fields[n:m], rows[0][n:m]))  # type: ignore[union-attr]
+    return _active(device)
+
+
+def _active(device: Device) -> Device:
     if device.revoked_at is not None:
         raise YimiError("device_revoked", "this device was revoked by its owner")
     return device

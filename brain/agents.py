@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import timedelta
-from functools import cache
 from typing import Any
 
 from django.conf import settings
@@ -22,6 +21,7 @@ from django.db import connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
+from brain import queries
 from brain.models import AgentTask, Run
 from memory.copies import ForgottenContent, rows_in_chunks
 from yimi_project.errors import YimiError
@@ -171,26 +171,14 @@ def mark_reported(task_id: Any, entry_id: int) -> bool:
 
 def active_tasks_for_owner(owner_id: int) -> list[AgentTask]:
     """The owner's background tasks still working (depth 1), oldest first; read on every
-    main turn, so its SELECT is built once per process (``_active_sql``)."""
-    sql, fields = _active_sql(connection.vendor)
+    main turn, so on PostgreSQL its SELECT is built once per process
+    (``brain.queries.active_tasks_sql``); SQLite takes the ORM."""
+    if connection.vendor != "postgresql":
+        return list(
+            AgentTask.objects.filter(depth=1, kind=AgentTask.Kind.TASK, run__owner_id=owner_id, state__in=ACTIVE).order_by("created_at")
+        )
+    sql, fields = queries.active_tasks_sql(ACTIVE)
     return statements.fetch_instances(AgentTask, sql, [1, AgentTask.Kind.TASK, owner_id, *ACTIVE], fields)
-
-
-@cache
-def _active_sql(vendor: str) -> tuple[str, tuple[Any, ...]]:
-    quote = connection.ops.quote_name
-    fields = tuple(AgentTask._meta.concrete_fields)
-
-    t = statements.column_of(AgentTask, qualified=True)
-
-    sql = (
-        f"SELECT {statements.columns(fields, qualified=True)} "
-        f"FROM {quote(AgentTask._meta.db_table)} INNER JOIN {quote(Run._meta.db_table)} "
-        f"ON ({t('run')} = {statements.column(Run, 'id', qualified=True)}) "
-        f"WHERE {t('depth')} = %s AND {t('kind')} = %s AND {statements.column(Run, 'owner', qualified=True)} = %s "
-        f"AND {t('state')} IN ({', '.join(['%s'] * len(ACTIVE))}) ORDER BY {t('created_at')} ASC"
-    )
-    return sql, fields
 
 
 def run_has_active_agents(run_id: Any) -> bool:

@@ -24,21 +24,20 @@ import contextlib
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from functools import cache
 from typing import Any
 
 from channels.db import database_sync_to_async
 from django.conf import settings
 from django.db import connection
 
-from brain import agent_loop, reporting, services, trace, vision
+from brain import agent_loop, queries, reporting, services, trace, vision
 from brain.agent_loop import DELEGATED_ACK, main_turn
 from brain.dispatch import dispatch_task, keep_claim
 from brain.models import Run
 from brain.prompts import accept_memory, build_messages, decide_thinking, prepare_memory, with_memory
 from capabilities import services as capability_services
 from capabilities import truth
-from capabilities.models import ReceiptRecord, ToolCall
+from capabilities.models import ReceiptRecord
 from companion import snapshot as call_snapshot
 from llm import roles, usage
 from llm.client import BrainError
@@ -72,29 +71,16 @@ def run_tree_report(run: Run, *, pack_results: bool = True) -> reporting.Report:
     only) with their facts and which of them the owner has already been told.
     ``pack_results=False``: the caller has just read that the tree has none (the claim)."""
     task_ids: list[str] = []
-    if pack_results:
-        sql, fields = _receipt_tasks_sql(connection.vendor)
+    if pack_results and connection.vendor != "postgresql":  # SQLite takes the ORM
+        task_ids = list(ReceiptRecord.objects.filter(call__run_id=run.id, written_by_gateway=False).values_list("task_id", flat=True))
+    elif pack_results:  # before every checked reply: built once (brain.queries.receipt_tasks_sql)
+        sql, params, fields = queries.receipt_tasks_sql()
         key = Run._meta.pk.get_db_prep_value(run.id, connection)  # type: ignore[union-attr]
-        task_ids = [task_id for task_id, in statements.fetch(sql, [key, False], fields)]
+        task_ids = [task_id for task_id, in statements.fetch(sql, [key, *params], fields)]
     current = capability_services.current_receipts(task_ids) if task_ids else {}  # a run without pack results: none
     records = sorted(current.values(), key=lambda r: r.created_at)
     records = [ReceiptRecord.objects.select_related("call").get(pk=r.pk) for r in records]
     return reporting.report_for_records(records, run.owner_id, [])
-
-
-@cache
-def _receipt_tasks_sql(vendor: str) -> tuple[str, tuple[Any, ...]]:
-    """``run_tree_report``'s SELECT of the task ids of the run's pack receipts, built once per
-    process (it runs before every checked reply)."""
-    quote = connection.ops.quote_name
-    r, c = ReceiptRecord._meta, ToolCall._meta
-    sql = (
-        f"SELECT {statements.column(ReceiptRecord, 'task_id', qualified=True)} FROM {quote(r.db_table)} "
-        f"INNER JOIN {quote(c.db_table)} ON ({statements.column(ReceiptRecord, 'call', qualified=True)} = "
-        f"{statements.column(ToolCall, 'id', qualified=True)}) WHERE {statements.column(ToolCall, 'run', qualified=True)} = %s "
-        f"AND {statements.column(ReceiptRecord, 'written_by_gateway', qualified=True)} = %s"
-    )
-    return sql, (r.get_field("task_id"),)
 
 
 class CheckedStream:

@@ -9,7 +9,9 @@ is still the run's (``finish_run``, ``store_reply_once``), the turn's thinking s
 ``brain.run_pins`` (llm's role pin, registered with ``llm.roles``).
 
 State transitions are conditional UPDATEs (compare-and-set); a transition that finds
-the row in another state did not happen, and the caller backs off.
+the row in another state did not happen, and the caller backs off. The hot ones are one
+hand-built statement each on PostgreSQL (built in ``brain.queries``); SQLite, the embedded
+default, takes the ORM for them.
 """
 
 from __future__ import annotations
@@ -20,21 +22,22 @@ import uuid
 from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from functools import cache
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Q
+from django.db.models import Exists, F, JSONField, OuterRef, Q, Value
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from accounts.models import AdmissionRecord, Device, VoiceCall
 from accounts.services import admit_scheduled, text_admission, voice_admission
+from brain import queries
 from brain.agents import ACTIVE, run_has_active_agents
 from brain.models import AgentTask, Run
 from brain.trace import now_ms
 from capabilities.authorities import RunBinding
-from capabilities.models import ReceiptRecord, ToolCall
+from capabilities.models import ReceiptRecord
 from memory.models import ImageRecord, TimelineEntry
 from memory.timeline import entries as timeline
 from yimi_project.infra import statements
@@ -86,10 +89,11 @@ def _accept(
     received_ms: float | None = None,
 ) -> AcceptedUtterance:
     """Store ``admission``, the entry with the owner's next sequence number and the run, all
-    or nothing. On PostgreSQL that is one statement (``statements.insert_parts``: the
-    admission, the counter's upsert, the entry and the run as data-modifying WITH queries,
-    atomic without BEGIN and COMMIT; inside a caller's transaction, under a savepoint);
-    elsewhere the same rows one statement each, in a transaction. They were six round trips.
+    or nothing. On PostgreSQL that is one statement (``statements.insert_parts`` of
+    ``brain.queries.accept_parts``: the admission, the counter's upsert, the entry and the run
+    as data-modifying WITH queries, atomic without BEGIN and COMMIT; inside a caller's
+    transaction, under a savepoint); elsewhere the same rows one statement each, in a
+    transaction. They were six round trips.
 
     Step 1 is the unique (device, client id) constraint itself, not a lookup first: a
     resend (rare: a reconnect) fails the entry's INSERT, the whole statement or transaction
@@ -105,10 +109,9 @@ def _accept(
         owner_id=device.owner_id, admission=admission, inbound=entry, origin_device=device, scope=admission.scope,
         thinking=thinking, trace=trace,
     )
-    parts = [statements.Part(admission), statements.Part(entry, computed="seq"), statements.Part(run, takes=(("inbound", 1),))]
     try:  # in autocommit one statement needs no transaction (inside atomic() autocommit is off)
         with contextlib.nullcontext() if connection.get_autocommit() else transaction.atomic():
-            if not statements.insert_parts(parts, *timeline.seq_upsert(device.owner_id)):
+            if not statements.insert_parts(*queries.accept_parts(admission, entry, run)):
                 with transaction.atomic(savepoint=False):  # a transaction of its own, if it has none yet
                     statements.insert(admission)
                     entry.seq = timeline.next_seq(device.owner_id)
@@ -167,12 +170,13 @@ def claim_run(run_id: Any) -> Run | None:
 
 
 def claim_for_turn(run_id: Any, *, pin: dict[str, Any] | None = None) -> Claimed | None:
-    """``claim_run`` as the runner uses it, in one statement on PostgreSQL: the
-    compare-and-set UPDATE (queued, or running on a stale heartbeat → running, attempts + 1)
-    returns the run's columns, joined with its inbound entry and the facts ``Claimed``
-    holds. SQLite (the embedded default) cannot join in an UPDATE's RETURNING: the same
-    UPDATE returns the run, and a second statement reads the entry and the facts. The
-    statements are built once per process (``_claim_sql``).
+    """``claim_run`` as the runner uses it: the compare-and-set UPDATE (queued, or running on
+    a stale heartbeat → running, attempts + 1; a row count of 0 means another worker holds the
+    run or it finished) and the run's inbound entry with the facts ``Claimed`` holds. On
+    PostgreSQL one statement (``brain.queries.claim_sql``: the UPDATE returns the run's
+    columns, joined with the entry and the facts); SQLite (the embedded default) takes the
+    ORM: the UPDATE, then the run, its entry and the facts (``Exists``) in one query, in a
+    transaction.
 
     ``pin``: the model roles to pin the run to (``llm.roles.pin_of``), written by the
     same UPDATE unless the run has a pin (``model_roles = COALESCE(model_roles, pin)``: a
@@ -184,124 +188,72 @@ def claim_for_turn(run_id: Any, *, pin: dict[str, Any] | None = None) -> Claimed
         return None
     now = timezone.now()
     stale = now - timedelta(seconds=settings.RUN_HEARTBEAT_STALE_SECONDS)
+    if connection.vendor != "postgresql":
+        return _claim_with_orm(key, now, stale, pin)
     ops = connection.ops
-    sql = _claim_sql(connection.vendor)
+    sql = queries.claim_sql(ACTIVE)
     pinned = None if pin is None else Run._meta.get_field("model_roles").get_db_prep_save(pin, connection)  # type: ignore[union-attr]
     params = [
         Run.State.RUNNING, ops.adapt_datetimefield_value(now), ops.adapt_datetimefield_value(now), pinned,
         Run._meta.pk.get_db_prep_value(key, connection),  # type: ignore[union-attr]
         Run.State.QUEUED, Run.State.RUNNING, ops.adapt_datetimefield_value(stale),
     ]
-    image = [ImageRecord.State.ATTACHED, ""]  # an attached image that still has its file
-    tasks = [1, AgentTask.Kind.TASK, *ACTIVE]  # as agents.active_tasks_for_owner
-    n = len(sql.run_fields)
-    if sql.read is None:  # PostgreSQL: one statement
-        rows = statements.fetch(sql.claim, [*params, *image, *tasks, False], sql.run_fields + sql.entry_fields)
-        if not rows:
-            return None
-        run_values, rest = rows[0][:n], rows[0][n:]
-    else:
-        rows = statements.fetch(sql.claim, params, sql.run_fields)
-        if not rows:
-            return None
-        run_values = rows[0]
-        device = Run._meta.get_field("origin_device").get_db_prep_value(run_values[sql.device_at], connection)
-        read = [device, device, *image, run_values[sql.owner_at], *tasks, params[4], False, run_values[sql.inbound_at]]
-        rest = statements.fetch(sql.read, read, sql.entry_fields)[0]
-    run = statements.instance(Run, sql.run_fields, run_values)
-    m = len(sql.entry_fields)
-    run.inbound = statements.instance(TimelineEntry, sql.entry_fields, rest[:m])
-    in_call, image_linked, tasks_working, pack_results = (bool(v) for v in rest[m:])
+    rows = statements.fetch(sql.sql, [*params, *sql.facts], sql.run_fields + sql.entry_fields)
+    if not rows:
+        return None
+    n, m = len(sql.run_fields), len(sql.entry_fields)
+    run = statements.instance(Run, sql.run_fields, rows[0][:n])
+    run.inbound = statements.instance(TimelineEntry, sql.entry_fields, rows[0][n:n + m])
+    in_call, image_linked, tasks_working, pack_results = (bool(v) for v in rows[0][n + m:])
     return Claimed(run, in_call, image_linked, tasks_working, pack_results)
 
 
-@dataclass(frozen=True)
-class _ClaimSQL:
-    claim: str
-    read: str | None  # SQLite's second statement
-    run_fields: tuple[Any, ...]
-    entry_fields: tuple[Any, ...]
-    device_at: int  # the origin device's, owner's and inbound entry's columns among the run's
-    owner_at: int
-    inbound_at: int
-
-
-@cache
-def _claim_sql(vendor: str) -> _ClaimSQL:
-    """``claim_for_turn``'s statements, built once per process from ``_meta`` (the same
-    UPDATE the ORM built from ``filter(Q(...)).update(...)``)."""
-    quote = connection.ops.quote_name
-    run_fields = tuple(Run._meta.concrete_fields)
-    entry_fields = tuple(TimelineEntry._meta.concrete_fields)
-
-    run = statements.column_of(Run)
-
-    def col(model: Any, name: str) -> str:
-        return statements.column(model, name)
-
-    run_cols = statements.columns(run_fields)
-    entry_cols = ", ".join(f"e.{quote(str(f.column))}" for f in entry_fields)
-    update = (
-        f"UPDATE {quote(Run._meta.db_table)} SET {run('state')} = %s, {run('attempts')} = ({run('attempts')} + 1), "
-        f"{run('started_at')} = %s, {run('heartbeat_at')} = %s, {run('model_roles')} = COALESCE({run('model_roles')}, %s) "
-        f"WHERE {run('id')} = %s AND ({run('state')} = %s OR ({run('state')} = %s AND {run('heartbeat_at')} < %s)) "
-        f"RETURNING {run_cols}"
-    )
-
-    def qcol(model: Any, name: str) -> str:
-        return statements.column(model, name, qualified=True)
-
-    def facts(device: str, owner: str, run_id: str) -> str:
-        t, c = AgentTask._meta, ToolCall._meta
-        return (
-            f"EXISTS (SELECT 1 FROM {quote(VoiceCall._meta.db_table)} WHERE {col(VoiceCall, 'device')} = {device} "
-            f"AND {col(VoiceCall, 'ended_at')} IS NULL), "
-            f"EXISTS (SELECT 1 FROM {quote(ImageRecord._meta.db_table)} WHERE {col(ImageRecord, 'device')} = {device} "
-            f"AND {col(ImageRecord, 'state')} = %s AND NOT ({col(ImageRecord, 'path')} = %s) "
-            f"AND {col(ImageRecord, 'about_client_id')} = e.{col(TimelineEntry, 'client_id')}), "
-            f"EXISTS (SELECT 1 FROM {quote(t.db_table)} INNER JOIN {quote(Run._meta.db_table)} owned "
-            f"ON ({qcol(AgentTask, 'run')} = owned.{run('id')}) WHERE owned.{run('owner')} = {owner} "
-            f"AND {qcol(AgentTask, 'depth')} = %s AND {qcol(AgentTask, 'kind')} = %s "
-            f"AND {qcol(AgentTask, 'state')} IN ({', '.join(['%s'] * len(ACTIVE))})), "
-            f"EXISTS (SELECT 1 FROM {quote(ReceiptRecord._meta.db_table)} INNER JOIN {quote(c.db_table)} "
-            f"ON ({qcol(ReceiptRecord, 'call')} = {qcol(ToolCall, 'id')}) WHERE {qcol(ToolCall, 'run')} = {run_id} "
-            f"AND {qcol(ReceiptRecord, 'written_by_gateway')} = %s)"
+def _claim_with_orm(key: uuid.UUID, now: datetime, stale: datetime, pin: dict[str, Any] | None) -> Claimed | None:
+    """``claim_for_turn`` on SQLite: the same compare-and-set by the ORM, and the claimed run
+    read back in the same transaction (no other claim can come between)."""
+    changes: dict[str, Any] = {"state": Run.State.RUNNING, "attempts": F("attempts") + 1, "started_at": now, "heartbeat_at": now}
+    if pin is not None:
+        changes["model_roles"] = Coalesce("model_roles", Value(pin, output_field=JSONField()))
+    waiting = Q(state=Run.State.QUEUED) | Q(state=Run.State.RUNNING, heartbeat_at__lt=stale)
+    with transaction.atomic():
+        if Run.objects.filter(waiting, id=key).update(**changes) != 1:
+            return None
+        run = (
+            Run.objects.select_related("inbound")
+            .annotate(
+                in_call=Exists(VoiceCall.objects.filter(device=OuterRef("origin_device"), ended_at=None)),
+                image_linked=Exists(
+                    ImageRecord.objects.filter(
+                        device=OuterRef("origin_device"), state=ImageRecord.State.ATTACHED,
+                        about_client_id=OuterRef("inbound__client_id"),
+                    ).exclude(path="")
+                ),
+                tasks_working=Exists(
+                    AgentTask.objects.filter(run__owner=OuterRef("owner"), depth=1, kind=AgentTask.Kind.TASK, state__in=ACTIVE)
+                ),
+                pack_results=Exists(ReceiptRecord.objects.filter(call__run=OuterRef("id"), written_by_gateway=False)),
+            )
+            .get(id=key)
         )
-
-    names = [f.name for f in run_fields]
-    at = {"device_at": names.index("origin_device"), "owner_at": names.index("owner"), "inbound_at": names.index("inbound")}
-    entries = quote(TimelineEntry._meta.db_table)
-    if vendor == "postgresql":
-        claimed = ", ".join(f"claimed.{quote(str(f.column))}" for f in run_fields)
-        sql = (
-            f"WITH claimed AS ({update}) SELECT {claimed}, {entry_cols}, "
-            f"{facts('claimed.' + run('origin_device'), 'claimed.' + run('owner'), 'claimed.' + run('id'))} "
-            f"FROM claimed INNER JOIN {entries} e ON (e.{col(TimelineEntry, 'id')} = claimed.{run('inbound')})"
-        )
-        return _ClaimSQL(sql, None, run_fields, entry_fields, **at)
-    read = f"SELECT {entry_cols}, {facts('%s', '%s', '%s')} FROM {entries} e WHERE e.{col(TimelineEntry, 'id')} = %s"
-    return _ClaimSQL(update, read, run_fields, entry_fields, **at)
+    facts = [bool(run.__dict__.pop(name)) for name in ("in_call", "image_linked", "tasks_working", "pack_results")]
+    return Claimed(run, *facts)
 
 
 def heartbeat(run: Run) -> bool:
     """Refresh the run's heartbeat; False if the run was taken over or finished (one
-    conditional UPDATE, its text built once per process)."""
+    conditional UPDATE: on PostgreSQL its text built once, ``brain.queries.heartbeat_sql``;
+    SQLite takes the ORM)."""
+    now = timezone.now()
+    if connection.vendor != "postgresql":
+        return Run.objects.filter(id=run.id, state=Run.State.RUNNING, attempts=run.attempts).update(heartbeat_at=now) == 1
     with connection.cursor() as cursor:
         cursor.execute(
-            _heartbeat_sql(connection.vendor),
-            [connection.ops.adapt_datetimefield_value(timezone.now()),
+            queries.heartbeat_sql(),
+            [connection.ops.adapt_datetimefield_value(now),
              Run._meta.pk.get_db_prep_value(run.id, connection),  # type: ignore[union-attr]
              Run.State.RUNNING, run.attempts],
         )
         return cursor.rowcount == 1
-
-
-@cache
-def _heartbeat_sql(vendor: str) -> str:
-    c = statements.column_of(Run)
-
-    return (f"UPDATE {connection.ops.quote_name(Run._meta.db_table)} SET {c('heartbeat_at')} = %s "
-            f"WHERE {c('id')} = %s AND {c('state')} = %s AND {c('attempts')} = %s")
 
 
 def is_stale(run: Run, now: datetime | None = None) -> bool:
@@ -331,8 +283,8 @@ def finish_run(run: Run, *, state: str, text: str, kind: str, error_code: str = 
     in memory, decided at the claim; one stored already is kept, None writes none).
 
     On PostgreSQL outside a transaction that is one statement (``_finish_in_one_statement``);
-    else a transaction of the lock, the append and the closing UPDATE (``_finish_sql``,
-    built once per process, as the ORM built them).
+    else the ORM, in a transaction: the lock (``select_for_update``), the append and the
+    closing UPDATE (``_finish_in_steps``).
     """
     if connection.get_autocommit() and statements.in_one_statement(TimelineEntry):
         return _finish_in_one_statement(run, state=state, text=text, kind=kind, error_code=error_code)
@@ -341,13 +293,11 @@ def finish_run(run: Run, *, state: str, text: str, kind: str, error_code: str = 
 
 
 def _finish_in_steps(run: Run, *, state: str, text: str, kind: str, error_code: str) -> TimelineEntry | None:
-    lock, close = _finish_sql(connection.vendor, run.trace is not None)
-    key = Run._meta.pk.get_db_prep_value(run.id, connection)  # type: ignore[union-attr]
-    with connection.cursor() as cursor:
-        cursor.execute(lock, [key])
-        locked = cursor.fetchone()
+    locked = Run.objects.select_for_update().filter(id=run.id).values_list("state", "attempts").first()
     if locked is None or locked[0] not in (Run.State.RUNNING, Run.State.QUEUED) or locked[1] != run.attempts:
         return None
+    if run.trace is not None:
+        run.trace.setdefault("stored", now_ms())
     entry = timeline.append_entry(
         owner_id=run.owner_id,
         kind=kind,
@@ -357,25 +307,21 @@ def _finish_in_steps(run: Run, *, state: str, text: str, kind: str, error_code: 
         reply_to=run.inbound,
         notice_code=error_code if kind == TimelineEntry.Kind.NOTICE else "",
     )
-    values = [state, connection.ops.adapt_datetimefield_value(timezone.now()), entry.id, error_code]
+    changes: dict[str, Any] = {"state": state, "finished_at": timezone.now(), "result_entry": entry, "error_code": error_code}
     if run.trace is not None:
-        run.trace.setdefault("stored", now_ms())
-        values.append(Run._meta.get_field("trace").get_db_prep_save(run.trace, connection))  # type: ignore[union-attr]
-    with connection.cursor() as cursor:
-        cursor.execute(close, [*values, run.thinking, key])
+        changes["trace"] = run.trace
+    if run.thinking is not None:  # COALESCE: one stored already is kept
+        changes["thinking"] = Coalesce("thinking", Value(run.thinking))
+    Run.objects.filter(id=run.id).update(**changes)
     return entry
 
 
 def _finish_in_one_statement(run: Run, *, state: str, text: str, kind: str, error_code: str) -> TimelineEntry | None:
-    """``finish_run`` in one statement (PostgreSQL, autocommit), where it was five round trips
-    (BEGIN, the lock, the append, the closing UPDATE, COMMIT): ``closed`` is the closing
-    UPDATE made conditional (``state`` running or queued and ``attempts`` as claimed: the
-    lock's check), which locks the run row first as the lock did; only if it closed the
-    run is the owner's next number taken (``memory.timeline.entries.seq_upsert``, ``only_with``,
-    the counter row locked second, as before) and the entry inserted. The entry's key is
-    drawn from its sequence up front (``nextval``), so the closing UPDATE can point at the
-    entry it goes with (``result_entry``, a deferred foreign key: checked when the statement
-    commits, with the entry in). A lost claim writes nothing and returns None."""
+    """``finish_run`` in one statement (PostgreSQL, autocommit: ``brain.queries.finish_sql``),
+    where it was five round trips (BEGIN, the lock, the append, the closing UPDATE, COMMIT):
+    the closing UPDATE made conditional (``state`` running or queued and ``attempts`` as
+    claimed: the lock's check), the owner's next number taken only if it closed the run, and
+    the entry inserted. A lost claim writes nothing and returns None."""
     entry = TimelineEntry(
         owner_id=run.owner_id, seq=0, kind=kind, text=text, device_id=run.origin_device_id, scope=run.scope,
         reply_to=run.inbound, notice_code=error_code if kind == TimelineEntry.Kind.NOTICE else "",
@@ -383,7 +329,7 @@ def _finish_in_one_statement(run: Run, *, state: str, text: str, kind: str, erro
     if run.trace is not None:
         run.trace.setdefault("stored", now_ms())
     _, values = statements.insert_values(entry)
-    sql, seq = _finish_statement(run.trace is not None)
+    sql, seq = queries.finish_sql(run.trace is not None)
     close: list[Any] = [state, connection.ops.adapt_datetimefield_value(timezone.now()), error_code]
     if run.trace is not None:
         close.append(Run._meta.get_field("trace").get_db_prep_save(run.trace, connection))  # type: ignore[union-attr]
@@ -402,71 +348,36 @@ def _finish_in_one_statement(run: Run, *, state: str, text: str, kind: str, erro
     return entry
 
 
-@cache
-def _finish_statement(with_trace: bool) -> tuple[str, int]:
-    """``_finish_in_one_statement``'s SQL (PostgreSQL), built once per process, and the
-    place of ``seq`` among the entry's insert values (the statement computes it)."""
-    quote = connection.ops.quote_name
-    c = statements.column_of(Run)
-    e = TimelineEntry._meta
-    fields = statements.insert_fields(TimelineEntry)
-    upsert, _ = timeline.seq_upsert(0, only_with="closed")
-    sets = [c("state"), c("finished_at"), c("error_code"), *([c("trace")] if with_trace else [])]
-    entry_table, entry_key = quote(e.db_table), quote(str(e.pk.column))  # type: ignore[union-attr]
-    with connection.cursor() as cursor:  # the key's sequence, looked up once, not on every run
-        cursor.execute("SELECT pg_get_serial_sequence(%s, %s)", [e.db_table, e.pk.column])  # type: ignore[union-attr]
-        (sequence,) = cursor.fetchone()  # type: ignore[misc]
-    sequence = "'" + str(sequence).replace("'", "''") + "'"  # a string literal: cast to regclass below
-    values = ", ".join("computed.value" if f.name == "seq" else "%s" for f in fields)
-    sql = (
-        f"WITH ids AS (SELECT nextval({sequence}::regclass) AS id), "
-        f"closed AS (UPDATE {quote(Run._meta.db_table)} SET {', '.join(f'{name} = %s' for name in sets)}, "
-        f"{c('thinking')} = COALESCE({c('thinking')}, %s), {c('result_entry')} = (SELECT id FROM ids) "
-        f"WHERE {c('id')} = %s AND {c('state')} IN (%s, %s) AND {c('attempts')} = %s RETURNING 1), "
-        f"computed AS ({upsert}) "
-        f"INSERT INTO {entry_table} ({entry_key}, {statements.columns(fields)}) "
-        f"SELECT ids.id, {values} FROM ids, computed RETURNING {entry_key}, {statements.column(TimelineEntry, 'seq')}"
-    )
-    return sql, next(i for i, f in enumerate(fields) if f.name == "seq")
+class TraceStamp(NamedTuple):
+    """``trace_stages_update``'s UPDATE: its text and parameters, for a statement of the
+    caller's own on PostgreSQL (``sql`` ends with its WHERE clause, so a condition may be
+    appended), and ``run`` to run it on its own (SQLite: the ORM)."""
+
+    sql: str
+    params: list[Any]
+
+    def run(self) -> int:
+        """Merge the stages into the run's trace now; the number of runs changed (0 or 1)."""
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute(self.sql, self.params)
+                return cursor.rowcount
+        stages, key = json.loads(self.params[0]), self.params[1]
+        with transaction.atomic():
+            stored = list(Run.objects.select_for_update().filter(id=key).values_list("trace", flat=True))
+            if not stored:
+                return 0
+            return Run.objects.filter(id=key).update(trace={**(stored[0] or {}), **stages})
 
 
-@cache
-def _finish_sql(vendor: str, with_trace: bool) -> tuple[str, str]:
-    """``finish_run``'s lock (``SELECT state, attempts … FOR UPDATE``; SQLite, which locks the
-    whole database for a write transaction, has no ``FOR UPDATE``) and its closing UPDATE."""
-    quote = connection.ops.quote_name
-
-    c = statements.column_of(Run)
-
-    table = quote(Run._meta.db_table)
-    lock = f"SELECT {c('state')}, {c('attempts')} FROM {table} WHERE {c('id')} = %s"
-    if connection.features.has_select_for_update:
-        lock += " FOR UPDATE"
-    sets = [c("state"), c("finished_at"), c("result_entry"), c("error_code"), *([c("trace")] if with_trace else [])]
-    close = (f"UPDATE {table} SET {', '.join(f'{name} = %s' for name in sets)}, "
-             f"{c('thinking')} = COALESCE({c('thinking')}, %s) WHERE {c('id')} = %s")
-    return lock, close
-
-
-def trace_stages_update(run_id: Any, stages: dict[str, float]) -> tuple[str, list[Any]]:
+def trace_stages_update(run_id: Any, stages: dict[str, float]) -> TraceStamp:
     """The UPDATE that merges ``stages`` into a stored run's trace (``brain.trace``), stages
-    already there overwritten, and its parameters, for a caller that runs it inside a
-    statement of its own (the ACK's ``done_sent`` and ``ack``:
-    ``devices.services.acknowledge``'s rider). Its text ends with its WHERE clause, so a
-    condition may be appended. On every reply's ACK: built once."""
+    already there overwritten (``brain.queries.trace_stages_sql``), and its parameters, for a
+    caller that runs it inside a statement of its own (the ACK's ``done_sent`` and ``ack``:
+    ``devices.services.acknowledge``'s rider), or on its own (``TraceStamp.run``; SQLite
+    takes the ORM). On every reply's ACK: built once."""
     key = Run._meta.get_field("id").get_db_prep_value(uuid.UUID(str(run_id)), connection)
-    return _trace_stages_sql(connection.vendor), [json.dumps(stages), key]
-
-
-@cache
-def _trace_stages_sql(vendor: str) -> str:
-    trace = statements.column(Run, "trace")
-    if vendor == "postgresql":
-        merged = f"COALESCE({trace}, '{{}}'::jsonb) || %s::jsonb"
-    else:  # SQLite, the embedded default
-        merged = f"json_patch(COALESCE({trace}, '{{}}'), %s)"
-    table = connection.ops.quote_name(Run._meta.db_table)
-    return f"UPDATE {table} SET {trace} = {merged} WHERE {statements.column(Run, 'id')} = %s"
+    return TraceStamp(queries.trace_stages_sql(), [json.dumps(stages), key])
 
 
 def expire_run(run_id: Any) -> tuple[Run, TimelineEntry] | None:

@@ -11,8 +11,9 @@ from typing import Any
 from django.db import connection
 from django.utils import timezone
 
-from accounts.devices import active_device, active_device_sql, device_of
+from accounts.devices import active_device, device_of
 from accounts.models import Device
+from accounts.queries import active_device_sql
 from capabilities.services import acknowledge_entry
 from devices.models import Delivery
 from memory.models import TimelineEntry
@@ -111,11 +112,11 @@ def acknowledge(device_id: Any, seq: Any, status: Any, *, ledgers: bool = True, 
     return device
 
 
-def _ride(rider: tuple[str, list[Any]] | None) -> None:
-    """Run ``acknowledge``'s rider on its own, after an ACK taken the general way."""
+def _ride(rider: Any) -> None:
+    """Run ``acknowledge``'s rider on its own, after an ACK taken the general way (its ``run``:
+    on SQLite the ORM, ``brain.services.TraceStamp``)."""
     if rider is not None:
-        with connection.cursor() as cursor:
-            cursor.execute(*rider)
+        rider.run()
 
 
 @cache
@@ -125,7 +126,7 @@ def _ack_sql(vendor: str, rider: str | None) -> tuple[str, tuple[Any, ...]]:
     delivery's INSERT as ``_first_delivery_sql``'s, ``rider`` the caller's UPDATE, run only
     if ``ins`` inserted; the result is the device's row and the inserted delivery's columns
     (NULL when none was inserted)."""
-    select, device_fields = active_device_sql(vendor)
+    select, device_fields = active_device_sql()
     d, e = Delivery._meta, TimelineEntry._meta
     delivery_fields = tuple(d.concrete_fields)  # id, entry, device, status, at
     device_column = {f.name: f"dev.c{i}" for i, f in enumerate(device_fields[: len(Device._meta.concrete_fields)])}

@@ -145,7 +145,7 @@ async def test_owner_run_sees_recent_history_and_the_demo_brain_says_what_it_is(
 
 
 def test_the_claim_reads_the_inbound_entry_and_whether_a_call_or_an_image_is_there(make_device: Any) -> None:
-    """``claim_for_turn`` (one statement on PostgreSQL, two on SQLite): the claimed run
+    """``claim_for_turn`` (one statement on PostgreSQL, the ORM on SQLite): the claimed run
     comes with its inbound entry, whether its device is in an open call (only then is a call
     snapshot looked up) and whether an attached image with a file names its request (only
     then is the linked image looked up); a second claim of a fresh run gets nothing."""

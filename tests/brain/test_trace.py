@@ -90,14 +90,16 @@ def test_the_run_page_shows_the_trace_bar_to_the_owner(owner: Any, make_device: 
 
 
 def test_acks_merge_into_the_stored_trace_with_one_update(owner: Any, make_device: Any) -> None:
+    """One UPDATE on PostgreSQL; SQLite takes the ORM (step 3): BEGIN, the read, the UPDATE, COMMIT."""
     sim = make_device()
     accepted = accept_utterance(sim.device, new_client_id(), "hi", received_ms=5.0)
-    with CaptureQueriesContext(connection) as queries, connection.cursor() as cursor:
-        cursor.execute(*trace_stages_update(accepted.run_id, {"done_sent": 9.0, "ack": 11.0}))
-        assert cursor.rowcount == 1
-    assert len(queries) == 1
+    with CaptureQueriesContext(connection) as queries:
+        assert trace_stages_update(accepted.run_id, {"done_sent": 9.0, "ack": 11.0}).run() == 1
+    assert len(queries) == (1 if connection.vendor == "postgresql" else 4), queries.captured_queries
     assert Run.objects.get(id=accepted.run_id).trace["received"] == 5.0
     assert Run.objects.get(id=accepted.run_id).trace["ack"] == 11.0
+    assert trace_stages_update(Run.objects.exclude(id=accepted.run_id).values_list("id", flat=True).first()
+                               or "00000000-0000-0000-0000-000000000000", {"ack": 1.0}).run() == 0  # no such run
 
 
 # Upper bounds on the database round trips of one text (PostgreSQL or SQLite), so that a
@@ -107,12 +109,13 @@ def test_acks_merge_into_the_stored_trace_with_one_update(owner: Any, make_devic
 # The run's 15 (9 on PostgreSQL, 12 before finish_run became one statement, 10 before the claim wrote the pin): claim (1 on PostgreSQL: the UPDATE … RETURNING joined with the
 # inbound entry and whether the device is in an open call, an attached image names the
 # request, the owner has background tasks working and the run's tree has pack receipts, so a
-# plain run looks up none of those; SQLite 2), history (1), memory (4: the core profile's
+# plain run looks up none of those; SQLite 3, the ORM since step 3: BEGIN, the UPDATE, the run
+# with its entry and those facts), history (1), memory (4: the core profile's
 # render, the ambient log, the session, its facts; and 1 to accept it, here a new session's
 # first turn: a later turn that adds no fact writes nothing), model roles (1: both
 # roles' rows in one read, before the claim, whose UPDATE writes the pin), usage (1),
 # finish (1 on PostgreSQL: the conditional close, the sequence number and the entry in one
-# statement, where it was 3: lock, sequence number with entry, close; SQLite 5: BEGIN
+# statement, where it was 3: lock, sequence number with entry, close; SQLite 5, the ORM: BEGIN
 # IMMEDIATE, lock, sequence number, entry, close, its COMMIT not counted here).
 def budgets() -> tuple[int, int]:
     """(admission, run) for the database the tests run on."""
