@@ -1,17 +1,19 @@
-"""capabilities' hand-built statements (PostgreSQL only), and the parts other apps' statements are assembled from."""
+"""capabilities' hand-built statements: PostgreSQL only (SQLite takes the ORM). Each is built
+once per process from ``_meta``. The gateway's decide and receipt use the generic
+``yimi_project.infra.statements`` (an INSERT, a fetch by key), built there."""
 
-# --- parts for brain (added by the brain helper) ---
-# The run's claim and its report read capabilities' receipts; brain's statements
-# (brain.queries) are assembled from this part, built once per process from _meta.
+from __future__ import annotations
 
 from functools import cache
 from typing import Any
 
 from django.db import connection
 
-from capabilities.models import ReceiptRecord, ToolCall
+from capabilities.models import ReceiptRecord, ToldFact, ToolCall
 from yimi_project.infra import statements
 
+# Parts of other apps' statements: the run's claim and its report read the receipts
+# (brain.queries assembles them).
 
 @cache
 def pack_receipt_tasks(run: str) -> tuple[str, tuple[Any, ...], tuple[Any, ...]]:
@@ -26,3 +28,14 @@ def pack_receipt_tasks(run: str) -> tuple[str, tuple[Any, ...], tuple[Any, ...]]
         f"ON ({r('call')} = {c('id')}) WHERE {c('run')} = {run} AND {r('written_by_gateway')} = %s"
     )
     return sql, (False,), (ReceiptRecord._meta.get_field("task_id"),)
+
+
+@cache
+def acknowledge_sql() -> str:
+    """The facts an entry carried, not told before, become told: ``UPDATE … SET acknowledged_at
+    = %s WHERE acknowledged_at IS NULL AND entry = %s`` (the ORM's ``filter(entry_id=…,
+    acknowledged_at__isnull=True).update(acknowledged_at=now)``). On every ACK:
+    ``capabilities.services.acknowledge_entry``."""
+    c = statements.column_of(ToldFact)
+    return (f"UPDATE {connection.ops.quote_name(ToldFact._meta.db_table)} SET {c('acknowledged_at')} = %s "
+            f"WHERE {c('acknowledged_at')} IS NULL AND {c('entry')} = %s")

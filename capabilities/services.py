@@ -12,7 +12,6 @@ import logging
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
-from functools import cache
 from typing import Any
 
 from django.conf import settings
@@ -24,6 +23,7 @@ from capabilities import authorities
 from capabilities.authorities import GateQuestion, RunBinding, Verdict
 from capabilities.manifest import SEPARATOR, PackSet, ToolDecl, load_packs
 from capabilities.models import ReceiptRecord, ToldFact, ToolCall
+from capabilities.queries import acknowledge_sql
 from capabilities.receipts import needs_check, normalize, unknown_receipt
 from memory.copies import ForgottenContent, redacted_text, rows_in_chunks
 from memory.locks import lock_owner_calls
@@ -752,26 +752,21 @@ def facts_carried(owner_id: int, entry_id: int, fact_ids: list[str]) -> None:
 
 def acknowledge_entry(entry_id: int) -> int:
     """A device ACKed the reply ``entry_id``: the facts it carried are now told — the ones
-    not told before get ``acknowledged_at`` = now. Returns how many. On every ACK, so its
-    SQL is built once (``_acknowledge_sql``): the ORM's ``filter(entry_id=…,
-    acknowledged_at__isnull=True).update(acknowledged_at=now)``, values prepared by the
-    fields as the ORM does (``update`` fires no signals; ``ToldFact`` has no ``auto_now``)."""
+    not told before get ``acknowledged_at`` = now. Returns how many. On every ACK, so on
+    PostgreSQL its SQL is built once (``capabilities.queries.acknowledge_sql``): the ORM's
+    update, values prepared by the fields as the ORM does (``update`` fires no signals;
+    ``ToldFact`` has no ``auto_now``); elsewhere (SQLite) that update itself."""
+    now = timezone.now()
+    if connection.vendor != "postgresql":
+        return ToldFact.objects.filter(entry_id=entry_id, acknowledged_at__isnull=True).update(acknowledged_at=now)
     meta = ToldFact._meta
     with connection.cursor() as cursor:
         cursor.execute(
-            _acknowledge_sql(connection.vendor),
-            [meta.get_field("acknowledged_at").get_db_prep_save(timezone.now(), connection),  # type: ignore[union-attr]
+            acknowledge_sql(),
+            [meta.get_field("acknowledged_at").get_db_prep_save(now, connection),  # type: ignore[union-attr]
              meta.get_field("entry").get_db_prep_value(entry_id, connection)],  # type: ignore[union-attr]
         )
         return cursor.rowcount
-
-
-@cache
-def _acknowledge_sql(vendor: str) -> str:
-    c = statements.column_of(ToldFact)
-
-    return (f"UPDATE {connection.ops.quote_name(ToldFact._meta.db_table)} SET {c('acknowledged_at')} = %s "
-            f"WHERE {c('acknowledged_at')} IS NULL AND {c('entry')} = %s")
 
 
 # --- forgetting --------------------------------------------------------------------------------

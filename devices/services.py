@@ -1,11 +1,12 @@
 """Devices: delivery ACKs (the only code that writes ``Delivery``).
 
-Pairing, authentication and revocation are device identity: ``accounts.devices``.
+On PostgreSQL an ACK is one hot statement (``devices.queries``); elsewhere (SQLite, the
+embedded default) the ORM. Pairing, authentication and revocation are device identity:
+``accounts.devices``.
 """
 
 from __future__ import annotations
 
-from functools import cache
 from typing import Any
 
 from django.db import connection
@@ -13,10 +14,9 @@ from django.utils import timezone
 
 from accounts.devices import active_device, device_of
 from accounts.models import Device
-from accounts.queries import active_device_sql
 from capabilities.services import acknowledge_entry
 from devices.models import Delivery
-from memory.models import TimelineEntry
+from devices.queries import ack_sql, first_delivery_sql
 from memory.timeline.entries import visible_entries
 from schedules.watches import acknowledge_entry as acknowledge_watch_notice
 from yimi_project.errors import YimiError
@@ -34,12 +34,13 @@ def record_delivery(device: Device, seq: Any, status: Any, *, ledgers: bool = Tr
     ``ledgers=False``: whoever sent the entry's ``reply.done`` said no ledger holds anything
     for it (no told facts: ``brain.runner``), so the told-fact and watch-notice UPDATEs, which
     would match no row, are not sent. ``tried``: ``acknowledge`` already tried the first
-    delivery's INSERT and it inserted nothing."""
+    delivery's INSERT and it inserted nothing. On PostgreSQL an owner device's ACK first tries
+    that INSERT (``_record_first_delivery``); elsewhere, and when it inserted nothing, the ORM."""
     if status not in Delivery.Status.values:
         raise YimiError("invalid_frame", "status must be rendered (text) or played (speech)")
     if isinstance(seq, bool) or not isinstance(seq, int):
         raise YimiError("invalid_frame", "seq must be an integer")
-    if not tried and not device.is_guest and SEQ_MIN <= seq <= SEQ_MAX:  # outside: no entry has it (SQLite's driver refuses it)
+    if connection.vendor == "postgresql" and not tried and not device.is_guest and SEQ_MIN <= seq <= SEQ_MAX:  # outside: no entry has it
         recorded = _record_first_delivery(device, seq, status)
         if recorded is not None:  # the usual ACK: the first of this status for an entry that exists
             if ledgers:
@@ -56,27 +57,10 @@ def record_delivery(device: Device, seq: Any, status: Any, *, ledgers: bool = Tr
     if entry is None:
         raise YimiError("unknown_entry", f"there is no timeline entry {seq} for this device")
     delivery, _ = Delivery.objects.get_or_create(entry=entry, device=device, status=status)
-    acknowledge_entry(entry.id)  # the facts this reply carried are now told (capabilities owns that ledger)
-    acknowledge_watch_notice(entry.id)  # a watch's pending notice carried by this entry is delivered
+    if ledgers:
+        acknowledge_entry(entry.id)  # the facts this reply carried are now told (capabilities owns that ledger)
+        acknowledge_watch_notice(entry.id)  # a watch's pending notice carried by this entry is delivered
     return delivery
-
-
-@cache
-def _first_delivery_sql(vendor: str) -> tuple[str, tuple[Any, ...]]:
-    """``_record_first_delivery``'s statement, built once per process from ``_meta``."""
-    quote = connection.ops.quote_name
-    d, e = Delivery._meta, TimelineEntry._meta
-    fields = tuple(d.concrete_fields)  # id, entry, device, status, at
-    columns = [f for f in fields if f.name != "id"]
-    values = ", ".join(statements.column(TimelineEntry, "id", qualified=True) if f.name == "entry" else "%s" for f in columns)
-    sql = (
-        f"INSERT INTO {quote(d.db_table)} ({statements.columns(columns)}) "
-        f"SELECT {values} FROM {quote(e.db_table)} "
-        f"WHERE {statements.column(TimelineEntry, 'owner', qualified=True)} = %s "
-        f"AND {statements.column(TimelineEntry, 'seq', qualified=True)} = %s "
-        f"ON CONFLICT DO NOTHING RETURNING {statements.columns(fields)}"
-    )
-    return sql, fields
 
 
 def acknowledge(device_id: Any, seq: Any, status: Any, *, ledgers: bool = True, rider: tuple[str, list[Any]] | None = None) -> Device:
@@ -85,7 +69,7 @@ def acknowledge(device_id: Any, seq: Any, status: Any, *, ledgers: bool = True, 
     ACK that is taken; the consumer's trace stamp). Returns the device as read.
 
     On PostgreSQL the usual ACK (an owner device, a valid status and seq, ``rider`` or not) is
-    one statement (``_ack_sql``): the re-check's SELECT, the delivery's INSERT (only for an
+    one statement (``devices.queries.ack_sql``): the re-check's SELECT, the delivery's INSERT (only for an
     active owner device) and the rider (only if the INSERT inserted) as data-modifying WITH
     queries. When it inserted nothing (a guest, a repeat, no such entry) ``record_delivery``
     answers as always, without trying the INSERT again, and the rider runs after it, as
@@ -96,7 +80,7 @@ def acknowledge(device_id: Any, seq: Any, status: Any, *, ledgers: bool = True, 
         record_delivery(device, seq, status, ledgers=ledgers)
         _ride(rider)
         return device
-    sql, fields = _ack_sql(connection.vendor, rider[0] if rider is not None else None)
+    sql, fields = ack_sql(rider[0] if rider is not None else None)
     key = Device._meta.get_field("id").get_db_prep_value(uuid_or_nil(device_id), connection)
     given = {"status": status, "at": timezone.now()}  # the INSERT's parameters, in its field order
     values = [f.get_db_prep_save(given[f.name], connection) for f in Delivery._meta.concrete_fields if f.name in given]
@@ -119,44 +103,13 @@ def _ride(rider: Any) -> None:
         rider.run()
 
 
-@cache
-def _ack_sql(vendor: str, rider: str | None) -> tuple[str, tuple[Any, ...]]:
-    """``acknowledge``'s statement (PostgreSQL), built once per rider text (one: the trace
-    stamp's): ``dev`` is the re-check's SELECT (its columns renamed c0, c1, …), ``ins`` the
-    delivery's INSERT as ``_first_delivery_sql``'s, ``rider`` the caller's UPDATE, run only
-    if ``ins`` inserted; the result is the device's row and the inserted delivery's columns
-    (NULL when none was inserted)."""
-    select, device_fields = active_device_sql()
-    d, e = Delivery._meta, TimelineEntry._meta
-    delivery_fields = tuple(d.concrete_fields)  # id, entry, device, status, at
-    device_column = {f.name: f"dev.c{i}" for i, f in enumerate(device_fields[: len(Device._meta.concrete_fields)])}
-    active = f"{device_column['revoked_at']} IS NULL"
-    named = ", ".join(f"c{i}" for i in range(len(device_fields)))
-    inserted = [f for f in delivery_fields if f.name != "id"]
-    values = {"entry": statements.column(TimelineEntry, "id", qualified=True), "device": device_column["id"],
-              "status": "%s", "at": "%s"}
-    quote = connection.ops.quote_name
-    sql = (
-        f"WITH dev ({named}) AS ({select}), "
-        f"ins AS (INSERT INTO {quote(d.db_table)} ({statements.columns(inserted)}) "
-        f"SELECT {', '.join(values[f.name] for f in inserted)} FROM {quote(e.db_table)}, dev "
-        f"WHERE {statements.column(TimelineEntry, 'owner', qualified=True)} = {device_column['owner']} "
-        f"AND {statements.column(TimelineEntry, 'seq', qualified=True)} = %s AND {active} AND NOT {device_column['is_guest']} "
-        f"ON CONFLICT DO NOTHING RETURNING {statements.columns(delivery_fields)})"
-    )
-    if rider is not None:
-        sql += f", rider AS ({rider} AND EXISTS (SELECT 1 FROM ins))"
-    sql += " SELECT dev.*, ins.* FROM dev LEFT JOIN ins ON TRUE"
-    return sql, (*device_fields, *delivery_fields)
-
-
 def _record_first_delivery(device: Device, seq: int, status: str) -> Delivery | None:
     """An owner device's ACK in one statement: INSERT the delivery of the owner's entry
     ``seq`` (all of the owner's timeline is visible to an owner device: ``visible_entries``
     without ``only_device_id``), doing nothing on the unique (entry, device, status).
     None when no row was inserted — no such entry, or this ACK was recorded before —
     and ``record_delivery`` then answers as the ORM path always did."""
-    sql, fields = _first_delivery_sql(connection.vendor)
+    sql, fields = first_delivery_sql()
     given = {"device": device.id, "status": status, "at": timezone.now()}  # a new column fails here, loudly
     params = [f.get_db_prep_save(given[f.name], connection) for f in fields if f.name not in ("id", "entry")]
     rows = statements.fetch(sql, [*params, device.owner_id, seq], fields)

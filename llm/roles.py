@@ -29,7 +29,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from functools import cache, reduce
+from functools import reduce
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -41,6 +41,7 @@ from django.utils import timezone
 
 from llm import keyring
 from llm.models import ROLE_NAMES, ModelRole, ModelRoleRevision, ModelSettingsImport, RoleSource
+from llm.queries import role_rows_sql
 from yimi_project.errors import YimiError
 from yimi_project.infra import statements
 from yimi_project.logs import log_event
@@ -210,19 +211,12 @@ def configured_rows(wanted: tuple[str, ...]) -> dict[str, ModelRole]:
 
 
 def _role_rows(names: list[str]) -> list[ModelRole]:
-    """The rows of ``names`` (read on every run start: the SELECT is built once per process
-    and number of names, ``_role_rows_sql``)."""
-    sql, fields = _role_rows_sql(connection.vendor, len(names))
+    """The rows of ``names`` (read on every run start: on PostgreSQL the SELECT is built once
+    per process and number of names, ``llm.queries.role_rows_sql``; elsewhere the ORM)."""
+    if connection.vendor != "postgresql":
+        return list(ModelRole.objects.filter(role__in=names))
+    sql, fields = role_rows_sql(len(names))
     return statements.fetch_instances(ModelRole, sql, names, fields)
-
-
-@cache
-def _role_rows_sql(vendor: str, count: int) -> tuple[str, tuple[Any, ...]]:
-    quote = connection.ops.quote_name
-    fields = tuple(ModelRole._meta.concrete_fields)
-    sql = (f"SELECT {statements.columns(fields)} FROM {quote(ModelRole._meta.db_table)} "
-           f"WHERE {statements.column(ModelRole, 'role')} IN ({', '.join(['%s'] * count)})")
-    return sql, fields
 
 
 def stored(role: str) -> RoleSettings | None:

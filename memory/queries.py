@@ -80,3 +80,17 @@ def next_entry_id() -> str:
         cursor.execute("SELECT pg_get_serial_sequence(%s, %s)", [e.db_table, e.pk.column])  # type: ignore[union-attr]
         (sequence,) = cursor.fetchone()  # type: ignore[misc]
     return "nextval('" + str(sequence).replace("'", "''") + "'::regclass)"
+
+
+# --- parts for devices (added by the devices helper) ---
+
+
+@cache
+def entry_of_seq(owner: str = "%s", seq: str = "%s") -> tuple[str, str, str]:
+    """The owner's timeline entry ``seq`` as parts of a SELECT: its id column, the FROM table
+    and the WHERE condition, ``owner`` and ``seq`` being SQL expressions (a placeholder each by
+    default, the owner's first). devices' ACK inserts its delivery with ``SELECT <id>, … FROM
+    <table> WHERE <condition>`` (``devices.queries.ack_sql``, ``devices.queries.first_delivery_sql``)."""
+    column = statements.column_of(TimelineEntry, qualified=True)
+    table = connection.ops.quote_name(TimelineEntry._meta.db_table)
+    return column("id"), table, f"{column('owner')} = {owner} AND {column('seq')} = {seq}"

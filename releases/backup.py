@@ -65,7 +65,7 @@ def backup_now(dest: Path | None = None, *, now: datetime | None = None) -> Path
     base.mkdir(parents=True, exist_ok=True, mode=0o700)
     folder = base / f"release-{when:%Y%m%dT%H%M%S%fZ}"
     folder.mkdir(mode=0o700)
-    if connection.vendor == "postgresql":
+    if connection.vendor == "postgresql":  # by nature: each database has its own way to copy itself whole
         _pg_dump(folder / "db.dump")
     elif connection.vendor == "sqlite":
         _sqlite_backup(folder / "db.sqlite3")

@@ -74,7 +74,7 @@ def _delegation() -> Blocker | None:
 
 
 def _session_write_lease() -> Blocker | None:
-    if connection.vendor != "postgresql":
+    if connection.vendor != "postgresql":  # by nature: only PostgreSQL holds the write locks as advisory locks (memory/locks.py)
         return None
     with connection.cursor() as cursor:
         cursor.execute(

@@ -22,7 +22,6 @@ import logging
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from functools import cache
 from typing import Any
 
 from asgiref.sync import async_to_sync
@@ -36,9 +35,9 @@ from capabilities.client import call_tool
 from memory.models import TimelineEntry
 from memory.timeline.entries import append_entry
 from schedules.models import Watch, WatchNotice
+from schedules.queries import acknowledge_sql
 from yimi_project import push
 from yimi_project.errors import YimiError
-from yimi_project.infra import statements
 from yimi_project.logs import log_event
 
 MIN_INTERVAL_SECONDS = 60
@@ -202,37 +201,30 @@ def acknowledge_entry(entry_id: Any) -> int:
     """A device ACKed the timeline entry ``entry_id``: its pending notice is delivered
     (conditional UPDATE; called by ``devices.services.acknowledge``/``record_delivery``), and if one was,
     a one-time watch of that notice ends (``active`` = false). Returns the notices
-    delivered. On every ACK, so the statements are built once (``_acknowledge_sql``): the
-    ORM's ``filter(entry_id=…, state=pending).update(state=delivered, delivered_at=now)``
-    and ``Watch.objects.filter(once=True, active=True, notices__entry_id=…).update(active=False)``,
-    values prepared by the fields as the ORM does (``update`` fires no signals; neither
-    model has an ``auto_now`` field)."""
-    notice_sql, watch_sql = _acknowledge_sql(connection.vendor)
+    delivered. The ORM's ``filter(entry_id=…, state=pending).update(state=delivered,
+    delivered_at=now)`` and ``Watch.objects.filter(once=True, active=True,
+    notices__entry_id=…).update(active=False)``; on every ACK, so on PostgreSQL their SQL is
+    built once (``schedules.queries.acknowledge_sql``), values prepared by the fields as the
+    ORM does (``update`` fires no signals; neither model has an ``auto_now`` field)."""
+    now = timezone.now()
+    if connection.vendor != "postgresql":
+        delivered: int = WatchNotice.objects.filter(entry_id=entry_id, state=WatchNotice.State.PENDING).update(
+            state=WatchNotice.State.DELIVERED, delivered_at=now
+        )
+        if delivered:  # a one-time watch has done its job once its notice is delivered
+            Watch.objects.filter(once=True, active=True, notices__entry_id=entry_id).update(active=False)
+        return delivered
+    notice_sql, watch_sql = acknowledge_sql()
     meta = WatchNotice._meta
     entry = meta.get_field("entry").get_db_prep_value(entry_id, connection)  # type: ignore[union-attr]
     with connection.cursor() as cursor:
         cursor.execute(
             notice_sql,
             [WatchNotice.State.DELIVERED.value,
-             meta.get_field("delivered_at").get_db_prep_save(timezone.now(), connection),  # type: ignore[union-attr]
+             meta.get_field("delivered_at").get_db_prep_save(now, connection),  # type: ignore[union-attr]
              entry, WatchNotice.State.PENDING.value],
         )
-        delivered: int = cursor.rowcount
+        delivered = cursor.rowcount
         if delivered:  # a one-time watch has done its job once its notice is delivered
             cursor.execute(watch_sql, [False, entry])
     return delivered
-
-
-@cache
-def _acknowledge_sql(vendor: str) -> tuple[str, str]:
-    n = statements.column_of(WatchNotice)
-    w = statements.column_of(Watch)
-
-    quote = connection.ops.quote_name
-    return (
-        f"UPDATE {quote(WatchNotice._meta.db_table)} SET {n('state')} = %s, {n('delivered_at')} = %s "
-        f"WHERE {n('entry')} = %s AND {n('state')} = %s",
-        f"UPDATE {quote(Watch._meta.db_table)} SET {w('active')} = %s "
-        f"WHERE {w('once')} AND {w('active')} AND {w('id')} IN "
-        f"(SELECT {n('watch')} FROM {quote(WatchNotice._meta.db_table)} WHERE {n('entry')} = %s)",
-    )

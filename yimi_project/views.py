@@ -96,6 +96,7 @@ def _select_one(timeout: float) -> bool:
     every request borrows from), waiting at most ``timeout`` for a connection; without a pool
     (SQLite: the file) on Django's connection of this thread, closed after."""
     try:
+        # By nature, not speed: PostgreSQL is reached through a pool, SQLite is a file.
         pool = getattr(connection, "pool", None)  # yimi_project.infra.postgresql: the process's one pool
         if pool is not None:
             pool.open()  # as Django does before its first connection; nothing if open

@@ -24,6 +24,9 @@ there, ``apps.get_model("app", "Model")``. An instance handed over by another fu
 followed (precise, not clever): the test can miss a write, never invent one. Django admin's own
 saves (an editable ``ModelAdmin``) are not seen either.
 
+A hand-built statement's text in its app's ``queries.py`` (``<app>.queries``) is built for the
+app's writer to run: a write found there is the writer's when the writer is of the same app.
+
 A write outside the writer is allowed only when it is listed in ``EXCEPTIONS`` below with its
 reason, and the exception is named where the rule is: in the claiming module's docstring or in
 docs/architecture.md.
@@ -582,7 +585,8 @@ def test_the_scanner_sees_writes() -> None:
     """The scanner finds the writers' own writes (so a silent scanner cannot pass the test)."""
     seen = {(w.module, w.model) for w in writes()}
     for expected in [
-        ("schedules.watches", "WatchNotice"),  # hand-built UPDATE on _meta.db_table
+        ("schedules.watches", "WatchNotice"),  # the ORM's update (SQLite)
+        ("schedules.queries", "WatchNotice"),  # hand-built UPDATE on _meta.db_table
         ("capabilities.services", "ToolCall"),  # statements.insert
         ("brain.services", "Run"),
         ("memory.timeline.entries", "TimelineCounter"),  # INSERT INTO {table}
