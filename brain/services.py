@@ -35,6 +35,7 @@ from brain.models import AgentTask, Run
 from brain.trace import now_ms
 from capabilities.authorities import RunBinding
 from capabilities.models import ReceiptRecord, ToolCall
+from memory import queries as memory_queries
 from memory.models import ImageRecord, TimelineEntry
 from memory.timeline import entries as timeline
 from yimi_project.infra import statements
@@ -108,7 +109,7 @@ def _accept(
     parts = [statements.Part(admission), statements.Part(entry, computed="seq"), statements.Part(run, takes=(("inbound", 1),))]
     try:  # in autocommit one statement needs no transaction (inside atomic() autocommit is off)
         with contextlib.nullcontext() if connection.get_autocommit() else transaction.atomic():
-            if not statements.insert_parts(parts, *timeline.seq_upsert(device.owner_id)):
+            if not statements.insert_parts(parts, *memory_queries.seq_upsert(device.owner_id)):
                 with transaction.atomic(savepoint=False):  # a transaction of its own, if it has none yet
                     statements.insert(admission)
                     entry.seq = timeline.next_seq(device.owner_id)
@@ -371,7 +372,7 @@ def _finish_in_one_statement(run: Run, *, state: str, text: str, kind: str, erro
     (BEGIN, the lock, the append, the closing UPDATE, COMMIT): ``closed`` is the closing
     UPDATE made conditional (``state`` running or queued and ``attempts`` as claimed: the
     lock's check), which locks the run row first as the lock did; only if it closed the
-    run is the owner's next number taken (``memory.timeline.entries.seq_upsert``, ``only_with``,
+    run is the owner's next number taken (``memory.queries.seq_upsert``, ``only_with``,
     the counter row locked second, as before) and the entry inserted. The entry's key is
     drawn from its sequence up front (``nextval``), so the closing UPDATE can point at the
     entry it goes with (``result_entry``, a deferred foreign key: checked when the statement
@@ -391,7 +392,7 @@ def _finish_in_one_statement(run: Run, *, state: str, text: str, kind: str, erro
     key = Run._meta.pk.get_db_prep_value(run.id, connection)  # type: ignore[union-attr]
     gate = [key, Run.State.RUNNING, Run.State.QUEUED, run.attempts]
     with connection.cursor() as cursor:
-        cursor.execute(sql, [*close, *gate, *timeline.seq_upsert(run.owner_id, only_with="closed")[1],
+        cursor.execute(sql, [*close, *gate, *memory_queries.seq_upsert(run.owner_id, only_with="closed")[1],
                              *values[:seq], *values[seq + 1:]])
         row = cursor.fetchone()
     if row is None:
@@ -410,7 +411,7 @@ def _finish_statement(with_trace: bool) -> tuple[str, int]:
     c = statements.column_of(Run)
     e = TimelineEntry._meta
     fields = statements.insert_fields(TimelineEntry)
-    upsert, _ = timeline.seq_upsert(0, only_with="closed")
+    upsert, _ = memory_queries.seq_upsert(0, only_with="closed")
     sets = [c("state"), c("finished_at"), c("error_code"), *([c("trace")] if with_trace else [])]
     entry_table, entry_key = quote(e.db_table), quote(str(e.pk.column))  # type: ignore[union-attr]
     with connection.cursor() as cursor:  # the key's sequence, looked up once, not on every run
