@@ -8,6 +8,8 @@ them other apps' statements are assembled from. Each is built once per process f
   ``brain.services.claim_for_turn``'s claim).
 - ``admission_part``: an ``AdmissionRecord`` as a row of ``statements.insert_parts`` (a part of
   ``brain.services.accept_utterance``'s one statement).
+- ``user_time_zone``: a user's time zone as a scalar subquery (a part of a call start's
+  ``companion.queries.resolve_sql``).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from functools import cache
 from typing import Any
 
 from django.db import connection
+from django.db.models import Field
 
 from accounts.models import AdmissionRecord, Device, User, VoiceCall
 from yimi_project.infra import statements
@@ -55,3 +58,13 @@ def admission_part(admission: AdmissionRecord) -> statements.Part:
     stored) as a row of an ``insert_parts`` statement: the text's admission
     (``brain.queries.accept_parts``)."""
     return statements.Part(admission)
+
+
+@cache
+def user_time_zone() -> tuple[str, Field[Any, Any]]:
+    """A part: a scalar subquery of the time zone of the user whose id is its one parameter
+    (NULL if there is none), and its field to read the value back
+    (``companion.queries.resolve_sql``, a call start)."""
+    c = statements.column_of(User, qualified=True)
+    sql = f"(SELECT {c('time_zone')} FROM {connection.ops.quote_name(User._meta.db_table)} WHERE {c('id')} = %s LIMIT 1)"
+    return sql, User._meta.get_field("time_zone")  # type: ignore[return-value]

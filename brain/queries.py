@@ -4,7 +4,7 @@ SQLite (the embedded default, serving one person) takes the ORM instead, in the 
 that run these (docs/decisions/2026-12-03-query-budgets.md). Each is built once per process
 from ``_meta``; a statement that touches another app's rows is assembled from the parts
 that app exports (``accounts.queries``, ``memory.queries``, ``capabilities.queries``,
-``memory.timeline.entries.seq_upsert``), never from its models' ``_meta``.
+``memory.queries.seq_upsert``), never from its models' ``_meta``.
 
 - ``accept_parts``: a text's admission, entry and run in one statement (``brain.services.accept_utterance``).
 - ``claim_sql``: the run's claim with its inbound entry and its turn's facts (``brain.services.claim_for_turn``).
@@ -29,7 +29,6 @@ from brain.models import AgentTask, Run
 from capabilities import queries as capabilities_queries
 from memory import queries as memory_queries
 from memory.models import TimelineEntry
-from memory.timeline import entries as timeline
 from yimi_project.infra import statements
 
 
@@ -39,10 +38,10 @@ def accept_parts(
     """A text's admission (``brain.services.accept_utterance``): the ``insert_parts`` rows —
     the admission (``accounts.queries.admission_part``), the entry taking the owner's next
     number (``memory.queries.entry_part``) and the run taking the entry's key — and the
-    counter's upsert (``memory.timeline.entries.seq_upsert``) with its parameters."""
+    counter's upsert (``memory.queries.seq_upsert``) with its parameters."""
     parts = [accounts_queries.admission_part(admission), memory_queries.entry_part(entry),
              statements.Part(run, takes=(("inbound", 1),))]
-    return parts, *timeline.seq_upsert(entry.owner_id)
+    return parts, *memory_queries.seq_upsert(entry.owner_id)
 
 
 @dataclass(frozen=True)
@@ -109,13 +108,13 @@ def finish_sql(with_trace: bool) -> tuple[str, int]:
     is the closing UPDATE made conditional (parameters: state, finished, error code, the trace
     if ``with_trace``, thinking, then the run's key, running, queued, the attempts as claimed),
     which locks the run row first; only if it closed the run is the owner's next number taken
-    (``memory.timeline.entries.seq_upsert``, ``only_with``) and the entry inserted
+    (``memory.queries.seq_upsert``, ``only_with``) and the entry inserted
     (``memory.queries.entry_insert``). The entry's key is drawn up front
     (``memory.queries.next_entry_id``), so the UPDATE points at it (``result_entry``, a
     deferred foreign key, checked when the statement commits)."""
     quote = connection.ops.quote_name
     c = statements.column_of(Run)
-    upsert, _ = timeline.seq_upsert(0, only_with="closed")
+    upsert, _ = memory_queries.seq_upsert(0, only_with="closed")
     insert, seq_at = memory_queries.entry_insert("ids.id", "computed.value", "ids, computed")
     sets = [c("state"), c("finished_at"), c("error_code"), *([c("trace")] if with_trace else [])]
     sql = (

@@ -38,6 +38,7 @@ from brain.models import AgentTask, Run
 from brain.trace import now_ms
 from capabilities.authorities import RunBinding
 from capabilities.models import ReceiptRecord
+from memory import queries as memory_queries
 from memory.models import ImageRecord, TimelineEntry
 from memory.timeline import entries as timeline
 from yimi_project.infra import statements
@@ -337,7 +338,7 @@ def _finish_in_one_statement(run: Run, *, state: str, text: str, kind: str, erro
     key = Run._meta.pk.get_db_prep_value(run.id, connection)  # type: ignore[union-attr]
     gate = [key, Run.State.RUNNING, Run.State.QUEUED, run.attempts]
     with connection.cursor() as cursor:
-        cursor.execute(sql, [*close, *gate, *timeline.seq_upsert(run.owner_id, only_with="closed")[1],
+        cursor.execute(sql, [*close, *gate, *memory_queries.seq_upsert(run.owner_id, only_with="closed")[1],
                              *values[:seq], *values[seq + 1:]])
         row = cursor.fetchone()
     if row is None:

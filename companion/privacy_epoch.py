@@ -17,7 +17,6 @@ The only code that writes ``PrivacyEpoch`` and ``CompanionSettings``.
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import cache
 from typing import Any
 
 from django.db import connection, transaction
@@ -25,6 +24,7 @@ from django.db.models import F
 from django.db.transaction import TransactionManagementError
 from django.utils import timezone
 
+from companion import queries
 from companion.models import CompanionSettings, PrivacyEpoch
 from memory import source_changes
 from yimi_project.errors import YimiError
@@ -67,28 +67,25 @@ def read_locked(owner_id: int) -> int:
     milliseconds). Must run inside ``transaction.atomic``.
 
     One query once the row exists (every owner's after its first call start): the locking
-    SELECT itself (its text built once per process: no ORM compile on the way of a call
-    start); only a missing row is created first (``get_or_create``) and read again."""
-    sql = _locking_read(connection.vendor)
-    if connection.features.has_select_for_update and connection.get_autocommit():
-        raise TransactionManagementError("select_for_update cannot be used outside of a transaction.")
-    rows = statements.fetch(sql, [owner_id], ())
-    if not rows:
+    SELECT itself (on PostgreSQL its text built once per process, ``companion.queries.locked_epoch_sql``:
+    no ORM compile on the way of a call start; SQLite takes the ORM, its ``BEGIN IMMEDIATE``
+    already holding the write lock); only a missing row is created first
+    (``get_or_create``) and read again."""
+    value = _locked_value(owner_id)
+    if value is None:
         _row(owner_id)
-        rows = statements.fetch(sql, [owner_id], ())
-    return int(rows[0][0])
+        value = _locked_value(owner_id)
+    assert value is not None
+    return int(value)
 
 
-@cache
-def _locking_read(vendor: str) -> str:
-    """``read_locked``'s statement, built once (``yimi_project.infra.statements``): the ORM's
-    ``select_for_update(no_key=True)`` SELECT of the owner's value (the lock clause only
-    where the database has one, as the ORM does)."""
-    sql = (f"SELECT {statements.column(PrivacyEpoch, 'value')} FROM {connection.ops.quote_name(PrivacyEpoch._meta.db_table)} "
-           f"WHERE {statements.column(PrivacyEpoch, 'owner')} = %s LIMIT 1")
-    if connection.features.has_select_for_update:
-        sql += " FOR NO KEY UPDATE" if connection.features.has_select_for_no_key_update else " FOR UPDATE"
-    return sql
+def _locked_value(owner_id: int) -> Any:
+    if connection.vendor != "postgresql":
+        return PrivacyEpoch.objects.select_for_update(no_key=True).filter(owner_id=owner_id).values_list("value", flat=True).first()
+    if connection.get_autocommit():
+        raise TransactionManagementError("select_for_update cannot be used outside of a transaction.")
+    rows = statements.fetch(queries.locked_epoch_sql(), [owner_id], ())
+    return rows[0][0] if rows else None
 
 
 def bump(owner_id: int, reason: str, *, change: source_changes.SourceChange | None = None) -> int:

@@ -21,6 +21,9 @@ base: the frozen persona version, then the snapshot's data sections. The owner's
 preferences follow it, added to every run by ``brain.prompts.with_memory``. What comes
 from memory or the owner's words only ever appears quoted inside DATA sections with
 limited fields and lengths; it never becomes a rule.
+
+Its reads on a call start are statements of ``companion.queries`` on PostgreSQL; SQLite takes
+the ORM.
 """
 
 from __future__ import annotations
@@ -31,17 +34,18 @@ import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from functools import cache
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from django.db import connection, transaction
+from django.db.models import Case, F, Q, Subquery, Value, When
 from django.utils import timezone
 
 from accounts.models import User, VoiceCall
 from companion import persona as personas
-from companion import privacy_epoch, topics
+from companion import privacy_epoch, queries, topics
 from companion.models import CallSnapshot, CompanionSettings, ContentCard, PersonaVersion
+from memory import queries as memory_queries
 from memory.copies import ForgottenContent, rows_in_chunks
 from memory.models import Assertion, AssertionVersion
 from yimi_project.errors import YimiError
@@ -164,40 +168,28 @@ def _profile_facts(owner_id: int, *, interests: bool) -> list[tuple[str, str, in
     the addresses first, then newest change first, at most one address plus
     ``INTERESTS_READ`` rows (an owner with several address assertions gets as many fewer
     interests considered)."""
-    sql, fields = _profile_facts_sql(connection.vendor, interests)
-    params: list[Any] = [ADDRESS_PREDICATE]
-    if interests:
-        params.append(connection.ops.prep_for_like_query(INTEREST_PREFIX) + "%")
-    params += [owner_id, Assertion.State.ACTIVE.value, ADDRESS_PREDICATE]
-    rows = statements.fetch(sql, params, fields)
+    limit = 1 + (INTERESTS_READ if interests else 0)
+    if connection.vendor == "postgresql":  # built once per process: companion.queries.profile_facts_sql
+        sql, fields = queries.profile_facts_sql(interests, limit)
+        params: list[Any] = [ADDRESS_PREDICATE]
+        if interests:
+            params.append(connection.ops.prep_for_like_query(INTEREST_PREFIX) + "%")
+        params += [*memory_queries.CurrentVersions.params(owner_id), ADDRESS_PREDICATE]
+        rows: Any = statements.fetch(sql, params, fields)
+    else:  # SQLite takes the ORM
+        wanted = Q(assertion__predicate=ADDRESS_PREDICATE)
+        if interests:
+            wanted |= Q(assertion__predicate__startswith=INTEREST_PREFIX)
+        rows = (
+            AssertionVersion.objects.filter(
+                wanted, assertion__owner_id=owner_id, assertion__state=Assertion.State.ACTIVE, assertion__current_version__gt=0,
+                version=F("assertion__current_version"),
+            )
+            .annotate(address_last=Case(When(assertion__predicate=ADDRESS_PREDICATE, then=Value(0)), default=Value(1)))
+            .order_by("address_last", "-assertion__updated_at", "assertion_id")
+            .values_list("assertion_id", "assertion__predicate", "version", "payload")[:limit]
+        )
     return [(str(aid), predicate, version, payload) for aid, predicate, version, payload in rows]
-
-
-@cache
-def _profile_facts_sql(vendor: str, interests: bool) -> tuple[str, tuple[Any, ...]]:
-    """``_profile_facts``' SELECT, built once per process from the models' ``_meta`` (the
-    ORM compiled it anew on every call start: ``yimi_project.infra.statements``)."""
-    quote = connection.ops.quote_name
-    v, a = AssertionVersion._meta, Assertion._meta
-    vt, at = quote(v.db_table), quote(a.db_table)
-
-    vc = statements.column_of(AssertionVersion, qualified=True)
-    ac = statements.column_of(Assertion, qualified=True)
-
-    fields = (v.get_field("assertion"), a.get_field("predicate"), v.get_field("version"), v.get_field("payload"))
-    wanted = f"{ac('predicate')} = %s"
-    if interests:
-        like = "LIKE %s ESCAPE '\\'" if vendor == "sqlite" else "LIKE %s"
-        wanted = f"({wanted} OR {ac('predicate')} {like})"
-    sql = (
-        f"SELECT {vc('assertion')}, {ac('predicate')}, {vc('version')}, {vc('payload')} "
-        f"FROM {vt} INNER JOIN {at} ON ({vc('assertion')} = {ac('id')}) "
-        f"WHERE {wanted} AND {ac('owner')} = %s AND {ac('state')} = %s AND {ac('current_version')} > 0 "
-        f"AND {vc('version')} = {ac('current_version')} "
-        f"ORDER BY CASE WHEN {ac('predicate')} = %s THEN 0 ELSE 1 END ASC, {ac('updated_at')} DESC, {vc('assertion')} ASC "
-        f"LIMIT {1 + (INTERESTS_READ if interests else 0)}"
-    )
-    return sql, fields
 
 
 def read_background(owner_id: int, *, continuity: bool) -> Background:
@@ -328,56 +320,6 @@ class _Start:
     existing: CallSnapshot | None
 
 
-@cache
-def _resolve_sql(vendor: str) -> tuple[str, tuple[Any, ...]]:
-    """``_resolve``'s SELECT, built once per process from ``_meta``: the owner's effective
-    persona version (every column, newest first as ``PersonaVersion.Meta.ordering``) with
-    three scalar subqueries: the continuity switch, the time zone, this call's snapshot id."""
-    quote = connection.ops.quote_name
-    p, c, u, s = PersonaVersion._meta, CompanionSettings._meta, User._meta, CallSnapshot._meta
-
-    def col(meta: Any, name: str) -> str:
-        return statements.column(meta.model, name, qualified=True)
-
-    persona = tuple(p.concrete_fields)
-    fields = (*persona, c.get_field("continuity_enabled"), u.get_field("time_zone"), s.get_field("id"))
-    sql = (
-        f"SELECT {statements.columns(persona, qualified=True)}, "
-        f"(SELECT {col(c, 'continuity_enabled')} FROM {quote(c.db_table)} WHERE {col(c, 'owner')} = %s LIMIT 1), "
-        f"(SELECT {col(u, 'time_zone')} FROM {quote(u.db_table)} WHERE {col(u, 'id')} = %s LIMIT 1), "
-        f"(SELECT {col(s, 'id')} FROM {quote(s.db_table)} WHERE {col(s, 'call')} = %s LIMIT 1) "
-        f"FROM {quote(p.db_table)} WHERE {col(p, 'owner')} = %s AND {col(p, 'effective')} = %s "
-        f"ORDER BY {col(p, 'owner')} ASC, {col(p, 'version')} DESC LIMIT 1"
-    )
-    return sql, fields
-
-
-@cache
-def _recent_sql(vendor: str) -> tuple[str, tuple[Any, ...]]:
-    """The last calls' (opening key, card id), newest first, built once (``_build``)."""
-    quote = connection.ops.quote_name
-    s = CallSnapshot._meta
-
-    col = statements.column_of(CallSnapshot)
-
-    fields = (s.get_field("opening_key"), s.get_field("card"))
-    sql = (f"SELECT {col('opening_key')}, {col('card')} FROM {quote(s.db_table)} "
-           f"WHERE {col('owner')} = %s AND {col('fallback')} = %s AND NOT ({col('call')} = %s) "
-           f"ORDER BY {col('built_at')} DESC LIMIT {int(RECENT_CALLS)}")
-    return sql, fields
-
-
-@cache
-def _cards_sql(vendor: str) -> tuple[str, tuple[Any, ...]]:
-    """The active content cards (every column, by id), built once (``_build``)."""
-    quote = connection.ops.quote_name
-    m = ContentCard._meta
-    fields = tuple(m.concrete_fields)
-    sql = (f"SELECT {statements.columns(fields)} FROM {quote(m.db_table)} "
-           f"WHERE {statements.column(ContentCard, 'active')} = %s ORDER BY {statements.column(ContentCard, 'id')} ASC")
-    return sql, fields
-
-
 def _resolve(call: VoiceCall) -> _Start:
     """The effective persona version with, in the same query, the owner's continuity switch,
     time zone and the id of this call's snapshot if there is one; then that snapshot (with
@@ -386,15 +328,12 @@ def _resolve(call: VoiceCall) -> _Start:
     a subquery of a locking statement keeps the snapshot it started with while the epoch it
     waited for moves (continuity turned off and the epoch bumped in one commit)."""
     owner_id = call.owner_id
-    sql, fields = _resolve_sql(connection.vendor)
-    found = statements.fetch(sql, [owner_id, owner_id, call.id, owner_id, True], fields)
-    if not found:  # the owner's first call start: version 1 is created
+    found = _resolve_row(owner_id, call.id)
+    if found is None:  # the owner's first call start: version 1 is created
         personas.effective(owner_id)
-        found = statements.fetch(sql, [owner_id, owner_id, call.id, owner_id, True], fields)
-    values = found[0]
-    n = len(PersonaVersion._meta.concrete_fields)
-    row = statements.instance(PersonaVersion, fields[:n], values[:n])
-    continuity, time_zone, snapshot_id = values[n:]
+        found = _resolve_row(owner_id, call.id)
+    assert found is not None
+    row, continuity, time_zone, snapshot_id = found
     existing = CallSnapshot.objects.select_related("persona_version").get(id=snapshot_id) if snapshot_id is not None else None
     return _Start(
         persona=existing.persona_version if existing is not None else row,
@@ -404,12 +343,46 @@ def _resolve(call: VoiceCall) -> _Start:
     )
 
 
+def _resolve_row(owner_id: int, call_id: int) -> tuple[PersonaVersion, Any, Any, Any] | None:
+    """``_resolve``'s one query: (the effective persona version, the continuity switch, the
+    time zone, this call's snapshot id), None if the owner has no persona version yet. On
+    PostgreSQL built once per process (``companion.queries.resolve_sql``); SQLite takes the
+    ORM (the same three as subqueries)."""
+    if connection.vendor == "postgresql":
+        sql, fields = queries.resolve_sql()
+        found = statements.fetch(sql, [owner_id, owner_id, call_id, owner_id, True], fields)
+        if not found:
+            return None
+        n = len(PersonaVersion._meta.concrete_fields)
+        continuity, time_zone, snapshot_id = found[0][n:]
+        return statements.instance(PersonaVersion, fields[:n], found[0][:n]), continuity, time_zone, snapshot_id
+    persona = (
+        PersonaVersion.objects.filter(owner_id=owner_id, effective=True)
+        .annotate(
+            continuity=Subquery(CompanionSettings.objects.filter(owner_id=owner_id).values("continuity_enabled")[:1]),
+            owner_time_zone=Subquery(User.objects.filter(id=owner_id).values("time_zone")[:1]),
+            snapshot_id=Subquery(CallSnapshot.objects.filter(call_id=call_id).values("id")[:1]),
+        )
+        .order_by("owner", "-version").first()
+    )
+    if persona is None:
+        return None
+    return persona, persona.continuity, persona.owner_time_zone, persona.snapshot_id  # type: ignore[attr-defined]
+
+
 def _build(call: VoiceCall, now: datetime, start: _Start, reader: BackgroundReader) -> dict[str, Any]:
     bg = reader(call.owner_id, continuity=start.continuity)
-    sql, fields = _recent_sql(connection.vendor)
-    recent = [(key, card_id) for key, card_id in statements.fetch(sql, [call.owner_id, False, call.id], fields)]
-    sql, fields = _cards_sql(connection.vendor)
-    cards = statements.fetch_instances(ContentCard, sql, [True], fields)
+    if connection.vendor == "postgresql":  # built once per process: companion.queries
+        sql, fields = queries.recent_openings_sql(RECENT_CALLS)
+        recent = [(key, card_id) for key, card_id in statements.fetch(sql, [call.owner_id, False, call.id], fields)]
+        sql, fields = queries.active_cards_sql()
+        cards = statements.fetch_instances(ContentCard, sql, [True], fields)
+    else:  # SQLite takes the ORM
+        recent = list(
+            CallSnapshot.objects.filter(owner_id=call.owner_id, fallback=False).exclude(call_id=call.id)
+            .order_by("-built_at").values_list("opening_key", "card_id")[:RECENT_CALLS]
+        )
+        cards = list(ContentCard.objects.filter(active=True).order_by("id"))
     opening = build_opening(bg, cards, local=_local(start.time_zone, now), recent=recent)
     card = opening.card
     return {

@@ -26,7 +26,6 @@ import hashlib
 import json
 from dataclasses import dataclass
 from datetime import datetime
-from functools import cache
 from typing import Any
 
 from django.db import IntegrityError, connection, transaction
@@ -34,7 +33,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from accounts.models import VoiceCall
-from companion import privacy_epoch
+from companion import privacy_epoch, queries
 from companion.extractor import COOLDOWN, EXTRACTOR_VERSION, Change, Extraction, Turn, extract, is_detail
 from companion.extractor import label as topic_label
 from companion.models import CallSnapshot, CallSummary, TopicState
@@ -138,51 +137,19 @@ def current_states(owner_id: int, *, exclude_call: int | None = None) -> dict[st
     """Each topic's newest valid row (its state), optionally leaving one call's rows out.
     A row quoting an erased utterance was invalidated in the erasure's own transaction
     (``invalidate``), so no join to the timeline is needed here."""
-    sql, fields = _current_states_sql(connection.vendor, exclude_call is not None)
-    rows = statements.fetch(sql, [owner_id] if exclude_call is None else [owner_id, exclude_call], fields)
-    if connection.vendor == "postgresql":
+    if connection.vendor == "postgresql":  # DISTINCT ON, built once per process: companion.queries.current_states_sql
+        sql, fields = queries.current_states_sql(CURRENT_FIELDS, exclude_call is not None)
+        rows = statements.fetch(sql, [owner_id] if exclude_call is None else [owner_id, exclude_call], fields)
         return {row.topic_key: row for row in (CurrentState(*values) for values in rows)}
+    # SQLite takes the ORM: the newest TOPIC_ROWS_READ valid rows, the newest of each topic kept
+    valid = TopicState.objects.filter(owner_id=owner_id, invalidated_at__isnull=True)
+    if exclude_call is not None:
+        valid = valid.exclude(source_call_id=exclude_call)
     latest: dict[str, CurrentState] = {}
-    for values in rows:
+    for values in valid.order_by("-created_at", "-id").values_list(*CURRENT_FIELDS)[:TOPIC_ROWS_READ]:
         row = CurrentState(*values)
         latest.setdefault(row.topic_key, row)
     return latest
-
-
-@cache
-def _current_states_sql(vendor: str, exclude_call: bool) -> tuple[str, tuple[Any, ...]]:
-    """``current_states``' SELECT, built once per process from ``_meta`` (it is on the way
-    of every call start: ``yimi_project.infra.statements``). PostgreSQL: DISTINCT ON, one row per
-    topic from the (owner, topic_key) index; elsewhere the newest ``TOPIC_ROWS_READ`` valid
-    rows, the newest of each topic kept by the caller."""
-    quote = connection.ops.quote_name
-    meta = TopicState._meta
-    fields = tuple(meta.get_field(name) for name in CURRENT_FIELDS)
-    columns = ", ".join(statements.column(TopicState, name) for name in CURRENT_FIELDS)
-    col = {name: statements.column(TopicState, name) for name in ("owner", "invalidated_at", "source_call", "topic_key", "created_at", "id")}
-    where = f"{col['owner']} = %s AND {col['invalidated_at']} IS NULL"
-    if exclude_call:  # as the ORM's exclude(): a row without a call stays
-        where += f" AND NOT ({col['source_call']} = %s AND {col['source_call']} IS NOT NULL)"
-    if vendor == "postgresql":
-        sql = (f"SELECT DISTINCT ON ({col['topic_key']}) {columns} FROM {quote(meta.db_table)} WHERE {where} "
-               f"ORDER BY {col['topic_key']} ASC, {col['created_at']} DESC, {col['id']} DESC")
-    else:
-        sql = (f"SELECT {columns} FROM {quote(meta.db_table)} WHERE {where} "
-               f"ORDER BY {col['created_at']} DESC, {col['id']} DESC LIMIT {int(TOPIC_ROWS_READ)}")
-    return sql, fields
-
-
-@cache
-def _recent_summaries_sql(vendor: str) -> tuple[str, tuple[Any, ...]]:
-    """``continuity_for``'s read of the newest valid summaries (text, facts), built once."""
-    quote = connection.ops.quote_name
-    meta = CallSummary._meta
-    fields = (meta.get_field("text"), meta.get_field("facts"))
-    col = {name: statements.column(CallSummary, name) for name in ("text", "facts", "owner", "invalidated_at", "created_at", "id")}
-    sql = (f"SELECT {col['text']}, {col['facts']} FROM {quote(meta.db_table)} "
-           f"WHERE {col['owner']} = %s AND {col['invalidated_at']} IS NULL "
-           f"ORDER BY {col['created_at']} DESC, {col['id']} DESC LIMIT {int(SUMMARIES_READ)}")
-    return sql, fields
 
 
 def _facts_of(call: VoiceCall, entries: list[TimelineEntry]) -> dict[str, dict[str, Any]]:
@@ -362,8 +329,13 @@ def continuity_for(
                            "known_details": [], "finished": [], "cooling": [], "facts": []}
     if not (privacy_epoch.continuity_enabled(owner_id) if enabled is None else enabled):
         return out
-    sql, fields = _recent_summaries_sql(connection.vendor)
-    recent = [{"text": text, "facts": facts} for text, facts in statements.fetch(sql, [owner_id], fields)]
+    if connection.vendor == "postgresql":  # built once per process: companion.queries.recent_summaries_sql
+        sql, fields = queries.recent_summaries_sql(SUMMARIES_READ)
+        found: Any = statements.fetch(sql, [owner_id], fields)
+    else:  # SQLite takes the ORM
+        found = CallSummary.objects.filter(owner_id=owner_id, invalidated_at__isnull=True).order_by("-created_at", "-id").values_list(
+            "text", "facts")[:SUMMARIES_READ]
+    recent = [{"text": text, "facts": facts} for text, facts in found]
     ordered = sorted(current_states(owner_id).values(), key=lambda r: (r.created_at, r.position, r.id), reverse=True)
     for row in ordered:
         if row.state == TopicState.State.REFUSED:

@@ -24,6 +24,8 @@ authorization). Memory's lock is never held together with the others.
 - SQLite (the embedded default): the settings open every transaction with
   ``BEGIN IMMEDIATE``, which already holds the database's single write lock for the
   whole transaction, so there is nothing more to take.
+
+The statements are in ``memory.queries``.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from django.db import connection
+
+from memory import queries
 
 # Two-key advisory locks: (space, owner id).
 MEMORY_LOCK_SPACE = 0x4D454D  # "MEM"
@@ -45,9 +49,10 @@ def lock_owner(space: int, owner_id: int) -> None:
     """Take the owner's lock in ``space`` until the current transaction ends."""
     if not connection.in_atomic_block:
         raise RuntimeError("an owner lock must be taken inside transaction.atomic()")
+    # By nature, not speed: PostgreSQL has advisory locks; SQLite's BEGIN IMMEDIATE already holds the write lock.
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [space, int(owner_id)])
+            cursor.execute(queries.ADVISORY_XACT_LOCK_SQL, [space, int(owner_id)])
 
 
 def lock_owner_memory(owner_id: int) -> None:
@@ -71,7 +76,7 @@ _archive_threads = threading.Lock()
 @contextmanager
 def archive_round_lock(owner_id: int) -> Iterator[bool]:
     """Try the owner's archive round lock; yields whether it was taken (released on exit)."""
-    if connection.vendor != "postgresql":
+    if connection.vendor != "postgresql":  # by nature: no advisory locks here, one process's threads take turns
         taken = _archive_threads.acquire(blocking=False)
         try:
             yield taken
@@ -80,11 +85,11 @@ def archive_round_lock(owner_id: int) -> Iterator[bool]:
                 _archive_threads.release()
         return
     with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_try_advisory_lock(%s, %s)", [ARCHIVE_LOCK_SPACE, int(owner_id)])
+        cursor.execute(queries.ADVISORY_TRY_LOCK_SQL, [ARCHIVE_LOCK_SPACE, int(owner_id)])
         taken = bool(cursor.fetchone()[0])
     try:
         yield taken
     finally:
         if taken:
             with connection.cursor() as cursor:
-                cursor.execute("SELECT pg_advisory_unlock(%s, %s)", [ARCHIVE_LOCK_SPACE, int(owner_id)])
+                cursor.execute(queries.ADVISORY_UNLOCK_SQL, [ARCHIVE_LOCK_SPACE, int(owner_id)])

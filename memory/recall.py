@@ -17,7 +17,7 @@
   the GIN index on the text's CJK character bigrams (a ``tsvector``
   column PostgreSQL computes at insert, migration 0005) — and matched exactly with
   ``ILIKE``/``strpos``; on SQLite the same query runs with ``LIKE``/``instr``
-  (case-insensitive for ASCII) as the fallback.
+  (case-insensitive for ASCII) as the fallback. The statement is built in ``memory.queries``.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from typing import Any, TypeVar
 from django.db import connection
 from django.db.models import QuerySet
 
+from memory import queries
 from memory.archive import raw_recall
 from memory.assertions import store as assertions
 from memory.timeline.embeddings import Embedder, configured_embedder, index_timeline, nearest
@@ -114,19 +115,21 @@ def _like(term: str) -> str:
 
 
 def keyword_backend() -> str:
+    # The keyword search differs by database by nature: each its own text functions and indexes.
     if connection.vendor != "postgresql":
         return "sqlite-like"
     with connection.cursor() as cursor:
-        cursor.execute("SELECT 1 FROM pg_indexes WHERE indexname = 'memory_timeline_text_trgm'")
+        cursor.execute(queries.TRIGRAM_INDEX_SQL)
         return "postgresql-trigram" if cursor.fetchone() else "postgresql-ilike"
 
 
-def _index_prefilter(terms: list[tuple[str, float]], like: str) -> tuple[str, list[str]] | None:
-    """An indexed ``WHERE`` condition true for exactly the rows containing any of ``terms``
-    (the score below still decides), or None when some term has no index to use. CJK terms
-    are 1-2 characters (``query_terms`` cuts longer runs into bigrams): a 2-character one is
-    one lexeme of the bigram column, all of them OR-ed in one ``tsquery``; a Latin term of
-    3 or more characters goes through ``ILIKE`` and the trigram index."""
+def _index_prefilter(terms: list[tuple[str, float]]) -> tuple[tuple[int, bool], list[str]] | None:
+    """An indexed prefilter for ``terms`` (``memory.queries.keyword_search_sql``: the number of
+    Latin terms, whether there are CJK bigrams) with its parameters, or None when some term
+    has no index to use. CJK terms are 1-2 characters (``query_terms`` cuts longer runs into
+    bigrams): a 2-character one is one lexeme of the bigram column, all of them OR-ed in one
+    ``tsquery``; a Latin term of 3 or more characters goes through ``ILIKE`` and the trigram
+    index."""
     latin: list[str] = []
     bigrams: list[str] = []
     for term, _ in terms:
@@ -136,12 +139,10 @@ def _index_prefilter(terms: list[tuple[str, float]], like: str) -> tuple[str, li
             latin.append(term)
         else:
             return None  # a 1-character CJK term, a 2-character word: only a scan finds it
-    conditions = [like for _ in latin]
     params = [_like(term) for term in latin]
     if bigrams:
-        conditions.append("text_cjk_bigrams @@ %s::tsquery")
         params.append(" | ".join(bigrams))
-    return " AND (" + " OR ".join(conditions) + ")", params
+    return (len(latin), bool(bigrams)), params
 
 
 def keyword_search(owner_id: int, query: str, *, limit: int = LIST_MAX, within: QuerySet[TimelineEntry] | None = None) -> list[int]:
@@ -155,40 +156,24 @@ def keyword_search(owner_id: int, query: str, *, limit: int = LIST_MAX, within: 
     ``tsvector``), a prefilter lets the GIN indexes find the candidates instead of scanning
     the owner's rows; the score (``strpos``/``ILIKE``) keeps the result exact. ``within``
     (a queryset of the owner's entries) restricts the search to those rows (history
-    search: a time range, no guests).
+    search: a time range, no guests). The statement: ``memory.queries.keyword_search_sql``.
     """
     terms = query_terms(query)
     if not terms:
         return []
-    postgres = connection.vendor == "postgresql"
-    contains = "strpos(text, %s) > 0" if postgres else "instr(text, %s) > 0"
-    like = "text ILIKE %s ESCAPE '\\'" if postgres else "text LIKE %s ESCAPE '\\'"
-    parts, params = [], []
+    postgres = connection.vendor == "postgresql"  # both run it, each with its own text functions and indexes
+    shape, params = [], []
     for term, weight in terms:
-        if any(c.isalpha() and c.isascii() for c in term):
-            parts.append(f"(CASE WHEN {like} THEN {weight} ELSE 0 END)")
-            params.append(_like(term))
-        else:
-            parts.append(f"(CASE WHEN {contains} THEN {weight} ELSE 0 END)")
-            params.append(term)
+        letters = any(c.isalpha() and c.isascii() for c in term)
+        shape.append((letters, weight))
+        params.append(_like(term) if letters else term)
     restrict, restrict_params = "", []
     if within is not None:
         inner_sql, inner_params = within.values("id").query.sql_with_params()
-        restrict, restrict_params = f" AND id IN ({inner_sql})", list(inner_params)
-    prefilter, prefilter_params = "", []  # type: tuple[str, list[str]]
-    indexed = _index_prefilter(terms, like) if postgres else None
-    if indexed is not None:
-        prefilter, prefilter_params = indexed
-    # One term: every match scores the same, so newest first is the whole order, and
-    # PostgreSQL may walk (owner, seq) backwards and stop at ``limit`` matches instead of
-    # scoring every match of a common term (bench/memory.py: 85 ms → 0.3 ms for a 2-character
-    # word in a quarter of 100,000 entries).
-    order = "score DESC, seq DESC" if len(terms) > 1 else "seq DESC"
-    sql = (
-        f"SELECT id FROM (SELECT id, seq, ({' + '.join(parts)}) AS score "
-        f"FROM {TimelineEntry._meta.db_table} WHERE owner_id = %s{restrict}{prefilter}) AS scored "
-        f"WHERE score > 0 ORDER BY {order} LIMIT %s"
-    )
+        restrict, restrict_params = inner_sql, list(inner_params)
+    indexed = _index_prefilter(terms) if postgres else None
+    prefilter, prefilter_params = indexed if indexed is not None else (None, [])
+    sql = queries.keyword_search_sql(tuple(shape), postgres=postgres, restrict=restrict, prefilter=prefilter)
     with statements.custom_plans(), connection.cursor() as cursor:  # a rare term and a common one want different plans
         cursor.execute(sql, [*params, owner_id, *restrict_params, *prefilter_params, limit])
         return [row[0] for row in cursor.fetchall()]

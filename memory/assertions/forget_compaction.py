@@ -25,6 +25,7 @@ file. ``compact`` rewrites every table that held a copy:
 The tables: memory's own (``MEMORY_MODELS``) and the ones each app named when it registered
 its redactor (``memory.copies.register(..., models=...)``). ``VACUUM FULL`` holds an
 ACCESS EXCLUSIVE lock on each table while it rewrites it: requests that touch it wait.
+The statements' text is in ``memory.queries``.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from django.apps import apps
 from django.db import connection
 from django.db.utils import DatabaseError
 
-from memory import copies
+from memory import copies, queries
 from yimi_project.errors import YimiError
 
 # Memory's own tables that a forget writes: the tombstones (summary cleared), the versions
@@ -78,24 +79,6 @@ SQLITE_LEFT = [
 ]
 
 
-# Sessions whose transactions began before ``t0`` (our own transaction id at the start): a
-# row erased before then may still be visible to them, so VACUUM FULL has to copy it
-# ("recently dead"). Any database's writing transaction counts (VACUUM FULL's own snapshot
-# holds the oldest running id back), a snapshot only in this database; prepared
-# transactions and replication slots hold rows back too.
-OLDER_SESSIONS_SQL = """
-SELECT 'pid ' || pid || ' (' || coalesce(datname, 'replication') || ', ' || coalesce(state, '?')
-       || coalesce(', transaction open since ' || to_char(xact_start, 'YYYY-MM-DD HH24:MI:SS TZ'), '') || ')'
-  FROM pg_stat_activity
- WHERE pid <> pg_backend_pid() AND backend_type <> 'autovacuum worker'  -- a lazy vacuum holds no row back
-   AND ((backend_xid IS NOT NULL AND age(backend_xid) > age(%(t0)s::xid))
-        OR (backend_xmin IS NOT NULL AND age(backend_xmin) > age(%(t0)s::xid)
-            AND (datname = current_database() OR datname IS NULL)))
-UNION ALL
-SELECT 'prepared transaction ' || gid FROM pg_prepared_xacts WHERE age(transaction) > age(%(t0)s::xid)
-UNION ALL
-SELECT 'replication slot ' || slot_name FROM pg_replication_slots WHERE xmin IS NOT NULL AND age(xmin) > age(%(t0)s::xid)
-"""
 KEPT = re.compile(r"(\d+) dead row versions cannot be removed yet")
 
 
@@ -111,7 +94,7 @@ def compact(
 
     Steps: 1. refuse inside a transaction (neither VACUUM may run in one:
     ``in_transaction``); PostgreSQL: 2. wait up to ``wait_seconds`` for every transaction
-    that began before this call to end (``OLDER_SESSIONS_SQL``; still open:
+    that began before this call to end (``memory.queries.OLDER_SESSIONS_SQL``; still open:
     ``transactions_open``, naming them: end them and run it again); 3. ``VACUUM (FULL,
     VERBOSE)`` each table, reading from its report how many dead row versions it had to
     keep (any: ``dead_rows_kept``); 4. ``CHECKPOINT`` (without the privilege for it —
@@ -122,6 +105,7 @@ def compact(
         raise YimiError("in_transaction", "the tables cannot be rewritten inside a transaction")
     names = table_names if table_names is not None else tables()
     with connection.cursor() as cursor:
+        # Each database rewrites its tables its own way (a difference by nature, not speed).
         if connection.vendor == "sqlite":
             return CompactResult("sqlite", names, compact_sqlite(cursor, progress), SQLITE_LEFT)
         if connection.vendor != "postgresql":
@@ -138,7 +122,7 @@ def compact(
             for name in names:
                 progress(f"VACUUM FULL {name} (with its TOAST table and indexes)")
                 notices.clear()
-                cursor.execute(f"VACUUM (FULL, VERBOSE) {connection.ops.quote_name(name)}")
+                cursor.execute(queries.vacuum_full_sql(name))
                 kept = sum(int(n) for text in notices for n in KEPT.findall(text))
                 if kept:
                     raise YimiError("dead_rows_kept", f"{name}: {kept} dead row version(s) had to be kept for a transaction "
@@ -148,7 +132,7 @@ def compact(
         checkpoint = "done"
         progress("CHECKPOINT")
         try:
-            cursor.execute("CHECKPOINT")
+            cursor.execute(queries.CHECKPOINT_SQL)
         except DatabaseError as exc:  # insufficient privilege: the rewrite stands
             checkpoint = f"not allowed for this database user ({str(exc).strip().splitlines()[0][:160]}); the next automatic checkpoint does it"
         return CompactResult("postgresql", names, checkpoint, POSTGRESQL_LEFT)
@@ -159,11 +143,11 @@ def _wait_for_older_transactions(cursor: Any, wait_seconds: float, progress: Cal
     """Step 2 of ``compact``: ``t0`` is a transaction id taken now (every forget already
     committed has an older one); wait, polling once a second, until no session, prepared
     transaction or replication slot older than it is left."""
-    cursor.execute("SELECT xid(pg_current_xact_id())::text")
+    cursor.execute(queries.CURRENT_XID_SQL)
     t0 = cursor.fetchone()[0]
     deadline = clock() + wait_seconds
     while True:
-        cursor.execute(OLDER_SESSIONS_SQL, {"t0": t0})
+        cursor.execute(queries.OLDER_SESSIONS_SQL, {"t0": t0})
         older = [row[0] for row in cursor.fetchall()]
         if not older:
             return
@@ -180,10 +164,10 @@ def compact_sqlite(cursor: Any, progress: Callable[[str], None] = lambda _line: 
     (the file rebuilt from its live rows: free pages and the free space inside pages are
     gone), ``wal_checkpoint(TRUNCATE)`` (the WAL file, if any, emptied). Returns how the
     checkpoint went."""
-    cursor.execute("PRAGMA secure_delete = ON")
+    cursor.execute(queries.SQLITE_SECURE_DELETE_SQL)
     progress("VACUUM (the whole database file, secure_delete on)")
-    cursor.execute("VACUUM")
+    cursor.execute(queries.SQLITE_VACUUM_SQL)
     progress("PRAGMA wal_checkpoint(TRUNCATE)")
-    cursor.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    cursor.execute(queries.SQLITE_CHECKPOINT_SQL)
     busy = cursor.fetchone()
     return "done" if not busy or not busy[0] else "busy: another connection is reading; run the command again"

@@ -35,12 +35,13 @@ The only code that writes ``MemorySession``, but one step of forgetting:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import cache
 from typing import Any
 
 from django.db import connection
+from django.db.models import F
 from django.utils import timezone
 
+from memory import queries
 from memory.assertions import store as assertions
 from memory.assertions.models import Assertion, MemorySession
 from yimi_project.infra import statements
@@ -83,46 +84,35 @@ def _token(a: Assertion) -> str:
 
 
 def visible_facts(owner_id: int, scope: str) -> list[Assertion]:
-    """The owner's current facts the scope may see, newest first (on every owner run: the
-    SELECT is built once per process, ``_facts_sql``)."""
+    """The owner's current facts the scope may see, newest first (on every owner run: on
+    PostgreSQL the SELECT built once per process, ``memory.queries.visible_facts_sql``;
+    SQLite takes the ORM)."""
     if scope not in SCOPES_WITH_FACTS:
         return []
-    sql, fields = _facts_sql(connection.vendor)
-    return statements.fetch_instances(Assertion, sql, [owner_id, Assertion.State.ACTIVE, 0, *assertions.PROJECTED_PREDICATES], fields)
-
-
-@cache
-def _facts_sql(vendor: str) -> tuple[str, tuple[Any, ...]]:
-    quote = connection.ops.quote_name
-    fields = tuple(Assertion._meta.concrete_fields)
-
-    c = statements.column_of(Assertion)
-
-    projected = ", ".join(["%s"] * len(assertions.PROJECTED_PREDICATES))
-    sql = (f"SELECT {statements.columns(fields)} FROM {quote(Assertion._meta.db_table)} "
-           f"WHERE {c('owner')} = %s AND {c('state')} = %s AND {c('current_version')} > %s "
-           f"AND NOT ({c('predicate')} IN ({projected})) ORDER BY {c('updated_at')} DESC, {c('id')} ASC")
-    return sql, fields
+    if connection.vendor == "postgresql":
+        sql, fields = queries.visible_facts_sql()
+        return statements.fetch_instances(Assertion, sql, [owner_id, Assertion.State.ACTIVE, 0, *assertions.PROJECTED_PREDICATES], fields)
+    return list(
+        Assertion.objects.filter(owner_id=owner_id, state=Assertion.State.ACTIVE, current_version__gt=0)
+        .exclude(predicate__in=assertions.PROJECTED_PREDICATES).order_by("-updated_at", "id")
+    )
 
 
 def _session(owner_id: int, key: str) -> MemorySession:
     """The owner's session ``key``, created the first time (``get_or_create``); an existing
-    one, which is every run but the first, is one SELECT built once per process."""
-    sql, fields = _session_sql(connection.vendor)
-    found = statements.fetch(sql, [owner_id, key], fields)
-    if found:
-        return statements.instance(MemorySession, fields, found[0])
+    one, which is every run but the first, is one SELECT (on PostgreSQL built once per
+    process, ``memory.queries.session_sql``; SQLite takes the ORM)."""
+    if connection.vendor == "postgresql":
+        sql, fields = queries.session_sql()
+        found = statements.fetch(sql, [owner_id, key], fields)
+        if found:
+            return statements.instance(MemorySession, fields, found[0])
+    else:
+        existing = MemorySession.objects.filter(owner_id=owner_id, key=key).first()
+        if existing is not None:
+            return existing
     session, _ = MemorySession.objects.get_or_create(owner_id=owner_id, key=key)
     return session
-
-
-@cache
-def _session_sql(vendor: str) -> tuple[str, tuple[Any, ...]]:
-    quote = connection.ops.quote_name
-    fields = tuple(MemorySession._meta.concrete_fields)
-    sql = (f"SELECT {statements.columns(fields)} FROM {quote(MemorySession._meta.db_table)} "
-           f"WHERE {statements.column(MemorySession, 'owner')} = %s AND {statements.column(MemorySession, 'key')} = %s")
-    return sql, fields
 
 
 def _fact_lines(rows: list[Assertion]) -> dict[str, str]:
@@ -195,36 +185,29 @@ def accept(p: InjectionPlan) -> bool:
     if p.mode == "incremental" and p.new_block is None:
         return True
     blocks = [b.as_dict() for b in p.blocks]
-    meta = MemorySession._meta
-    values = [
-        meta.get_field("baseline").get_db_prep_save(p.next_baseline, connection),  # type: ignore[union-attr]
-        meta.get_field("blocks").get_db_prep_save(blocks, connection),  # type: ignore[union-attr]
-        p.scope,
-        connection.ops.adapt_datetimefield_value(timezone.now()),
-    ]
     rebuild = p.mode == "rebuild"
-    if rebuild:
-        values.append(p.reason)
-    with connection.cursor() as cursor:
-        cursor.execute(_accept_sql(connection.vendor, rebuild), [*values, p.session_id, p.revision])
-        advanced = cursor.rowcount == 1
+    now = timezone.now()
+    if connection.vendor == "postgresql":  # the UPDATE built once per process: memory.queries.accept_session_sql
+        meta = MemorySession._meta
+        values = [
+            meta.get_field("baseline").get_db_prep_save(p.next_baseline, connection),  # type: ignore[union-attr]
+            meta.get_field("blocks").get_db_prep_save(blocks, connection),  # type: ignore[union-attr]
+            p.scope,
+            connection.ops.adapt_datetimefield_value(now),
+            *([p.reason] if rebuild else []),
+        ]
+        with connection.cursor() as cursor:
+            cursor.execute(queries.accept_session_sql(rebuild), [*values, p.session_id, p.revision])
+            advanced = cursor.rowcount == 1
+    else:  # SQLite takes the ORM
+        changes: dict[str, Any] = {
+            "baseline": p.next_baseline, "blocks": blocks, "scope": p.scope, "revision": F("revision") + 1, "updated_at": now,
+        }
+        if rebuild:
+            changes.update(generation=F("generation") + 1, reset_reason=p.reason)
+        advanced = MemorySession.objects.filter(id=p.session_id, revision=p.revision).update(**changes) == 1
     if advanced and p.mode == "rebuild" and p.reason != "new_session":
         log_event("memory_session_reset", session_id=p.session_id, reason=p.reason)
     if not advanced:
         log_event("memory_session_moved_on", session_id=p.session_id)
     return advanced
-
-
-@cache
-def _accept_sql(vendor: str, rebuild: bool) -> str:
-    """``accept``'s compare-and-set UPDATE (a rebuild also counts a generation and keeps its
-    reason), built once per process as the ORM built it."""
-
-    c = statements.column_of(MemorySession)
-
-    sets = [f"{c('baseline')} = %s", f"{c('blocks')} = %s", f"{c('scope')} = %s",
-            f"{c('revision')} = ({c('revision')} + 1)", f"{c('updated_at')} = %s"]
-    if rebuild:
-        sets += [f"{c('generation')} = ({c('generation')} + 1)", f"{c('reset_reason')} = %s"]
-    return (f"UPDATE {connection.ops.quote_name(MemorySession._meta.db_table)} SET {', '.join(sets)} "
-            f"WHERE {c('id')} = %s AND {c('revision')} = %s")

@@ -17,14 +17,16 @@ older rendering over a newer one.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from functools import cache
 from pathlib import Path
 from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
+from django.db.models import OuterRef, Subquery
 
+from memory import queries
 from memory.assertions.models import Assertion, AssertionVersion
 from memory.assertions.predicates import CORE_PROFILE, SPEAKING_PREFERENCES
 from memory.locks import lock_owner_memory
@@ -46,9 +48,18 @@ def memories_dir() -> Path:
 def render(owner_id: int) -> dict[str, str]:
     """The three files' contents from the owner's current assertions: the projected ones
     with their current version's payload, in one SELECT (every run renders to see whether
-    the files are stale: built once per process, ``_projected_sql``)."""
-    sql, fields = _projected_sql(connection.vendor)
-    rows = statements.fetch(sql, [owner_id, Assertion.State.ACTIVE, CORE_PROFILE, SPEAKING_PREFERENCES], fields)
+    the files are stale: on PostgreSQL built once per process, ``memory.queries.projected_sql``;
+    SQLite takes the ORM)."""
+    rows: Iterable[Any]
+    if connection.vendor == "postgresql":
+        sql, fields = queries.projected_sql()
+        rows = statements.fetch(sql, [owner_id, Assertion.State.ACTIVE, CORE_PROFILE, SPEAKING_PREFERENCES], fields)
+    else:
+        payload = AssertionVersion.objects.filter(assertion_id=OuterRef("id"), version=OuterRef("current_version")).values("payload")
+        rows = (
+            Assertion.objects.filter(owner_id=owner_id, state=Assertion.State.ACTIVE, predicate__in=[CORE_PROFILE, SPEAKING_PREFERENCES])
+            .annotate(payload=Subquery(payload[:1])).order_by("created_at", "id").values_list("predicate", "payload")
+        )
     docs: dict[str, list[str]] = {"user": [], "memory": []}
     personality = ""
     for predicate, payload in rows:
@@ -63,25 +74,6 @@ def render(owner_id: int) -> dict[str, str]:
         MEMORY_MD: HEADER.format(name=MEMORY_MD, source="core_profile.entry, doc memory") + _sections(docs["memory"]),
         PERSONALITY_MD: HEADER.format(name=PERSONALITY_MD, source="speaking preferences") + (personality + "\n" if personality else ""),
     }
-
-
-@cache
-def _projected_sql(vendor: str) -> tuple[str, tuple[Any, ...]]:
-    """``render``'s SELECT: (predicate, current payload) of the owner's active projected
-    assertions, oldest first; an assertion whose current version is missing has no payload."""
-    quote = connection.ops.quote_name
-
-    a = statements.column_of(Assertion, qualified=True)
-    v = statements.column_of(AssertionVersion, qualified=True)
-
-    sql = (
-        f"SELECT {a('predicate')}, {v('payload')} FROM {quote(Assertion._meta.db_table)} "
-        f"LEFT OUTER JOIN {quote(AssertionVersion._meta.db_table)} ON ({v('assertion')} = {a('id')} "
-        f"AND {v('version')} = {a('current_version')}) "
-        f"WHERE {a('owner')} = %s AND {a('state')} = %s AND {a('predicate')} IN (%s, %s) "
-        f"ORDER BY {a('created_at')} ASC, {a('id')} ASC"
-    )
-    return sql, (Assertion._meta.get_field("predicate"), AssertionVersion._meta.get_field("payload"))
 
 
 def _sections(entries: list[str]) -> str:

@@ -16,7 +16,8 @@ transaction (kind ``erase``).
 - ``query`` / ``history`` / ``forget_preview``: reads.
 
 The two graph walks are recursive CTEs that PostgreSQL and SQLite both run (SQLite has
-``WITH RECURSIVE`` since 3.8.3); ``UNION`` (not ``UNION ALL``) makes them stop on cycles.
+``WITH RECURSIVE`` since 3.8.3; ``memory.queries``); ``UNION`` (not ``UNION ALL``) makes them
+stop on cycles.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from memory import copies, source_changes
+from memory import copies, queries, source_changes
 from memory.assertions import speaking_rules
 from memory.assertions.models import Assertion, AssertionDependency, AssertionVersion, MemoryReceipt, MemorySession
 from memory.assertions.predicates import CORE_DOCS, CORE_PROFILE, PROJECTED_PREDICATES, SPEAKING_PREFERENCES
@@ -431,43 +432,16 @@ def _walk(sql: str, start: uuid.UUID) -> set[uuid.UUID]:
         return {uuid.UUID(str(row[0])) for row in cursor.fetchall()}
 
 
-def _tables() -> dict[str, str]:
-    return {"a": Assertion._meta.db_table, "d": AssertionDependency._meta.db_table}
-
-
 def downstream_current(assertion_id: uuid.UUID) -> set[uuid.UUID]:
     """Active assertions whose *current* version depends, directly or through other current
-    versions, on ``assertion_id`` (the start itself excluded)."""
-    sql = """
-        WITH RECURSIVE downstream(id) AS (
-            SELECT %s
-            UNION
-            SELECT dep.downstream_id
-            FROM {d} dep
-            JOIN {a} a ON a.id = dep.downstream_id
-                      AND a.current_version = dep.downstream_version
-                      AND a.state = 'active'
-            JOIN downstream ON dep.upstream_id = downstream.id
-        )
-        SELECT id FROM downstream
-    """.format(**_tables())
-    return _walk(sql, assertion_id) - {assertion_id}
+    versions, on ``assertion_id`` (the start itself excluded): ``memory.queries.downstream_current_sql``."""
+    return _walk(queries.downstream_current_sql(), assertion_id) - {assertion_id}
 
 
 def affected_by_forgetting(assertion_id: uuid.UUID) -> set[uuid.UUID]:
     """The assertion and everything that ever depended on it, through any version of any
-    assertion in between (historical dependencies)."""
-    sql = """
-        WITH RECURSIVE affected(id) AS (
-            SELECT %s
-            UNION
-            SELECT dep.downstream_id
-            FROM {d} dep
-            JOIN affected ON dep.upstream_id = affected.id
-        )
-        SELECT id FROM affected
-    """.format(**_tables())
-    return _walk(sql, assertion_id)
+    assertion in between (historical dependencies): ``memory.queries.affected_by_forgetting_sql``."""
+    return _walk(queries.affected_by_forgetting_sql(), assertion_id)
 
 
 def mark_downstream(assertion_id: uuid.UUID, *, reason: str, now: Any) -> list[uuid.UUID]:

@@ -14,14 +14,15 @@ for the brain (docs/voice.md).
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from functools import cache
 from typing import Any
 
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
+from memory import queries
 from memory.copies import ForgottenContent, rows_in_chunks
 from memory.personal.models import AmbientRecord
 from yimi_project.infra import statements
@@ -91,14 +92,21 @@ def recent(
 ) -> AmbientContext:
     """The overheard block for a run starting at ``now`` (module docstring)."""
     now = now or timezone.now()
-    sql, fields = _recent_sql(connection.vendor)  # on every owner run: built once per process
-    adapt = connection.ops.adapt_datetimefield_value
-    found = statements.fetch(sql, [owner_id, adapt(now - timedelta(seconds=window_seconds)), adapt(now)], fields)
+    since = now - timedelta(seconds=window_seconds)
+    found: Iterable[AmbientRecord]
+    if connection.vendor == "postgresql":  # on every owner run: built once per process, memory.queries.recent_ambient_sql
+        sql, fields = queries.recent_ambient_sql()
+        adapt = connection.ops.adapt_datetimefield_value
+        found = statements.fetch_instances(AmbientRecord, sql, [owner_id, adapt(since), adapt(now)], fields)
+    else:  # SQLite takes the ORM
+        found = (
+            AmbientRecord.objects.filter(owner_id=owner_id, heard_at__gt=since, heard_at__lte=now)
+            .order_by("-heard_at", "-stream_start_sample").only("id", "heard_at", "device_label", "channel", "speaker_scope", "text")
+        )
     used = len(HEADER.encode())
     kept: list[tuple[uuid.UUID, str]] = []
     context = AmbientContext()
-    for values in found:
-        row = statements.instance(AmbientRecord, fields, values)
+    for row in found:
         text = line(row)
         size = len(text.encode()) + 1  # its newline
         if used + size > budget_bytes:
@@ -112,21 +120,6 @@ def recent(
     context.record_ids = [rid for rid, _ in kept]
     context.text = HEADER + "".join("\n" + text for _, text in kept)
     return context
-
-
-@cache
-def _recent_sql(vendor: str) -> tuple[str, tuple[Any, ...]]:
-    """``recent``'s SELECT (the columns a line needs, newest first), as the ORM built it."""
-    quote = connection.ops.quote_name
-    wanted = {"id", "heard_at", "device_label", "channel", "speaker_scope", "text"}
-    fields = tuple(f for f in AmbientRecord._meta.concrete_fields if f.name in wanted)
-
-    c = statements.column_of(AmbientRecord)
-
-    sql = (f"SELECT {statements.columns(fields)} FROM {quote(AmbientRecord._meta.db_table)} "
-           f"WHERE {c('owner')} = %s AND {c('heard_at')} > %s AND {c('heard_at')} <= %s "
-           f"ORDER BY {c('heard_at')} DESC, {c('stream_start_sample')} DESC")
-    return sql, fields
 
 
 def redact_payload(owner_id: int, content: ForgottenContent) -> dict[str, int]:

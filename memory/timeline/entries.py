@@ -1,6 +1,6 @@
 """The timeline (L4): the code that writes ``TimelineEntry`` and ``TimelineCounter``. Two
 callers on the hot text path insert an entry inside a statement of their own, taking its
-number with this module's ``seq_upsert``: ``brain.services.accept_utterance`` (a text with its
+number with ``memory.queries.seq_upsert``: ``brain.services.accept_utterance`` (a text with its
 admission and run; ``accept_voice_utterance`` the same for speech) and
 ``brain.services.finish_run`` (a reply while closing its run);
 docs/decisions/2026-12-03-query-budgets.md. ``releases.notices.notify_owner`` creates and
@@ -8,22 +8,26 @@ locks the owner's counter row itself before ``append_entry``, to write a release
 ``memory.timeline.erasure`` erases entries (their text, for good).
 
 Sequence numbers are per owner, strictly increasing and gapless. ``append_entry`` takes
-the owner's next number with one upsert of the owner's counter row (``INSERT ... ON
-CONFLICT DO UPDATE ... RETURNING``) inside the transaction that stores the entry; the
-upsert locks that row until the transaction ends, so two devices appending at once queue
-on it: neither can read the same ``last_seq``, and a rolled-back append rolls its number
-back too (no gap).
+the owner's next number inside the transaction that stores the entry, on PostgreSQL with
+one upsert of the owner's counter row (``INSERT ... ON CONFLICT DO UPDATE ... RETURNING``),
+on SQLite with the ORM (``SELECT ... FOR UPDATE`` and ``UPDATE``; SQLite holds its write
+lock anyway); either way the row stays locked until the transaction ends, so two devices
+appending at once queue on it: neither can read the same ``last_seq``, and a rolled-back
+append rolls its number back too (no gap).
+
+The statements this module runs on PostgreSQL are built in ``memory.queries``; SQLite takes
+the ORM.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cache
 from typing import Any
 
 from django.db import connection, transaction
 from django.db.models import Max, Q, QuerySet
 
+from memory import queries
 from memory.timeline.models import TimelineCounter, TimelineEntry
 from yimi_project.errors import YimiError
 from yimi_project.infra import statements
@@ -46,11 +50,11 @@ def append_entry(
     """Store one entry with the owner's next sequence number.
 
     Steps: 1. take the owner's next number (``next_seq``: create, lock and increment the
-    counter row in one statement); 2. insert the entry with it. Both commit or neither
-    does. On PostgreSQL both are one statement (the counter's upsert as a data-modifying
-    WITH query, ``statements.insert_with``); elsewhere two. They were five (get_or_create,
-    SELECT FOR UPDATE, UPDATE, and a savepoint around them) and an append is on every
-    utterance's and reply's way.
+    counter row); 2. insert the entry with it. Both commit or neither does. On PostgreSQL
+    both are one statement (the counter's upsert as a data-modifying WITH query,
+    ``statements.insert_with``): they were five (get_or_create, SELECT FOR UPDATE, UPDATE,
+    and a savepoint around them) and an append is on every utterance's and reply's way.
+    SQLite takes the ORM's way (``next_seq``, then the INSERT).
     """
     entry = TimelineEntry(
         owner_id=owner_id,
@@ -63,31 +67,21 @@ def append_entry(
         reply_to=reply_to,
         notice_code=notice_code,
     )
-    if not statements.insert_with(entry, "seq", *seq_upsert(owner_id)):
+    if not statements.insert_with(entry, "seq", *queries.seq_upsert(owner_id)):
         entry.seq = next_seq(owner_id)
         statements.insert(entry)
     return entry
 
 
-def seq_upsert(owner_id: int, *, only_with: str | None = None) -> tuple[str, list[Any]]:
-    """``next_seq``'s statement as a query for a data-modifying WITH (its one column is
-    ``value``) and its parameters: a caller that stores an entry together with other rows
-    in one statement (``statements.insert_parts``, the entry's part computing ``seq``) takes
-    the owner's next number with it, as ``append_entry`` does. ``only_with``: the name of
-    another WITH query of that statement; the number is taken only if it returned a row
-    (``brain.services.finish_run``: only if the run was still the caller's to close)."""
-    return _next_seq_statement(transaction.get_connection().ops.quote_name, only_with), [owner_id]
-
-
 def next_seq(owner_id: int) -> int:
     """The owner's next sequence number, taken inside the caller's transaction: the counter
-    row is created if missing, incremented and locked (until the transaction ends) by one
-    upsert on PostgreSQL and SQLite (3.35+: RETURNING); elsewhere the same in three ORM
-    statements."""
+    row is created if missing, incremented and locked (until the transaction ends), on
+    PostgreSQL by one upsert (``memory.queries.next_seq_sql``); elsewhere (SQLite takes the
+    ORM) the same in three ORM statements."""
     connection = transaction.get_connection()
-    if connection.vendor in ("postgresql", "sqlite"):
+    if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
-            cursor.execute(_next_seq_statement(connection.ops.quote_name), [owner_id])
+            cursor.execute(queries.next_seq_sql(), [owner_id])
             row = cursor.fetchone()
         assert row is not None
         return int(row[0])
@@ -96,16 +90,6 @@ def next_seq(owner_id: int) -> int:
     counter.last_seq += 1
     counter.save(update_fields=["last_seq"])
     return counter.last_seq
-
-
-@cache
-def _next_seq_statement(quote: Any, only_with: str | None = None) -> str:
-    table = quote(TimelineCounter._meta.db_table)
-    values = "VALUES (%s, 1)" if only_with is None else f"SELECT %s, 1 FROM {only_with}"
-    return (
-        f"INSERT INTO {table} (owner_id, last_seq) {values} "
-        f"ON CONFLICT (owner_id) DO UPDATE SET last_seq = {table}.last_seq + 1 RETURNING last_seq AS value"
-    )
 
 
 def find_by_client_id(device_id: Any, client_id: str) -> TimelineEntry | None:
@@ -154,22 +138,15 @@ def page_after(*, owner_id: int, after: int, limit: int, only_device_id: Any = N
 
 def recent_for_context(*, owner_id: int, before_seq: int, limit: int) -> list[TimelineEntry]:
     """The last ``limit`` utterances and replies before ``before_seq``, oldest first (on
-    every run: its SELECT built once per process, ``_recent_sql``)."""
-    sql, fields = _recent_sql(connection.vendor)
-    params = [owner_id, before_seq, TimelineEntry.Kind.UTTERANCE, TimelineEntry.Kind.REPLY, int(limit)]
-    return statements.fetch_instances(TimelineEntry, sql, params, fields)[::-1]
-
-
-@cache
-def _recent_sql(vendor: str) -> tuple[str, tuple[Any, ...]]:
-    quote = connection.ops.quote_name
-    fields = tuple(TimelineEntry._meta.concrete_fields)
-
-    c = statements.column_of(TimelineEntry)
-
-    sql = (f"SELECT {statements.columns(fields)} FROM {quote(TimelineEntry._meta.db_table)} "
-           f"WHERE {c('owner')} = %s AND {c('seq')} < %s AND {c('kind')} IN (%s, %s) ORDER BY {c('seq')} DESC LIMIT %s")
-    return sql, fields
+    every run: on PostgreSQL its SELECT built once per process, ``memory.queries.recent_entries_sql``;
+    SQLite takes the ORM)."""
+    kinds = [TimelineEntry.Kind.UTTERANCE, TimelineEntry.Kind.REPLY]
+    if connection.vendor == "postgresql":
+        sql, fields = queries.recent_entries_sql()
+        newest = statements.fetch_instances(TimelineEntry, sql, [owner_id, before_seq, *kinds, int(limit)], fields)
+    else:
+        newest = list(TimelineEntry.objects.filter(owner_id=owner_id, seq__lt=before_seq, kind__in=kinds).order_by("-seq")[: int(limit)])
+    return newest[::-1]
 
 
 def serialize_entry(entry: TimelineEntry) -> dict[str, Any]:

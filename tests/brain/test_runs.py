@@ -277,7 +277,8 @@ def test_closing_a_run_is_one_statement_on_postgresql_and_a_lost_claim_writes_no
     with CaptureQueriesContext(connection) as queries:
         entry = finish_run(run, state="succeeded", text="the answer", kind="reply")
     assert entry is not None
-    assert len(queries.captured_queries) == (1 if connection.vendor == "postgresql" else 6), queries.captured_queries
+    # SQLite takes the ORM (step 3): the owner's next number is 3 statements there, where it was one upsert
+    assert len(queries.captured_queries) == (1 if connection.vendor == "postgresql" else 8), queries.captured_queries
     stored = TimelineEntry.objects.get(id=entry.id)
     assert (stored.seq, stored.kind, stored.text, stored.reply_to_id, stored.device_id, stored.scope, stored.notice_code) == (
         entry.seq, "reply", "the answer", accepted.entry.id, sim.device.id, "owner", "")
