@@ -282,7 +282,7 @@ def active_device(device_id: Any) -> Device:
     admission needs no second round trip). On every frame of every socket, so on PostgreSQL
     its SQL is built once (``accounts.queries.active_device_sql``), not by the ORM each time;
     SQLite takes the ORM (``select_related``)."""
-    if connection.vendor != "postgresql":
+    if not statements.on_postgresql():
         device = Device.objects.select_related("owner").filter(id=uuid_or_nil(device_id)).first()
         if device is None:
             raise YimiError("not_authenticated", "unknown device")

@@ -17,7 +17,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
@@ -173,7 +173,7 @@ def active_tasks_for_owner(owner_id: int) -> list[AgentTask]:
     """The owner's background tasks still working (depth 1), oldest first; read on every
     main turn, so on PostgreSQL its SELECT is built once per process
     (``brain.queries.active_tasks_sql``); SQLite takes the ORM."""
-    if connection.vendor != "postgresql":
+    if not statements.on_postgresql():
         return list(
             AgentTask.objects.filter(depth=1, kind=AgentTask.Kind.TASK, run__owner_id=owner_id, state__in=ACTIVE).order_by("created_at")
         )

@@ -19,17 +19,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db import connection
 
 from accounts import queries as accounts_queries
-from accounts.models import AdmissionRecord
 from brain.models import AgentTask, Run
 from capabilities import queries as capabilities_queries
 from memory import queries as memory_queries
-from memory.models import TimelineEntry
 from yimi_project.infra import statements
+
+if TYPE_CHECKING:
+    from accounts.models import AdmissionRecord
+    from memory.models import TimelineEntry
 
 
 def accept_parts(

@@ -71,7 +71,7 @@ def run_tree_report(run: Run, *, pack_results: bool = True) -> reporting.Report:
     only) with their facts and which of them the owner has already been told.
     ``pack_results=False``: the caller has just read that the tree has none (the claim)."""
     task_ids: list[str] = []
-    if pack_results and connection.vendor != "postgresql":  # SQLite takes the ORM
+    if pack_results and not statements.on_postgresql():  # SQLite takes the ORM
         task_ids = list(ReceiptRecord.objects.filter(call__run_id=run.id, written_by_gateway=False).values_list("task_id", flat=True))
     elif pack_results:  # before every checked reply: built once (brain.queries.receipt_tasks_sql)
         sql, params, fields = queries.receipt_tasks_sql()

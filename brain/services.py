@@ -189,7 +189,7 @@ def claim_for_turn(run_id: Any, *, pin: dict[str, Any] | None = None) -> Claimed
         return None
     now = timezone.now()
     stale = now - timedelta(seconds=settings.RUN_HEARTBEAT_STALE_SECONDS)
-    if connection.vendor != "postgresql":
+    if not statements.on_postgresql():
         return _claim_with_orm(key, now, stale, pin)
     ops = connection.ops
     sql = queries.claim_sql(ACTIVE)
@@ -245,7 +245,7 @@ def heartbeat(run: Run) -> bool:
     conditional UPDATE: on PostgreSQL its text built once, ``brain.queries.heartbeat_sql``;
     SQLite takes the ORM)."""
     now = timezone.now()
-    if connection.vendor != "postgresql":
+    if not statements.on_postgresql():
         return Run.objects.filter(id=run.id, state=Run.State.RUNNING, attempts=run.attempts).update(heartbeat_at=now) == 1
     with connection.cursor() as cursor:
         cursor.execute(
@@ -359,7 +359,7 @@ class TraceStamp(NamedTuple):
 
     def run(self) -> int:
         """Merge the stages into the run's trace now; the number of runs changed (0 or 1)."""
-        if connection.vendor == "postgresql":
+        if statements.on_postgresql():
             with connection.cursor() as cursor:
                 cursor.execute(self.sql, self.params)
                 return cursor.rowcount

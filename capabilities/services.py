@@ -757,7 +757,7 @@ def acknowledge_entry(entry_id: int) -> int:
     update, values prepared by the fields as the ORM does (``update`` fires no signals;
     ``ToldFact`` has no ``auto_now``); elsewhere (SQLite) that update itself."""
     now = timezone.now()
-    if connection.vendor != "postgresql":
+    if not statements.on_postgresql():
         return ToldFact.objects.filter(entry_id=entry_id, acknowledged_at__isnull=True).update(acknowledged_at=now)
     meta = ToldFact._meta
     with connection.cursor() as cursor:

@@ -80,7 +80,7 @@ def read_locked(owner_id: int) -> int:
 
 
 def _locked_value(owner_id: int) -> Any:
-    if connection.vendor != "postgresql":
+    if not statements.on_postgresql():
         return PrivacyEpoch.objects.select_for_update(no_key=True).filter(owner_id=owner_id).values_list("value", flat=True).first()
     if connection.get_autocommit():
         raise TransactionManagementError("select_for_update cannot be used outside of a transaction.")

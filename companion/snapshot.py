@@ -169,7 +169,7 @@ def _profile_facts(owner_id: int, *, interests: bool) -> list[tuple[str, str, in
     ``INTERESTS_READ`` rows (an owner with several address assertions gets as many fewer
     interests considered)."""
     limit = 1 + (INTERESTS_READ if interests else 0)
-    if connection.vendor == "postgresql":  # built once per process: companion.queries.profile_facts_sql
+    if statements.on_postgresql():  # built once per process: companion.queries.profile_facts_sql
         sql, fields = queries.profile_facts_sql(interests, limit)
         params: list[Any] = [ADDRESS_PREDICATE]
         if interests:
@@ -348,7 +348,7 @@ def _resolve_row(owner_id: int, call_id: int) -> tuple[PersonaVersion, Any, Any,
     time zone, this call's snapshot id), None if the owner has no persona version yet. On
     PostgreSQL built once per process (``companion.queries.resolve_sql``); SQLite takes the
     ORM (the same three as subqueries)."""
-    if connection.vendor == "postgresql":
+    if statements.on_postgresql():
         sql, fields = queries.resolve_sql()
         found = statements.fetch(sql, [owner_id, owner_id, call_id, owner_id, True], fields)
         if not found:
@@ -372,7 +372,7 @@ def _resolve_row(owner_id: int, call_id: int) -> tuple[PersonaVersion, Any, Any,
 
 def _build(call: VoiceCall, now: datetime, start: _Start, reader: BackgroundReader) -> dict[str, Any]:
     bg = reader(call.owner_id, continuity=start.continuity)
-    if connection.vendor == "postgresql":  # built once per process: companion.queries
+    if statements.on_postgresql():  # built once per process: companion.queries
         sql, fields = queries.recent_openings_sql(RECENT_CALLS)
         recent = [(key, card_id) for key, card_id in statements.fetch(sql, [call.owner_id, False, call.id], fields)]
         sql, fields = queries.active_cards_sql()

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
@@ -137,7 +137,7 @@ def current_states(owner_id: int, *, exclude_call: int | None = None) -> dict[st
     """Each topic's newest valid row (its state), optionally leaving one call's rows out.
     A row quoting an erased utterance was invalidated in the erasure's own transaction
     (``invalidate``), so no join to the timeline is needed here."""
-    if connection.vendor == "postgresql":  # DISTINCT ON, built once per process: companion.queries.current_states_sql
+    if statements.on_postgresql():  # DISTINCT ON, built once per process: companion.queries.current_states_sql
         sql, fields = queries.current_states_sql(CURRENT_FIELDS, exclude_call is not None)
         rows = statements.fetch(sql, [owner_id] if exclude_call is None else [owner_id, exclude_call], fields)
         return {row.topic_key: row for row in (CurrentState(*values) for values in rows)}
@@ -329,7 +329,7 @@ def continuity_for(
                            "known_details": [], "finished": [], "cooling": [], "facts": []}
     if not (privacy_epoch.continuity_enabled(owner_id) if enabled is None else enabled):
         return out
-    if connection.vendor == "postgresql":  # built once per process: companion.queries.recent_summaries_sql
+    if statements.on_postgresql():  # built once per process: companion.queries.recent_summaries_sql
         sql, fields = queries.recent_summaries_sql(SUMMARIES_READ)
         found: Any = statements.fetch(sql, [owner_id], fields)
     else:  # SQLite takes the ORM

@@ -40,7 +40,7 @@ def record_delivery(device: Device, seq: Any, status: Any, *, ledgers: bool = Tr
         raise YimiError("invalid_frame", "status must be rendered (text) or played (speech)")
     if isinstance(seq, bool) or not isinstance(seq, int):
         raise YimiError("invalid_frame", "seq must be an integer")
-    if connection.vendor == "postgresql" and not tried and not device.is_guest and SEQ_MIN <= seq <= SEQ_MAX:  # outside: no entry has it
+    if statements.on_postgresql() and not tried and not device.is_guest and SEQ_MIN <= seq <= SEQ_MAX:  # outside: no entry has it
         recorded = _record_first_delivery(device, seq, status)
         if recorded is not None:  # the usual ACK: the first of this status for an entry that exists
             if ledgers:
@@ -75,7 +75,7 @@ def acknowledge(device_id: Any, seq: Any, status: Any, *, ledgers: bool = True, 
     answers as always, without trying the INSERT again, and the rider runs after it, as
     everywhere: an ACK refused writes nothing. They were three statements."""
     valid = status in Delivery.Status.values and isinstance(seq, int) and not isinstance(seq, bool) and SEQ_MIN <= seq <= SEQ_MAX
-    if connection.vendor != "postgresql" or not valid:
+    if not statements.on_postgresql() or not valid:
         device = active_device(device_id)
         record_delivery(device, seq, status, ledgers=ledgers)
         _ride(rider)

@@ -35,7 +35,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from django.conf import settings
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -213,7 +213,7 @@ def configured_rows(wanted: tuple[str, ...]) -> dict[str, ModelRole]:
 def _role_rows(names: list[str]) -> list[ModelRole]:
     """The rows of ``names`` (read on every run start: on PostgreSQL the SELECT is built once
     per process and number of names, ``llm.queries.role_rows_sql``; elsewhere the ORM)."""
-    if connection.vendor != "postgresql":
+    if not statements.on_postgresql():
         return list(ModelRole.objects.filter(role__in=names))
     sql, fields = role_rows_sql(len(names))
     return statements.fetch_instances(ModelRole, sql, names, fields)

@@ -116,7 +116,7 @@ def _like(term: str) -> str:
 
 def keyword_backend() -> str:
     # The keyword search differs by database by nature: each its own text functions and indexes.
-    if connection.vendor != "postgresql":
+    if not statements.on_postgresql():
         return "sqlite-like"
     with connection.cursor() as cursor:
         cursor.execute(queries.TRIGRAM_INDEX_SQL)
@@ -161,7 +161,7 @@ def keyword_search(owner_id: int, query: str, *, limit: int = LIST_MAX, within: 
     terms = query_terms(query)
     if not terms:
         return []
-    postgres = connection.vendor == "postgresql"  # both run it, each with its own text functions and indexes
+    postgres = statements.on_postgresql()  # both run it, each with its own text functions and indexes
     shape, params = [], []
     for term, weight in terms:
         letters = any(c.isalpha() and c.isascii() for c in term)

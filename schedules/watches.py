@@ -38,6 +38,7 @@ from schedules.models import Watch, WatchNotice
 from schedules.queries import acknowledge_sql
 from yimi_project import push
 from yimi_project.errors import YimiError
+from yimi_project.infra import statements
 from yimi_project.logs import log_event
 
 MIN_INTERVAL_SECONDS = 60
@@ -207,7 +208,7 @@ def acknowledge_entry(entry_id: Any) -> int:
     built once (``schedules.queries.acknowledge_sql``), values prepared by the fields as the
     ORM does (``update`` fires no signals; neither model has an ``auto_now`` field)."""
     now = timezone.now()
-    if connection.vendor != "postgresql":
+    if not statements.on_postgresql():
         delivered: int = WatchNotice.objects.filter(entry_id=entry_id, state=WatchNotice.State.PENDING).update(
             state=WatchNotice.State.DELIVERED, delivered_at=now
         )

@@ -89,7 +89,7 @@ def visible_facts(owner_id: int, scope: str) -> list[Assertion]:
     SQLite takes the ORM)."""
     if scope not in SCOPES_WITH_FACTS:
         return []
-    if connection.vendor == "postgresql":
+    if statements.on_postgresql():
         sql, fields = queries.visible_facts_sql()
         return statements.fetch_instances(Assertion, sql, [owner_id, Assertion.State.ACTIVE, 0, *assertions.PROJECTED_PREDICATES], fields)
     return list(
@@ -102,7 +102,7 @@ def _session(owner_id: int, key: str) -> MemorySession:
     """The owner's session ``key``, created the first time (``get_or_create``); an existing
     one, which is every run but the first, is one SELECT (on PostgreSQL built once per
     process, ``memory.queries.session_sql``; SQLite takes the ORM)."""
-    if connection.vendor == "postgresql":
+    if statements.on_postgresql():
         sql, fields = queries.session_sql()
         found = statements.fetch(sql, [owner_id, key], fields)
         if found:
@@ -187,7 +187,7 @@ def accept(p: InjectionPlan) -> bool:
     blocks = [b.as_dict() for b in p.blocks]
     rebuild = p.mode == "rebuild"
     now = timezone.now()
-    if connection.vendor == "postgresql":  # the UPDATE built once per process: memory.queries.accept_session_sql
+    if statements.on_postgresql():  # the UPDATE built once per process: memory.queries.accept_session_sql
         meta = MemorySession._meta
         values = [
             meta.get_field("baseline").get_db_prep_save(p.next_baseline, connection),  # type: ignore[union-attr]

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import transaction
 from django.db.models import OuterRef, Subquery
 
 from memory import queries
@@ -51,7 +51,7 @@ def render(owner_id: int) -> dict[str, str]:
     the files are stale: on PostgreSQL built once per process, ``memory.queries.projected_sql``;
     SQLite takes the ORM)."""
     rows: Iterable[Any]
-    if connection.vendor == "postgresql":
+    if statements.on_postgresql():
         sql, fields = queries.projected_sql()
         rows = statements.fetch(sql, [owner_id, Assertion.State.ACTIVE, CORE_PROFILE, SPEAKING_PREFERENCES], fields)
     else:

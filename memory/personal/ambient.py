@@ -94,7 +94,7 @@ def recent(
     now = now or timezone.now()
     since = now - timedelta(seconds=window_seconds)
     found: Iterable[AmbientRecord]
-    if connection.vendor == "postgresql":  # on every owner run: built once per process, memory.queries.recent_ambient_sql
+    if statements.on_postgresql():  # on every owner run: built once per process, memory.queries.recent_ambient_sql
         sql, fields = queries.recent_ambient_sql()
         adapt = connection.ops.adapt_datetimefield_value
         found = statements.fetch_instances(AmbientRecord, sql, [owner_id, adapt(since), adapt(now)], fields)

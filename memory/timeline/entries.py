@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import transaction
 from django.db.models import Max, Q, QuerySet
 
 from memory import queries
@@ -79,7 +79,7 @@ def next_seq(owner_id: int) -> int:
     PostgreSQL by one upsert (``memory.queries.next_seq_sql``); elsewhere (SQLite takes the
     ORM) the same in three ORM statements."""
     connection = transaction.get_connection()
-    if connection.vendor == "postgresql":
+    if statements.on_postgresql():
         with connection.cursor() as cursor:
             cursor.execute(queries.next_seq_sql(), [owner_id])
             row = cursor.fetchone()
@@ -141,7 +141,7 @@ def recent_for_context(*, owner_id: int, before_seq: int, limit: int) -> list[Ti
     every run: on PostgreSQL its SELECT built once per process, ``memory.queries.recent_entries_sql``;
     SQLite takes the ORM)."""
     kinds = [TimelineEntry.Kind.UTTERANCE, TimelineEntry.Kind.REPLY]
-    if connection.vendor == "postgresql":
+    if statements.on_postgresql():
         sql, fields = queries.recent_entries_sql()
         newest = statements.fetch_instances(TimelineEntry, sql, [owner_id, before_seq, *kinds, int(limit)], fields)
     else:

@@ -169,6 +169,13 @@ def insert_fields(model: type[Model]) -> tuple[Field[Any, Any], ...]:
     return _insert_statement(model, _connection().vendor)[1]
 
 
+def on_postgresql() -> bool:
+    """Whether the hot paths run their hand-built statements (each app's ``queries`` module)
+    here: on PostgreSQL. Every other database (SQLite, the embedded default) takes the ORM,
+    the one fallback (docs/decisions/2026-12-03-sql-contained.md)."""
+    return _connection().vendor == "postgresql"
+
+
 def in_one_statement(*models: type[Model]) -> bool:
     """Whether ``insert_parts`` writes rows of ``models`` in one statement here (PostgreSQL,
     plain models): a caller that needs them atomic may then skip its transaction."""
