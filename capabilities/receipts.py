@@ -1,4 +1,4 @@
-"""Receipts at the trust boundary: schema validation and the five invariants.
+"""Receipts at the trust boundary: schema validation and the six invariants.
 
 ``normalize`` turns whatever a pack returned into a valid receipt. It only ever
 downgrades (never turns an unknown into a success):
@@ -9,7 +9,12 @@ downgrades (never turns an unknown into a success):
 2. an error code mentioning TIMEOUT or DISCONNECTED → ``unknown``, retry only after a check;
 3. a number without a unit is a contract violation: the value is not stated as a fact;
 4. a pack may not write ``rejected`` (only the gateway blocks) → ``unknown``;
-5. anything that is not a valid receipt → ``unknown``.
+5. anything that is not a valid receipt → ``unknown``;
+6. a ``send`` effect claimed ``verified`` → ``service_ack``, with the violation
+   ``send_verified_without_readback``: a send is only ever acknowledged by a server, so no
+   pack certifies delivery through its own send. That the message arrived (or was read) is
+   its own effect, action ``deliver`` (or ``seen``), verified by reading it back at the
+   recipient's end (``capabilities.truth``'s ``PROOF_CLAIMS``).
 
 A lost result whose transport error names a pack limit (``pack_limit_memory: ...``; the
 pack host was stopped for reaching it, ``mcp_host/limits.py``) is ``unknown`` with that
@@ -102,6 +107,9 @@ def normalize(raw: Any, *, tool: ToolDecl | None, category: str | None, transpor
     for item in effects:
         if category is not None:
             item["category"] = category
+        if str(item["action"]).strip().lower() == "send" and item["verification"] == "verified":
+            item["verification"] = "service_ack"
+            out.violations.append("send_verified_without_readback: a send is only a server's acceptance, never a delivery")
     if receipt["status"] == "succeeded":
         verified = sum(1 for e in effects if e["verification"] in VERIFIED)
         if effects and verified < len(effects):

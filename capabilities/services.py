@@ -590,7 +590,7 @@ def record_receipt(call_id: Any, result: Any, *, transport_error: str | None = N
     """Validate a tool's result at the trust boundary and store it in the ledger.
 
     Steps: 1. the call must be one the gateway allowed; 2. ``normalize`` applies the
-    schema and the five invariants (only downgrading); 3. the result describes this call
+    schema and the six invariants (only downgrading); 3. the result describes this call
     only: a ``task_id`` other than the call's own must not be another call's id, nor a
     task the ledger holds for another owner, run or pack (``_foreign_task``); otherwise
     nothing is written under that task, the refusal is logged (``receipt_refused``,

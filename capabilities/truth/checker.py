@@ -2,7 +2,7 @@
 
 ``check_reply`` takes the model's reply (content and tone only) and removes every sentence
 that disagrees with the receipts or repeats an instruction meant for the model: numbers not in the receipts, status words the receipts do
-not back, "noted" without a verified owner_data/workspace effect, suggestions to redo a
+not back, "will receive"/"has read" without a verified read-back effect, "noted" without a verified owner_data/workspace effect, suggestions to redo a
 ``retry: forbidden`` call that succeeded, and restatements of facts already delivered; the
 owner's own words quoted back are hers, not a claim to check. It then appends, from the templates' owner wording, every undelivered fact the remaining text does not state.
 """
@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from capabilities.truth.claims import CLAIM_STATUSES, split_sentences, status_claims, suggests_retry
+from capabilities.truth.claims import CLAIM_STATUSES, PROOF_CLAIMS, proof_claims, split_sentences, status_claims, suggests_retry
 from capabilities.truth.facts import Fact, _is_number
 from capabilities.truth.numerals import chinese_to_arabic
 from capabilities.truth.quantities import (
@@ -56,6 +56,8 @@ class _Evidence:
     units: list[str]  # unit spellings to recognize, longest first
     statuses: set[str | None]  # a receipt without a status adds None
     verified_targets: list[str]
+    effect_targets: list[str]  # every effect's target
+    proven: dict[str, list[str]]  # PROOF_CLAIMS claim → targets of the verified effects that prove it
     noted_ok: bool
     forbidden_done: bool
 
@@ -65,6 +67,8 @@ def _evidence(receipts: list[dict[str, Any]], facts: list[Fact]) -> _Evidence:
     texts: list[str] = []
     statuses: set[str | None] = set()
     verified_targets: list[str] = []
+    effect_targets: list[str] = []
+    proven: dict[str, list[str]] = {claim: [] for claim in PROOF_CLAIMS}
     noted_ok = forbidden_done = False
     for r in receipts:
         status = r.get("status")
@@ -82,6 +86,13 @@ def _evidence(receipts: list[dict[str, Any]], facts: list[Fact]) -> _Evidence:
             texts.append(json.dumps(content["items"], ensure_ascii=False))
         for eff in r.get("effects") or []:
             texts.append(str(eff.get("target", "")))
+            if eff.get("target"):
+                effect_targets.append(str(eff["target"]))
+                if eff.get("verification") == "verified":
+                    action = str(eff.get("action", "")).strip().lower()
+                    for claim, (actions, _) in PROOF_CLAIMS.items():
+                        if action in actions:
+                            proven[claim].append(str(eff["target"]))
             if eff.get("verification") in ("verified", "service_ack") and eff.get("target"):
                 verified_targets.append(str(eff["target"]))
             if status == "succeeded" and eff.get("verification") == "verified" and eff.get("category") in ("owner_data", "workspace"):
@@ -98,7 +109,8 @@ def _evidence(receipts: list[dict[str, Any]], facts: list[Fact]) -> _Evidence:
     for t in texts:
         loose |= _loose_numbers(t)
     units = {s for s in _UNIT_INDEX} | {u.lower() for _, u in values} | {f.unit.lower() for f in facts if f.unit}
-    return _Evidence(values, loose, sorted(units, key=len, reverse=True), statuses, verified_targets, noted_ok, forbidden_done)
+    return _Evidence(values, loose, sorted(units, key=len, reverse=True), statuses, verified_targets, effect_targets, proven, noted_ok,
+                     forbidden_done)
 
 
 def _matches(num: _Number, value: float, unit: str | None) -> bool:
@@ -134,6 +146,31 @@ def _claim_reason(sentence: str, claims: set[str], ev: _Evidence) -> str | None:
         if claim == "done" and any(t in sentence for t in ev.verified_targets):
             continue  # "已发送给 X": that effect is verified, even if the call was partial
         return "status_contradicts_receipts"
+    return None
+
+
+def _names(sentence: str, target: str) -> bool:
+    """Whether a sentence names an effect's target: the target itself, or the name part of
+    an address (alice@example.com: "Alice"), case aside."""
+    low, target = sentence.lower(), target.lower()
+    if target in low:
+        return True
+    name = target.split("@", 1)[0] if "@" in target else ""
+    return len(name) >= 2 and re.search(rf"(?<![a-z0-9]){re.escape(name)}(?![a-z0-9])", low) is not None
+
+
+def _proof_reason(sentence: str, claims: set[str], ev: _Evidence) -> str | None:
+    """A read-back claim (``PROOF_CLAIMS``) stands only on a verified effect of an action that
+    proves it, whose target the sentence names; a sentence that names no effect's target
+    at all ("她会收到") stands when exactly one target is proven."""
+    for claim in sorted(claims):
+        _, reason = PROOF_CLAIMS[claim]
+        proven = ev.proven[claim]
+        if any(_names(sentence, t) for t in proven):
+            continue
+        if len(set(proven)) == 1 and not any(_names(sentence, t) for t in ev.effect_targets):
+            continue
+        return reason
     return None
 
 
@@ -229,6 +266,15 @@ def check_reply(
       names the target of a verified/service_ack effect), failed → failed, working →
       running/queued/waiting, partial → partial, cancelled → cancelled, noted → a succeeded
       receipt with a ``verified`` owner_data or workspace effect. Questions claim nothing.
+    - ``delivery_not_proven`` / ``read_not_proven``: that the recipient got a message
+      (会收到, 已送达, "will receive", "delivered"…) or read it (已读, "has read"…), not
+      negated or conditional in its clause (不会收到, 还不知道会不会收到, "once it is
+      delivered": ``PROOF_WORDS``/``PROOF_NEGATORS``), needs a ``verified`` effect whose
+      action reads it back (``PROOF_CLAIMS``: ``deliver`` or ``seen`` for delivered, ``seen``
+      for read) on a target the sentence names (the target, or an address's name part:
+      "Alice" for alice@example.com); a sentence naming no effect's target stands when
+      exactly one target is proven. No receipt status backs it, and a ``send`` effect never
+      does: a server's acceptance is not the recipient's.
     - ``suggests_forbidden_retry``: if a receipt succeeded with ``retry: forbidden``, no
       sentence may suggest doing it again (``RETRY_WORDS``/``RETRY_PATTERNS``, unless
       negated: 不要再发一次; 要不要再发一次？ is a suggestion).
@@ -310,6 +356,8 @@ class ReplyCheck:
             reason = "number_not_in_receipts"
         if reason is None:
             reason = _claim_reason(claimed, claims, ev)
+        if reason is None:
+            reason = _proof_reason(claimed, proof_claims(claimed), ev)
         if reason is None and ev.forbidden_done and suggests_retry(stripped):
             reason = "suggests_forbidden_retry"
         if reason is None and (

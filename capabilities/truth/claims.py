@@ -1,7 +1,10 @@
 """What a sentence of a reply claims, and how a reply is cut into sentences.
 
 ``status_claims`` finds the status words (``STATUS_WORDS``) a sentence uses;
-``CLAIM_STATUSES`` says which receipt statuses back each claim. ``suggests_retry`` says
+``CLAIM_STATUSES`` says which receipt statuses back each claim. ``proof_claims`` finds the
+claims only a verified read-back can back (``PROOF_WORDS``: the recipient got it, or read
+it), unless negated (``PROOF_NEGATORS``); ``PROOF_CLAIMS`` says which effect actions prove
+each and the reason a sentence making it without that proof is removed with. ``suggests_retry`` says
 whether a sentence suggests doing the action again (``RETRY_WORDS``/``RETRY_PATTERNS``,
 unless one of ``NEGATORS`` comes before). ``split_sentences`` cuts a reply into pieces that
 join back to it.
@@ -45,6 +48,31 @@ CLAIM_STATUSES: dict[str, frozenset[str]] = {
     "noted": frozenset({"succeeded"}),
     "done": frozenset({"succeeded"}),
 }
+# Claims that no receipt status can back, only a ``verified`` effect whose action reads the
+# outcome back at the far end: that the recipient got a message (``deliver``: found again in
+# her mailbox or room), or read it (``seen``: her read receipt). A send is only ever
+# acknowledged by a server (``capabilities.receipts`` rule 6), so "发好了" may pass on a
+# succeeded send while "Alice 会收到" needs the read-back. claim → (the effect actions that
+# prove it, the reason code a sentence making it unproven is removed with).
+PROOF_CLAIMS: dict[str, tuple[frozenset[str], str]] = {
+    "read": (frozenset({"seen"}), "read_not_proven"),
+    "delivered": (frozenset({"deliver", "seen"}), "delivery_not_proven"),
+}
+# Checked in this order, a match blanked before the next (已读 is a read claim, not also a
+# delivery claim).
+PROOF_WORDS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("read", ("已读", "已经读了", "has read", "have read", "has seen it", "has seen your", "read your message")),
+    ("delivered", ("会收到", "能收到", "收得到", "就收到了", "已送达", "已经送达", "送达了", "已经送到",
+                   "will receive", "will get it", "will get your", "has received", "delivered")),
+)
+# A proof word after one of these in its clause (at most ``PROOF_NEGATOR_WINDOW`` characters
+# back, not past a comma) is not a claim: a negation or a doubt (不会收到, 还不知道会不会收到,
+# 是否已送达, "not sure she will receive it") or a condition (如果她收到, "once it is delivered").
+PROOF_NEGATORS = ("不", "没", "未", "否", "无法", "难说", "难以", "如果", "要是", "一旦", "等到",
+                  "not", "never", "no", "whether", "if", "unsure", "unknown", "unclear", "cannot", "can't", "don't know",
+                  "when", "once", "until", "after")
+PROOF_NEGATOR_WINDOW = 20
+_CLAUSE_MARKS = re.compile(r"[，,、：:；;—]")
 RETRY_WORDS = (
     "再发一次", "再发一遍", "再发", "再发送", "重新发送", "重新发", "重发", "再试一次", "再试一下", "再试试",
     "再试", "重试", "再来一次", "重来", "再做一次", "重做", "再执行", "重新执行", "再提交", "重新提交",
@@ -67,6 +95,9 @@ def _phrase_re(phrases: Iterable[str]) -> re.Pattern[str]:
 
 
 _STATUS_RES = tuple((claim, _phrase_re(words)) for claim, words in STATUS_WORDS)
+_PROOF_RES = tuple((claim, _phrase_re(words)) for claim, words in PROOF_WORDS)
+_PROOF_PHRASES = tuple(p.lower() for _, words in PROOF_WORDS for p in words)
+_PROOF_NEGATOR_RE = _phrase_re(PROOF_NEGATORS)
 # Beyond the word list: 再 + verb + 一次/一遍 (再设一次, 再写一遍) and 重新 + a doing verb.
 RETRY_PATTERNS = (r"再[\u4e00-\u9fff]{1,2}一[次遍]", r"重新(?:发|做|执行|提交|运行|创建|设|写|下单|支付|付|来|弄|订)")
 _RETRY_RE = re.compile(_phrase_re(RETRY_WORDS).pattern + "|" + "|".join(RETRY_PATTERNS), re.IGNORECASE)
@@ -85,7 +116,7 @@ def status_claims(sentence: str) -> set[str]:
     """The status claims a sentence makes (partial/working/failed/cancelled/noted/done).
     A question makes no claim."""
     s = sentence.strip()
-    if s.endswith(("?", "？")) or re.search(r"吗\W*$", s):
+    if _is_question(s):
         return set()
     if FOLDS_INTO_ASCII.isdisjoint(s):
         low = s.lower()
@@ -100,6 +131,34 @@ def _scan_status(s: str) -> set[str]:
     for claim, rx in _STATUS_RES:
         def blank(m: re.Match[str], claim: str = claim) -> str:
             claims.add(claim)
+            return "\x00" * len(m.group())
+        work = rx.sub(blank, work)
+    return claims
+
+
+def _is_question(s: str) -> bool:
+    return s.endswith(("?", "？")) or re.search(r"吗\W*$", s) is not None
+
+
+def proof_claims(sentence: str) -> set[str]:
+    """The claims of ``PROOF_WORDS`` a sentence makes (read/delivered): each a phrase not
+    negated in its clause (``PROOF_NEGATORS``). A question makes no claim."""
+    s = sentence.strip()
+    if _is_question(s):
+        return set()
+    if FOLDS_INTO_ASCII.isdisjoint(s) and not any(phrase in s.lower() for phrase in _PROOF_PHRASES):
+        return set()
+    return _scan_proof(s)
+
+
+def _scan_proof(s: str) -> set[str]:
+    claims: set[str] = set()
+    work = s
+    for claim, rx in _PROOF_RES:
+        def blank(m: re.Match[str], claim: str = claim) -> str:
+            before = _CLAUSE_MARKS.split(m.string[max(0, m.start() - PROOF_NEGATOR_WINDOW) : m.start()])[-1]
+            if not _PROOF_NEGATOR_RE.search(before):
+                claims.add(claim)
             return "\x00" * len(m.group())
         work = rx.sub(blank, work)
     return claims

@@ -79,10 +79,12 @@ TEMPLATES: dict[str, Wording] = {
     # Effects claim only what the verification proved: ``verified`` was read back;
     # ``service_ack`` is the service's word that it accepted the change — for a send, that
     # the server took the message (not that anyone received it), for the owner's data, that
-    # the change was saved.
+    # the change was saved. A send is only ever a ``service_ack`` (``capabilities.receipts``
+    # rule 6); that it arrived, or was read, is its own ``verified`` effect (action
+    # ``deliver`` or ``seen``), and with it the send is worded without the doubt.
     "effects.verified": Wording("已{verb} {target}，已核实。", "已{verb}{target}。"),
     "effects.service_ack": Wording("已{verb} {target}，服务已确认接受。", "已{verb}{target}。"),
-    "effects.service_ack.send": Wording("{target}：服务器已接收，是否送达还不知道。", "服务器已接收。"),
+    "effects.service_ack.send": Wording("{target}：已交给服务器，是否送达还不知道。", "已交给服务器，还不知道是否送达。"),
     "effects.service_ack.owner_data": Wording("已{verb} {target}，已保存。", "已保存。"),
     "effects.not_verified": Wording("{verb} {target} 还没有核实。", "{target}还没核实。"),
     "effects.unknown": Wording("不清楚 {target} 是否已{verb}。", "{target}情况不明。"),
@@ -109,6 +111,8 @@ ACTION_VERBS: dict[str, str] = {
     "delete": "删除",
     "remove": "删除",
     "send": "发送",
+    "deliver": "送达",
+    "seen": "确认已读",
     "move": "移动",
     "rename": "重命名",
     "read": "读取",
@@ -126,6 +130,10 @@ ACTION_VERBS: dict[str, str] = {
     "run": "运行",
     "draft": "起草",
 }
+
+# The actions of a ``verified`` effect that read a message back at the recipient's end
+# (``claims.PROOF_CLAIMS``): the same target's send is then worded without doubt.
+READ_BACK_ACTIONS = frozenset({"deliver", "seen"})
 
 
 @dataclass(frozen=True)
@@ -219,12 +227,17 @@ def render_facts(receipt: dict[str, Any], *, tool_label: str, key: str) -> list[
     label = {"tool_label": tool_label}
     facts.append(_make(key, "status", f"status.{status}", {"status": status}, label, status=status))
 
-    for eff in receipt.get("effects") or []:
+    effects = receipt.get("effects") or []
+    read_back = {str(e.get("target", "")) for e in effects
+                 if e.get("verification") == "verified" and str(e.get("action", "")).lower() in READ_BACK_ACTIONS}
+    for eff in effects:
         verification = eff.get("verification") if eff.get("verification") in VERIFICATIONS else "unknown"
         action = str(eff.get("action", ""))
         target = str(eff.get("target", ""))
         verb = ACTION_VERBS.get(action.lower(), action)
         template = f"effects.{verification}.{eff.get('category')}"
+        if target in read_back:
+            template = f"effects.{verification}"  # it arrived: the send's doubt is answered
         facts.append(
             _make(
                 key,

@@ -174,7 +174,7 @@ def test_a_service_ack_claims_only_what_the_service_said_by_category() -> None:
         return fact.text
 
     sent = effect_text("send", "send", "张三")
-    assert sent == "张三：服务器已接收，是否送达还不知道。"
+    assert sent == "张三：已交给服务器，是否送达还不知道。"
     saved = effect_text("owner_data", "commit", "assertion:7")
     assert saved == "已记下 assertion:7，已保存。"
     for text in (sent, saved, effect_text(None, "run", "mac:command"), effect_text("physical", "open", "door")):
@@ -441,6 +441,126 @@ def test_noted_needs_a_verified_owner_data_or_workspace_effect() -> None:
     assert reasons(check("Saved.", [receipt("succeeded")], facts=[])) == ["noted_without_verified_effect"]
 
 
+# --- the checker: delivered and read need a read-back ---------------------------------------
+
+ALICE_SEND = {"target": "alice@example.com", "action": "send", "category": "send", "verification": "service_ack"}
+ALICE_DELIVERED = {"target": "alice@example.com", "action": "deliver", "category": "send", "verification": "verified"}
+ALICE_SEEN = {"target": "alice@example.com", "action": "seen", "category": "send", "verification": "verified"}
+
+
+def old_maildir_send_receipt() -> dict[str, Any]:
+    """Exactly what the messaging pack returned for a send before issue 37: a Maildir it
+    wrote itself, claimed as a verified send."""
+    return receipt(
+        "succeeded",
+        summary="sent 'A note from Yimi's owner' to alice@example.com",
+        effects=[{"target": "alice@example.com", "action": "send", "verification": "verified"}],
+        values=[{"name": "recipients", "value": 1, "unit": "person", "source": "local maildir"},
+                {"name": "size", "value": 412, "unit": "byte", "source": "local maildir"},
+                {"name": "replayed", "value": False, "unit": None, "source": "local maildir"}],
+        content={"items": [{"message_id": "<1@yimi.localhost>", "folder": "sent", "to": "alice@example.com",
+                            "subject": "A note from Yimi's owner", "date": "2026-12-03T08:00:00+00:00"}]},
+        next={"retry": "forbidden"},
+    )
+
+
+def normalized_send(raw: dict[str, Any]) -> dict[str, Any]:
+    from capabilities.receipts import normalize
+
+    return normalize(raw, tool=None, category="send").receipt
+
+
+@pytest.mark.parametrize("voice", [False, True], ids=["text", "voice"])
+def test_an_old_maildir_send_receipt_cannot_back_alice_will_receive_it(voice: bool) -> None:
+    r = normalized_send(old_maildir_send_receipt())
+    assert r["effects"] == [{**ALICE_SEND}] and r["status"] == "succeeded"
+    facts = render_facts(r, tool_label="messaging send", key="call-0")
+    result = check("发好了，Alice 会收到。", [r], facts=facts, voice=voice)
+    assert result.removed == [("发好了，Alice 会收到。", "delivery_not_proven")]
+    honest = TEMPLATES["effects.service_ack.send"]
+    assert (honest.voice if voice else honest.owner.format(target="alice@example.com")) in result.text
+    for word in ("会收到", "已核实", "已送达", "已发送"):
+        assert word not in result.text, result.text
+    # streamed sentence by sentence, the same
+    stream = ReplyCheck(receipts=[r], delivered_fact_ids=set(), facts=facts, voice=voice)
+    assert stream.feed("发好了，Alice 会收到。") == ""
+    stream.finish()
+    assert stream.result().text == result.text
+
+
+@pytest.mark.parametrize("voice", [False, True], ids=["text", "voice"])
+def test_a_verified_deliver_effect_backs_alice_will_receive_it(voice: bool) -> None:
+    raw = old_maildir_send_receipt()
+    raw["effects"].append({"target": "alice@example.com", "action": "deliver", "verification": "verified"})
+    r = normalized_send(raw)
+    assert r["effects"] == [ALICE_SEND, ALICE_DELIVERED]
+    result = check("发好了，Alice 会收到。", [r], voice=voice)
+    assert result.removed == [] and result.text.startswith("发好了，Alice 会收到。")
+    assert "是否送达还不知道" not in result.text and "还不知道是否送达" not in result.text  # the read-back answered it
+    for sentence in ("Alice 已送达。", "It was delivered to alice@example.com.", "她会收到的。"):
+        assert check(sentence, [r], voice=voice).removed == [], sentence
+
+
+def test_delivered_and_read_need_a_read_back_of_the_named_target() -> None:
+    acked = receipt("succeeded", effects=[ALICE_SEND])
+    bob = {"target": "bob@example.com", "action": "send", "category": "send", "verification": "service_ack"}
+    delivered = receipt("succeeded", effects=[ALICE_SEND, ALICE_DELIVERED, bob])
+    seen = receipt("succeeded", effects=[ALICE_SEND, ALICE_SEEN])
+    for sentence in ("Alice 已送达。", "消息送达了。", "She will receive it.", "Delivered.", "Alice 能收到。"):
+        assert reasons(check(sentence, [acked])) == ["delivery_not_proven"], sentence
+        assert reasons(check(sentence, [])) == ["delivery_not_proven"], sentence  # no receipt at all
+    for sentence in ("Alice 已读。", "Alice has read it."):
+        assert reasons(check(sentence, [acked])) == ["read_not_proven"], sentence
+        assert reasons(check(sentence, [delivered])) == ["read_not_proven"], sentence  # arrived is not read
+        assert check(sentence, [seen]).removed == [], sentence  # her read receipt
+    assert check("Alice 会收到。", [seen]).removed == []  # read implies arrived
+    # Bob's send was only acknowledged: naming him is not backed by Alice's read-back
+    assert reasons(check("bob@example.com 会收到。", [delivered])) == ["delivery_not_proven"]
+    assert reasons(check("Bob 会收到。", [delivered])) == ["delivery_not_proven"]
+    assert check("Alice 会收到。", [delivered]).removed == []
+    # a server's word, however sure, is not a read-back: service_ack deliver proves nothing
+    shaky = receipt("succeeded", effects=[{**ALICE_DELIVERED, "verification": "service_ack"}])
+    assert reasons(check("Alice 会收到。", [shaky])) == ["delivery_not_proven"]
+
+
+@pytest.mark.parametrize("sentence", [
+    "Alice 不会收到。", "还不知道她会不会收到。", "Alice 会收到吗？", "是否已送达还不知道。", "还没送达。",
+    "不清楚她能不能收到。", "I'm not sure she will receive it.", "I can't tell whether it was delivered.",
+    "I'll tell you once it is delivered.", "如果 Alice 会收到，我会告诉你。", "她还没有已读。",
+])
+def test_a_negated_doubted_or_conditional_delivery_is_not_a_claim(sentence: str) -> None:
+    assert claims.proof_claims(sentence) == set(), sentence
+    assert check(sentence, [receipt("succeeded", effects=[ALICE_SEND])]).removed == [], sentence
+
+
+def test_a_clause_before_does_not_negate_the_claim_after_it() -> None:
+    assert claims.proof_claims("不用担心，Alice 会收到的。") == {"delivered"}
+    assert claims.proof_claims("没问题，已送达。") == {"delivered"}
+    assert claims.proof_claims("Don't worry, she will receive it.") == {"delivered"}
+    assert claims.proof_claims("Alice 已读，也已送达。") == {"read", "delivered"}
+
+
+def test_the_normalizer_downgrades_a_verified_send_to_a_service_ack() -> None:
+    from capabilities.receipts import normalize
+
+    for action in ("send", "Send", " send "):
+        raw = receipt("succeeded", effects=[{"target": "alice@example.com", "action": action, "verification": "verified"}])
+        out = normalize(raw, tool=None, category="send")
+        assert out.receipt["effects"][0]["verification"] == "service_ack", action
+        assert out.receipt["status"] == "succeeded" and not out.contradictions  # a server's acceptance is still a success
+        assert [v.split(":")[0] for v in out.violations] == ["send_verified_without_readback"]
+        assert raw["effects"][0]["verification"] == "verified"  # the pack's own receipt is not touched
+        assert normalize(out.receipt, tool=None, category="send").violations == []  # once is enough
+    # whatever category a pack declares: a send is a send
+    raw = receipt("succeeded", effects=[{"target": "alice", "action": "send", "verification": "verified"}])
+    assert normalize(raw, tool=None, category="workspace").receipt["effects"][0]["verification"] == "service_ack"
+    # a read-back, and every other verified effect, stay as they are
+    raw = receipt("succeeded", effects=[{"target": "alice@example.com", "action": "deliver", "verification": "verified"},
+                                        {"target": "local outbox", "action": "save", "verification": "verified"}])
+    out = normalize(raw, tool=None, category="send")
+    assert [e["verification"] for e in out.receipt["effects"]] == ["verified", "verified"] and not out.violations
+
+
 # --- the checker: retries ----------------------------------------------------------------
 
 
@@ -536,6 +656,12 @@ def test_template_texts_agree_with_the_checker() -> None:
                 next={"retry": "forbidden"})
     for fact in render_facts(r, tool_label="发消息", key="k"):
         assert check(fact.text, [r], facts=[]).removed == [], fact.text
+    # a send's honest wording claims no delivery; a read-back's wording is backed by itself
+    for effects in ([ALICE_SEND], [ALICE_SEND, ALICE_DELIVERED], [ALICE_SEND, ALICE_SEEN]):
+        r = receipt("succeeded", effects=effects)
+        for fact in render_facts(r, tool_label="发消息", key="k"):
+            for version in (fact.text, fact.voice):
+                assert check(version, [r], facts=[]).removed == [], version
 
 
 def test_sentences_split_on_chinese_and_english_marks_and_rejoin_losslessly() -> None:
@@ -586,10 +712,13 @@ def test_the_quick_paths_answer_as_the_full_scans_do() -> None:
         for _ in range(3000)
     ]
     sentences += ["Message sent.", "It is DONE", "I could not do it", "presented", "ſent it", "noted, thanks"]
+    proof_phrases = [p for _, words in claims.PROOF_WORDS for p in words]
+    sentences += [" ".join(rng.choice(proof_phrases + filler) for _ in range(rng.randint(1, 6))) for _ in range(1000)]
     for sentence in sentences:
         s = sentence.strip()
         if not (s.endswith(("?", "？")) or s.endswith("吗")):
             assert claims.status_claims(sentence) == claims._scan_status(s), sentence
+            assert claims.proof_claims(sentence) == claims._scan_proof(s), sentence
         text = sentence.translate(numerals._FULLWIDTH)
         assert numerals._convert(sentence) == numerals._scan(text), sentence
     assert claims.status_claims("Message sent.") == {"done"} and claims.status_claims("presented") == set()

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from capabilities import truth
 from capabilities.mcp_host import runtime
 from capabilities.models import ReceiptRecord
 from consent.models import ConsentCard
@@ -22,6 +23,7 @@ from tests.conftest import db_async, open_socket, receive_until
 from tests.support.gateway_support import REPO_PACKS, copy_repo_pack
 
 pytestmark = pytest.mark.django_db(transaction=True)
+NOT_SENT_REPLY = "没发出去：消息只写进了这台机器上的本地发件箱，没有交给任何邮件服务器，Alice 收不到。 Not sent: it is in the local outbox on this host."
 
 
 @pytest.fixture
@@ -75,7 +77,10 @@ async def test_remembering_commits_a_memory_with_a_receipt_an_activity_card_and_
 
 
 @pytest.mark.parametrize("text", ["send Alice a note", "给 Alice 发个消息"])
-async def test_a_first_send_asks_on_the_phone_and_is_sent_once_approved_as_device_sim_signs(demo: Any, make_device: Any, text: str) -> None:
+async def test_a_first_send_asks_on_the_phone_and_once_approved_goes_to_the_local_outbox_and_says_it_was_not_sent(
+        demo: Any, make_device: Any, text: str) -> None:
+    """No mail server is configured: the approved send writes the local outbox, and the
+    report says it was not sent; "发好了，Alice 会收到" cannot pass the checker on that receipt."""
     phone = await db_async(make_device)("phone")
     comm, _ = await open_socket(phone)
     ack, _ = await say(comm, text)
@@ -88,9 +93,18 @@ async def test_a_first_send_asks_on_the_phone_and_is_sent_once_approved_as_devic
     result = await receive_until(comm, "consent.result")
     assert result["state"] == "approved"
     sent = await follow_up(comm, ack["seq"])
-    assert sent["text"].startswith("发好了，Alice 会收到。 Sent."), (sent["text"], [r["messages"][-1]["content"][:300] for r in demo.script.requests][-1])
+    assert sent["text"].startswith(NOT_SENT_REPLY), (sent["text"], [r["messages"][-1]["content"][:300] for r in demo.script.requests][-1])
+    for claim in ("会收到", "已送达", "已发送", "发好了", "Sent."):
+        assert claim not in sent["text"], sent["text"]
     record = await db_async(lambda: ReceiptRecord.objects.filter(call__tool="messaging__send").order_by("-revision").first())()
-    assert record is not None and record.status == "succeeded"
+    assert record is not None and record.status == "failed" and record.receipt["error"]["code"] == "not_sent"
+    assert record.receipt["effects"] == [{"target": "local outbox", "action": "save", "verification": "verified", "category": "send"}]
+    # the old scripted reply, checked against this receipt: neither sentence survives
+    facts = truth.render_facts(record.receipt, tool_label="messaging send", key="k")
+    old = truth.check_reply("发好了，Alice 会收到。 Sent.", receipts=[record.receipt], delivered_fact_ids=set(), facts=facts)
+    assert [reason for _, reason in old.removed] == ["status_contradicts_receipts", "status_contradicts_receipts"]
+    assert [reason for _, reason in truth.check_reply("Alice 会收到。", receipts=[record.receipt], delivered_fact_ids=set(),
+                                                      facts=facts).removed] == ["delivery_not_proven"]
     await comm.disconnect()
 
 

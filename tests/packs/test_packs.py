@@ -1,5 +1,5 @@
 """Capability packs: manifests, contract tests (real servers and fakes), the messaging
-Maildir, and the reminders behind the schedule pack (services, internal API, firing)."""
+pack's local outbox (a Maildir; nothing is sent), and the reminders behind the schedule pack (services, internal API, firing)."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from django.db import connection
 from django.test import Client
 from django.utils import timezone
 
+from capabilities import truth
 from capabilities.contract import matches, run_contract, substitute
 from capabilities.manifest import load_pack
 from capabilities.mcp_host.host import load_tools_module
@@ -165,7 +166,7 @@ def test_pack_contract_command(capsys: Any, tmp_path: Path) -> None:
     assert "ERROR" in capsys.readouterr().out
 
 
-# --- messaging: the real Maildir -----------------------------------------------------------
+# --- messaging: the local outbox (nothing leaves this host) --------------------------------
 
 
 def read_folder(root: Path, name: str) -> list[Any]:
@@ -173,57 +174,63 @@ def read_folder(root: Path, name: str) -> list[Any]:
     return [BytesParser(policy=email.policy.default).parsebytes(box.get_bytes(k)) for k in box.iterkeys()]
 
 
-def test_messaging_contract_delivers_into_a_real_maildir(tmp_path: Path) -> None:
+def test_messaging_contract_writes_a_real_maildir_outbox_and_delivers_to_nobody(tmp_path: Path) -> None:
     report = run_contract(PACKS / "messaging", fake=False, paths=platform_paths(tmp_path, mail_dir=tmp_path))
     assert report.passed, report_text(report)
-    (alice,) = read_folder(tmp_path, "inbox-alice-example-com")
-    assert str(alice["From"]) == "Yimi <yimi@localhost>" and str(alice["To"]) == "alice@example.com"
-    assert str(alice["Subject"]) == "Hello" and alice.get_content() == "你好 Alice, see you at 9.\n"
-    assert alice.get_content_charset() == "utf-8" and alice["Message-ID"] and alice["Date"]
-    # the retried send (same idempotency key) was delivered once
-    assert len(read_folder(tmp_path, "inbox-bob-example-com")) == 1
-    sent = read_folder(tmp_path, "sent")
-    assert sorted(str(m["To"]) for m in sent) == ["alice@example.com", "bob@example.com"]
-    assert {str(m["Message-ID"]) for m in sent} == {str(alice["Message-ID"]), str(read_folder(tmp_path, "inbox-bob-example-com")[0]["Message-ID"])}
+    outbox = read_folder(tmp_path, "outbox")
+    assert sorted(str(m["To"]) for m in outbox) == ["alice@example.com", "bob@example.com"]  # the retried one stored once
+    (alice,) = [m for m in outbox if str(m["To"]) == "alice@example.com"]
+    assert str(alice["From"]) == "Yimi <yimi@localhost>" and str(alice["Subject"]) == "Hello"
+    assert alice.get_content() == "你好 Alice, see you at 9.\n" and alice.get_content_charset() == "utf-8"
+    assert alice["Message-ID"] and alice["Date"]
     (draft,) = read_folder(tmp_path, "drafts")
     assert str(draft["To"]) == "carol@example.com"
-    assert not (tmp_path / ".inbox-carol-example-com").exists()  # a draft reaches nobody
+    # nothing pretends to be a recipient's mailbox: the outbox and the drafts are all there is
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".") and p.is_dir()) == [".drafts", ".outbox"]
 
 
-def test_messaging_send_is_idempotent_and_completes_an_interrupted_send(tmp_path: Path, monkeypatch: Any) -> None:
+def test_messaging_send_says_it_saved_to_the_local_outbox_and_sent_nothing(tmp_path: Path, monkeypatch: Any) -> None:
+    """Until a mail server is configured the send's receipt claims exactly what it did: a
+    verified save on the local outbox, failed/not_sent, no send effect and no 已发送."""
     monkeypatch.setenv("YIMI_MAIL_DIR", str(tmp_path))
     send = pack_tools("messaging")["send"].handler
     args = {"action": "send", "to": "Dora <dora@example.com>", "subject": "周末", "body": "周六见", "idempotency_key": "k-1"}
     first = send(args)
-    assert first["status"] == "succeeded" and first["effects"] == [{"target": "dora@example.com", "action": "send", "verification": "verified"}]
-    assert {"name": "recipients", "value": 1, "unit": "person", "source": "local maildir"} in first["values"]
-    assert not schema_errors(first)
+    assert (first["status"], first["error"]["code"], first["next"]) == ("failed", "not_sent", {"retry": "forbidden"})
+    assert first["effects"] == [{"target": "local outbox", "action": "save", "verification": "verified"}]
+    assert "local outbox" in first["summary"] and "not handed to any mail server" in first["summary"]
+    assert not first["summary"].startswith("sent")
+    assert {"name": "recipients", "value": 1, "unit": "person", "source": "local outbox"} in first["values"]
+    assert first["content"]["items"][0]["folder"] == "outbox" and not schema_errors(first)
+    pack = load_pack(PACKS / "messaging")
+    normalized = normalize(first, tool=pack.tools["send"], category="send")
+    assert not normalized.violations and not normalized.contradictions
+    facts = truth.render_facts(normalized.receipt, tool_label="messaging send", key="k")
+    for fact in facts:
+        assert not any(word in text for text in (fact.text, fact.voice) for word in ("已发送", "会收到", "已送达", "sent")), fact
+    assert "已保存local outbox。" in [f.voice for f in facts]
+    # the same key again: the first message, nothing new stored
     message_id = first["content"]["items"][0]["message_id"]
     again = send(args)
-    assert again["content"]["items"][0]["message_id"] == message_id
-    assert {"name": "replayed", "value": True, "unit": None, "source": "local maildir"} in again["values"]
-    assert len(read_folder(tmp_path, "sent")) == 1 and len(read_folder(tmp_path, "inbox-dora-example-com")) == 1
-    # the recipient copy was lost after the sent copy was written: the retry completes it
-    inbox = mailbox.Maildir(tmp_path, create=False).get_folder("inbox-dora-example-com")
-    inbox.clear()
-    third = send(args)
-    assert third["status"] == "succeeded" and third["content"]["items"][0]["message_id"] == message_id
-    (copy,) = read_folder(tmp_path, "inbox-dora-example-com")
-    assert str(copy["Message-ID"]) == message_id and copy.get_content() == "周六见\n"
+    assert again["content"]["items"][0]["message_id"] == message_id and again["status"] == "failed"
+    assert {"name": "replayed", "value": True, "unit": None, "source": "local outbox"} in again["values"]
+    assert len(read_folder(tmp_path, "outbox")) == 1
     # without a key, a second call is a second message
     other = send({**args, "idempotency_key": None})
     assert other["content"]["items"][0]["message_id"] != message_id
-    assert len(read_folder(tmp_path, "sent")) == 2
+    assert len(read_folder(tmp_path, "outbox")) == 2
+    listed = pack_tools("messaging")["list"].handler({"folder": "outbox", "to": "dora@example.com"})
+    assert message_id in [i["message_id"] for i in listed["content"]["items"]] and listed["values"][0]["value"] == 2
 
 
 def test_messaging_receipts_normalize_cleanly(tmp_path: Path, monkeypatch: Any) -> None:
     monkeypatch.setenv("YIMI_MAIL_DIR", str(tmp_path))
     pack = load_pack(PACKS / "messaging")
-    for action in ("send", "draft"):
+    for action, status in (("send", "failed"), ("draft", "succeeded")):
         args = {"action": action, "to": "eve@example.com", "subject": "s", "body": "b"}
         raw = pack_tools("messaging")["send"].handler(args)
         result = normalize(raw, tool=pack.tools["send"], category=pack.tools["send"].resolve_category(args))
-        assert result.receipt["status"] == "succeeded" and not result.violations and not result.contradictions
+        assert result.receipt["status"] == status and not result.violations and not result.contradictions
         assert result.receipt["effects"][0]["category"] == {"send": "send", "draft": "workspace"}[action]
 
 

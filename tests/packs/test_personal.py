@@ -1,6 +1,6 @@
 """The personal pack against a real CardDAV server (Radicale in a child process): contacts
 created over CardDAV are listed, found and resolved; "send Alice a note" resolves Alice
-to her address and the messaging pack delivers to it; a name two contacts share is
+to her address and the messaging pack writes it to its local outbox for that address; a name two contacts share is
 ambiguous and asks, never guesses; the profile comes from memory's USER.md."""
 
 from __future__ import annotations
@@ -94,7 +94,8 @@ def test_contacts_created_over_carddav_are_listed_found_and_resolved(carddav_env
 
 def test_send_alice_a_note_resolves_alice_through_the_contacts(carddav_env: RadicaleServer, tmp_path: Path, monkeypatch: Any) -> None:
     """The messaging pack's send takes an address; the owner's "Alice" becomes one through
-    the contacts first, and the note lands in her inbox folder."""
+    the contacts first, and the note is written to the local outbox for her address: not
+    sent (no mail server is configured), and its receipt says so."""
     carddav_env.add_card("alice-1", ALICE)
     personal, messaging = load("personal"), load("messaging")
     monkeypatch.setenv("YIMI_MAIL_DIR", str(tmp_path / "mail"))
@@ -104,8 +105,10 @@ def test_send_alice_a_note_resolves_alice_through_the_contacts(carddav_env: Radi
     alice = personal.resolve_recipient({"name": "Alice"})
     assert alice["status"] == "succeeded" and alice["content"]["address"] == "alice@example.com"
     sent = messaging.send({"action": "send", "to": alice["content"]["address"], "subject": "a note", "body": "see you at 3"})
-    assert sent["status"] == "succeeded" and sent["effects"][0]["target"] == "alice@example.com"
-    assert any((tmp_path / "mail" / ".inbox-alice-example-com" / "new").iterdir())
+    assert (sent["status"], sent["error"]["code"], sent["effects"]) == ("failed", "not_sent", [
+        {"target": "local outbox", "action": "save", "verification": "verified"}])
+    assert sent["content"]["items"][0]["to"] == "alice@example.com"
+    assert any((tmp_path / "mail" / ".outbox" / "new").iterdir())
 
 
 def test_a_name_two_contacts_share_is_ambiguous_and_asks(carddav_env: RadicaleServer) -> None:

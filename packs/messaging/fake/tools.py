@@ -1,4 +1,5 @@
-"""Fake messaging: the same tools and receipts, kept in memory (nothing is delivered)."""
+"""Fake messaging: the same tools and receipts, kept in memory (nothing leaves it: a send
+is ``failed``/``not_sent`` with a verified ``save`` on the local outbox, as the real server's)."""
 
 from __future__ import annotations
 
@@ -11,11 +12,13 @@ from typing import Any
 from capabilities.packkit import ToolRegistry, effect, receipt, value
 
 TOOLS = ToolRegistry()
-SOURCE = "local maildir"
-FOLDERS = {"send": "sent", "draft": "drafts"}
+SOURCE = "local outbox"
+FOLDERS = {"send": "outbox", "draft": "drafts"}
+OUTBOX = "local outbox"
+NOT_SENT = "no mail server is configured: the message was written to the local outbox on this host and not handed to any mail server"
 MAX_BODY = 100_000
 ADDRESS = re.compile(r"^[^@\s<>\"(),;:]+@[A-Za-z0-9.-]+$")
-STORE: dict[str, list[dict[str, Any]]] = {"sent": [], "drafts": []}
+STORE: dict[str, list[dict[str, Any]]] = {"outbox": [], "drafts": []}
 
 SEND_SCHEMA = {
     "type": "object",
@@ -31,7 +34,7 @@ SEND_SCHEMA = {
 LIST_SCHEMA = {
     "type": "object",
     "properties": {
-        "folder": {"type": "string", "enum": ["sent", "drafts", "all"]},
+        "folder": {"type": "string", "enum": ["outbox", "drafts", "all"]},
         "to": {"type": "string", "maxLength": 320},
         "limit": {"type": "integer", "minimum": 1, "maximum": 200},
     },
@@ -54,19 +57,18 @@ def public(msg: dict[str, Any]) -> dict[str, Any]:
 
 
 def done(msg: dict[str, Any], action: str, replayed: bool) -> dict[str, Any]:
-    verb = "sent" if action == "send" else "kept a draft of"
-    summary = f"{verb} {msg['subject']!r} to {msg['to']}" + (" (the earlier call's message; nothing new stored)" if replayed else "")
-    return receipt(
-        "succeeded",
-        summary=summary,
-        effects=[effect(msg["to"], action, "verified")],
-        values=[value("recipients", 1, "person", SOURCE), value("size", msg["size"], "byte", SOURCE), value("replayed", replayed, None, SOURCE)],
-        content={"items": [public(msg)]},
-        retry="forbidden" if action == "send" else "allowed",
-    )
+    again = " (the earlier call's message; nothing new stored)" if replayed else ""
+    values = [value("recipients", 1, "person", SOURCE), value("size", msg["size"], "byte", SOURCE), value("replayed", replayed, None, SOURCE)]
+    if action == "send":
+        summary = f"wrote {msg['subject']!r} for {msg['to']} to the local outbox on this host; not handed to any mail server{again}"
+        return receipt("failed", summary=summary, effects=[effect(OUTBOX, "save", "verified")], values=values,
+                       content={"items": [public(msg)]}, retry="forbidden", error=("not_sent", NOT_SENT))
+    return receipt("succeeded", summary=f"kept a draft of {msg['subject']!r} to {msg['to']}{again}", effects=[effect(msg["to"], action, "verified")],
+                   values=values, content={"items": [public(msg)]}, retry="allowed")
 
 
-@TOOLS("Send a message to one recipient (action send), or keep it as a draft (action draft).", SEND_SCHEMA)
+@TOOLS("Write a message to one recipient into the local outbox (action send; no mail server is configured, so it is not sent), "
+       "or keep it as a draft (action draft).", SEND_SCHEMA)
 def send(args: dict[str, Any]) -> dict[str, Any]:
     action, subject, body, key = args.get("action"), args.get("subject"), args.get("body"), args.get("idempotency_key")
     if action not in FOLDERS:
@@ -100,8 +102,8 @@ def send(args: dict[str, Any]) -> dict[str, Any]:
 
 def _list(args: dict[str, Any]) -> dict[str, Any]:
     which, to, limit = args.get("folder", "all"), args.get("to"), args.get("limit", 50)
-    if which not in ("sent", "drafts", "all"):
-        return refuse("invalid_request", "folder must be sent, drafts or all")
+    if which not in ("outbox", "drafts", "all"):
+        return refuse("invalid_request", "folder must be outbox, drafts or all")
     if to is not None and valid_recipient(to) is None:
         return refuse("invalid_recipient", f"{to!r} is not one email address")
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 200:
@@ -109,7 +111,7 @@ def _list(args: dict[str, Any]) -> dict[str, Any]:
     wanted = valid_recipient(to) if to is not None else None
     items = [
         public(m)
-        for name in (["sent", "drafts"] if which == "all" else [which])
+        for name in (list(FOLDERS.values()) if which == "all" else [which])
         for m in STORE[name]
         if wanted is None or m["to"].lower() == wanted.lower()
     ]
@@ -119,4 +121,4 @@ def _list(args: dict[str, Any]) -> dict[str, Any]:
 
 
 _list.__name__ = "list"  # the tool is called ``list``; the function keeps the builtin usable
-TOOLS("List the messages sent and the drafts kept, newest first.", LIST_SCHEMA)(_list)
+TOOLS("List the messages in the local outbox (not sent) and the drafts kept, newest first.", LIST_SCHEMA)(_list)

@@ -1,14 +1,16 @@
-"""The messaging pack: messages delivered into a local Maildir (``YIMI_MAIL_DIR``).
+"""The messaging pack: messages written to a local outbox on this host (a Maildir under
+``YIMI_MAIL_DIR``). No mail server is configured yet, so nothing leaves this host.
 
-``send`` writes an RFC 5322 message from ``Yimi <yimi@localhost>`` into the folder ``sent``
-and a copy into the recipient's folder (``inbox-<slug of the address>``), then re-reads
-both by key: the effect is ``verified`` only when both copies read back with the same
-Message-ID, recipient and body. ``draft`` stores the message in ``drafts`` instead.
+``send`` writes an RFC 5322 message from ``Yimi <yimi@localhost>`` into the folder ``outbox``
+and reads it back by key. Its receipt says exactly that: ``failed`` with the error
+``not_sent`` (the message was not handed to any mail server, nobody received it), and one
+effect, ``save`` on ``local outbox``, ``verified`` only when the copy read back with the
+same Message-ID, recipient and body. ``draft`` stores the message in ``drafts`` instead
+(``succeeded``: a draft stays with Yimi).
 
 With an ``idempotency_key`` (injected by the gateway), a retried call returns the message
-the first call stored (same Message-ID) instead of storing a second one; a send that was
-interrupted after the ``sent`` copy gets its recipient copy completed. Checks and writes
-run under an exclusive lock on the Maildir, so two retries cannot both deliver.
+the first call stored (same Message-ID) instead of storing a second one. Checks and writes
+run under an exclusive lock on the Maildir, so two retries cannot both store.
 """
 
 from __future__ import annotations
@@ -32,8 +34,10 @@ from capabilities.packkit import ToolRegistry, effect, receipt, value
 TOOLS = ToolRegistry()
 SENDER = "Yimi <yimi@localhost>"
 KEY_HEADER = "X-Yimi-Idempotency-Key"
-SOURCE = "local maildir"
-FOLDERS = {"send": "sent", "draft": "drafts"}
+SOURCE = "local outbox"
+FOLDERS = {"send": "outbox", "draft": "drafts"}
+OUTBOX = "local outbox"  # the target of a send's effect: where the message really is
+NOT_SENT = "no mail server is configured: the message was written to the local outbox on this host and not handed to any mail server"
 MAX_BODY = 100_000
 ADDRESS = re.compile(r"^[^@\s<>\"(),;:]+@[A-Za-z0-9.-]+$")
 
@@ -51,7 +55,7 @@ SEND_SCHEMA = {
 LIST_SCHEMA = {
     "type": "object",
     "properties": {
-        "folder": {"type": "string", "enum": ["sent", "drafts", "all"]},
+        "folder": {"type": "string", "enum": ["outbox", "drafts", "all"]},
         "to": {"type": "string", "maxLength": 320},
         "limit": {"type": "integer", "minimum": 1, "maximum": 200},
     },
@@ -62,11 +66,6 @@ def mail_root() -> Path:
     root = Path(os.environ.get("YIMI_MAIL_DIR", "mail")).resolve()
     root.mkdir(parents=True, exist_ok=True)
     return root
-
-
-def recipient_folder(address: str) -> str:
-    """The Maildir folder holding a recipient's copies: ``inbox-`` + a safe slug."""
-    return "inbox-" + (re.sub(r"[^a-z0-9]+", "-", address.lower()).strip("-")[:80] or "unknown")
 
 
 def folder(box: mailbox.Maildir, name: str) -> mailbox.Maildir:
@@ -107,13 +106,6 @@ def find(box: mailbox.Maildir, key_value: str) -> tuple[str, bytes] | None:
     return None
 
 
-def has_message_id(box: mailbox.Maildir, message_id: str) -> bool:
-    return any(
-        BytesHeaderParser(policy=email.policy.default).parsebytes(box.get_bytes(k)).get("Message-ID") == message_id
-        for k in box.iterkeys()
-    )
-
-
 def reads_back(box: mailbox.Maildir, key: str, expected: EmailMessage) -> bool:
     """Re-read the message stored under ``key`` and compare what matters."""
     try:
@@ -140,23 +132,28 @@ def describe(msg: EmailMessage, folder_name: str) -> dict[str, Any]:
 def done(msg: EmailMessage, action: str, verified: bool, replayed: bool) -> dict[str, Any]:
     address = parseaddr(str(msg["To"]))[1]
     size = len(msg.as_bytes())
-    verb = "sent" if action == "send" else "kept a draft of"
-    summary = f"{verb} {str(msg['Subject'])!r} to {address}" + (" (the earlier call's message; nothing new stored)" if replayed else "")
+    again = " (the earlier call's message; nothing new stored)" if replayed else ""
     values = [
         value("recipients", 1, "person", SOURCE),
         value("size", size, "byte", SOURCE),
         value("replayed", replayed, None, SOURCE),
     ]
     item = describe(msg, FOLDERS[action])
+    target, verb = (OUTBOX, "save") if action == "send" else (address, action)
     if not verified:
-        return receipt("unknown", summary=f"stored {item['message_id']} but could not read it back", effects=[effect(address, action, "not_verified")],
+        return receipt("unknown", summary=f"stored {item['message_id']} but could not read it back", effects=[effect(target, verb, "not_verified")],
                        values=values, content={"items": [item]}, unknowns=["whether the message was stored intact"],
                        retry="after_check", check_with="list")
-    return receipt("succeeded", summary=summary, effects=[effect(address, action, "verified")], values=values,
-                   content={"items": [item]}, retry="forbidden" if action == "send" else "allowed")
+    if action == "send":
+        summary = f"wrote {str(msg['Subject'])!r} for {address} to the local outbox on this host; not handed to any mail server{again}"
+        return receipt("failed", summary=summary, effects=[effect(OUTBOX, "save", "verified")], values=values,
+                       content={"items": [item]}, retry="forbidden", error=("not_sent", NOT_SENT))
+    return receipt("succeeded", summary=f"kept a draft of {str(msg['Subject'])!r} to {address}{again}", effects=[effect(address, action, "verified")],
+                   values=values, content={"items": [item]}, retry="allowed")
 
 
-@TOOLS("Send a message to one recipient (action send), or keep it as a draft (action draft).", SEND_SCHEMA)
+@TOOLS("Write a message to one recipient into the local outbox (action send; no mail server is configured, so it is not sent), "
+       "or keep it as a draft (action draft).", SEND_SCHEMA)
 def send(args: dict[str, Any]) -> dict[str, Any]:
     action, subject, body, key = args.get("action"), args.get("subject"), args.get("body"), args.get("idempotency_key")
     if action not in FOLDERS:
@@ -185,13 +182,7 @@ def _store(box: mailbox.Maildir, action: str, address: str, subject: str, body: 
     if earlier is not None:
         stored_key, data = earlier
         msg = BytesParser(policy=email.policy.default).parsebytes(data)
-        verified = reads_back(target, stored_key, msg)
-        if action == "send":
-            inbox = folder(box, recipient_folder(parseaddr(str(msg["To"]))[1]))
-            if not has_message_id(inbox, str(msg["Message-ID"])):
-                inbox.add(data)  # an interrupted send: complete its delivery, same bytes
-            verified = verified and has_message_id(inbox, str(msg["Message-ID"]))
-        return done(msg, action, verified, replayed=True)
+        return done(msg, action, reads_back(target, stored_key, msg), replayed=True)
 
     msg = EmailMessage(policy=email.policy.default)
     msg["From"] = SENDER
@@ -202,20 +193,14 @@ def _store(box: mailbox.Maildir, action: str, address: str, subject: str, body: 
     if key:
         msg[KEY_HEADER] = key
     msg.set_content(body, charset="utf-8")
-    data = msg.as_bytes()
-    stored_key = target.add(data)
-    verified = reads_back(target, stored_key, msg)
-    if action == "send":
-        inbox = folder(box, recipient_folder(address))
-        inbox_key = inbox.add(data)
-        verified = verified and reads_back(inbox, inbox_key, msg)
-    return done(msg, action, verified, replayed=False)
+    stored_key = target.add(msg.as_bytes())
+    return done(msg, action, reads_back(target, stored_key, msg), replayed=False)
 
 
 def _list(args: dict[str, Any]) -> dict[str, Any]:
     which, to, limit = args.get("folder", "all"), args.get("to"), args.get("limit", 50)
-    if which not in ("sent", "drafts", "all"):
-        return refuse("invalid_request", "folder must be sent, drafts or all")
+    if which not in ("outbox", "drafts", "all"):
+        return refuse("invalid_request", "folder must be outbox, drafts or all")
     if to is not None and valid_recipient(to) is None:
         return refuse("invalid_recipient", f"{to!r} is not one email address")
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 200:
@@ -223,7 +208,7 @@ def _list(args: dict[str, Any]) -> dict[str, Any]:
     wanted = valid_recipient(to) if to is not None else None
     items = []
     with locked() as box:
-        for name in (["sent", "drafts"] if which == "all" else [which]):
+        for name in (list(FOLDERS.values()) if which == "all" else [which]):
             box_folder = folder(box, name)
             for key in box_folder.iterkeys():
                 msg = BytesHeaderParser(policy=email.policy.default).parsebytes(box_folder.get_bytes(key))
@@ -236,4 +221,4 @@ def _list(args: dict[str, Any]) -> dict[str, Any]:
 
 
 _list.__name__ = "list"  # the tool is called ``list``; the function keeps the builtin usable
-TOOLS("List the messages sent and the drafts kept, newest first.", LIST_SCHEMA)(_list)
+TOOLS("List the messages in the local outbox (not sent) and the drafts kept, newest first.", LIST_SCHEMA)(_list)
