@@ -3,7 +3,7 @@
 ``status_claims`` finds the status words (``STATUS_WORDS``) a sentence uses;
 ``CLAIM_STATUSES`` says which receipt statuses back each claim. ``proof_claims`` finds the
 claims only a verified read-back can back (``PROOF_WORDS``: the recipient got it, or read
-it), unless negated (``PROOF_NEGATORS``); ``PROOF_CLAIMS`` says which effect actions prove
+it), unless negated (``PROOF_NEGATORS``) or another claim (``PROOF_NOT_FOLLOWED_BY``: 已读取, 会收到通知); ``PROOF_CLAIMS`` says which effect actions prove
 each and the reason a sentence making it without that proof is removed with. ``suggests_retry`` says
 whether a sentence suggests doing the action again (``RETRY_WORDS``/``RETRY_PATTERNS``,
 unless one of ``NEGATORS`` comes before). ``split_sentences`` cuts a reply into pieces that
@@ -72,6 +72,15 @@ PROOF_NEGATORS = ("不", "没", "未", "否", "无法", "难说", "难以", "如
                   "not", "never", "no", "whether", "if", "unsure", "unknown", "unclear", "cannot", "can't", "don't know",
                   "when", "once", "until", "after")
 PROOF_NEGATOR_WINDOW = 20
+# A proof word followed by one of these is another claim: 已读取 is a read of data (a tool's
+# ``read`` effect, backed by its receipt like any done claim), and 会收到通知/提醒 ("you will
+# get a notice") is Yimi's promise of her own notice (a watch, a reminder), not a message's
+# delivery to someone.
+PROOF_NOT_FOLLOWED_BY: dict[str, re.Pattern[str]] = {
+    "read": re.compile(r"取"),
+    "delivered": re.compile(r"\s*(?:一条|一个|个|条|到)?\s*(?:通知|提醒)|\s*(?:an?\s+|the\s+|my\s+)?(?:notification|notice|reminder)",
+                            re.IGNORECASE),
+}
 _CLAUSE_MARKS = re.compile(r"[，,、：:；;—]")
 RETRY_WORDS = (
     "再发一次", "再发一遍", "再发", "再发送", "重新发送", "重新发", "重发", "再试一次", "再试一下", "再试试",
@@ -157,7 +166,8 @@ def _scan_proof(s: str) -> set[str]:
     for claim, rx in _PROOF_RES:
         def blank(m: re.Match[str], claim: str = claim) -> str:
             before = _CLAUSE_MARKS.split(m.string[max(0, m.start() - PROOF_NEGATOR_WINDOW) : m.start()])[-1]
-            if not _PROOF_NEGATOR_RE.search(before):
+            other = PROOF_NOT_FOLLOWED_BY[claim].match(m.string, m.end())
+            if not _PROOF_NEGATOR_RE.search(before) and not other:
                 claims.add(claim)
             return "\x00" * len(m.group())
         work = rx.sub(blank, work)

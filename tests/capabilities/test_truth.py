@@ -540,6 +540,24 @@ def test_a_clause_before_does_not_negate_the_claim_after_it() -> None:
     assert claims.proof_claims("Alice 已读，也已送达。") == {"read", "delivered"}
 
 
+@pytest.mark.parametrize("sentence", [
+    "我已读取了你的日历。", "已读取 notes.md。", "快递到了你会收到通知。", "到时候你会收到一条提醒。",
+    "You will receive a notification when it arrives.", "You'll get a reminder at eight; you will receive the notice here.",
+])
+def test_a_read_of_data_or_a_notice_of_her_own_is_not_a_delivery_or_read_claim(sentence: str) -> None:
+    """已读取 is a tool's read of data and 会收到通知 Yimi's own notice to the owner: neither says a
+    message reached someone, so neither needs a read-back (each would be cut on every calendar
+    read and every watch's confirmation otherwise)."""
+    assert claims.proof_claims(sentence) == set(), sentence
+    assert check(sentence, [receipt("succeeded", effects=[ALICE_SEND])]).removed == [], sentence
+
+
+def test_a_delivery_or_read_of_a_message_is_still_a_claim_beside_those_words() -> None:
+    assert claims.proof_claims("Alice 会收到邮件。") == {"delivered"}
+    assert claims.proof_claims("Alice 已读你的消息。") == {"read"}
+    assert claims.proof_claims("Alice will receive the message.") == {"delivered"}
+
+
 def test_the_normalizer_downgrades_a_verified_send_to_a_service_ack() -> None:
     from capabilities.receipts import normalize
 
